@@ -1,0 +1,624 @@
+// The admin HTTP endpoint on the relay's io_context (Boost.Beast, callback
+// style after Beast's small HTTP server example): /healthz, /readyz,
+// /metrics and /slot. Every connection has a deadline and size limits, so a
+// bad client costs one slot of max_connections and never blocks the loop.
+#include "walrelay/admin_server.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <list>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace walrelay {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using error_code = boost::system::error_code;
+
+// How long to wait before accepting again after accept() failed (e.g. EMFILE).
+constexpr auto accept_retry_delay = std::chrono::milliseconds(100);
+// After an error response: read and discard at most this much of what the
+// client still sends, so that it sees the response rather than a reset.
+constexpr std::size_t linger_max_bytes = 1 << 20;
+// ... and for at most this long.
+constexpr auto linger_max_time = std::chrono::milliseconds(1000);
+// Slack over header + body limits for the read buffer (pipelined requests).
+constexpr std::size_t read_buffer_slack = 64 * 1024;
+
+constexpr std::string_view text_plain = "text/plain; charset=utf-8";
+constexpr std::string_view metrics_content_type = "text/plain; version=0.0.4; charset=utf-8";
+constexpr std::string_view json_content_type = "application/json";
+
+// Beast 1.74 speaks boost::string_view; these convert at the boundary.
+std::string_view to_std(beast::string_view s) { return {s.data(), s.size()}; }
+beast::string_view to_beast(std::string_view s) { return {s.data(), s.size()}; }
+
+// Parses "host:port" or "[v6]:port" into an endpoint; host must be an IP
+// literal or "localhost" (no name resolution on the loop); empty host is loopback.
+tcp::endpoint parse_listen(const std::string& listen) {
+  auto fail = [&listen](std::string_view why) -> std::runtime_error {
+    return std::runtime_error(fmt::format("could not parse admin listen address \"{}\": {}", listen, why));
+  };
+  std::string_view text(listen);
+  std::string_view host;
+  std::string_view port_text;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos) throw fail("missing ']' after IPv6 address");
+    host = text.substr(1, close - 1);
+    if (close + 1 >= text.size() || text[close + 1] != ':') throw fail("expected ':' and a port after ']'");
+    port_text = text.substr(close + 2);
+    if (host.empty()) throw fail("empty IPv6 address");
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos) throw fail("expected host:port");
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) throw fail("an IPv6 address must be written as [address]:port");
+  }
+  if (port_text.empty() || port_text.size() > 5) throw fail("port must be a number 0-65535");
+  unsigned long port = 0;
+  for (char c : port_text) {
+    if (c < '0' || c > '9') throw fail("port must be a number 0-65535");
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (port > 65535) throw fail("port must be a number 0-65535");
+
+  net::ip::address address;
+  if (host.empty() || host == "localhost") {
+    address = net::ip::address_v4::loopback();
+  } else {
+    error_code ec;
+    address = net::ip::make_address(std::string(host), ec);
+    if (ec) throw fail("host must be an IP address");
+  }
+  return tcp::endpoint(address, static_cast<unsigned short>(port));
+}
+
+// Compares a presented credential with the secret in time that depends only
+// on the secret's length, not on where the two first differ.
+bool equal_constant_time(std::string_view presented, std::string_view secret) {
+  std::size_t diff = presented.size() ^ secret.size();
+  for (std::size_t i = 0; i < secret.size(); ++i) {
+    const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
+    diff |= static_cast<std::size_t>(p ^ static_cast<unsigned char>(secret[i]));
+  }
+  return diff == 0;
+}
+
+// True if `header` is "Bearer <token>" (scheme case-insensitive).
+bool bearer_matches(std::string_view header, std::string_view token) {
+  constexpr std::string_view scheme = "bearer ";
+  if (header.size() < scheme.size()) return false;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    char c = header[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != scheme[i]) return false;
+  }
+  std::string_view presented = header.substr(scheme.size());
+  while (!presented.empty() && presented.front() == ' ') presented.remove_prefix(1);
+  return equal_constant_time(presented, token);
+}
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 if it is not one
+// (overlongs, surrogates and code points past U+10FFFF are invalid).
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  const auto byte = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char lead = byte(i);
+  std::size_t length = 0;
+  unsigned char low = 0x80;
+  unsigned char high = 0xBF;
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < length) return 0;
+  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (std::size_t k = 2; k < length; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  }
+  return length;
+}
+
+// Appends `s` as a JSON string literal: quotes, backslashes and control
+// characters escaped, valid UTF-8 passed through, invalid bytes as U+FFFD.
+void append_json_string(std::string& out, std::string_view s) {
+  out.push_back('"');
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const std::size_t length = utf8_sequence_length(s, i);
+      if (length == 0) {
+        out += "\xEF\xBF\xBD";
+        ++i;
+      } else {
+        out.append(s.substr(i, length));
+        i += length;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+    ++i;
+  }
+  out.push_back('"');
+}
+
+// Appends "key": as a JSON object member name, with a leading comma unless first.
+void append_key(std::string& out, std::string_view key, bool& first) {
+  if (!first) out.push_back(',');
+  first = false;
+  append_json_string(out, key);
+  out.push_back(':');
+}
+
+// Appends a finite double as a JSON number; NaN and infinities become null.
+void append_json_double(std::string& out, double value) {
+  if (std::isfinite(value)) {
+    out += fmt::format("{}", value);
+  } else {
+    out += "null";
+  }
+}
+
+// Replaces CR and LF so that a reason stays on one line of a text response.
+std::string one_line(std::string_view text) {
+  std::string line(text);
+  std::replace_if(line.begin(), line.end(), [](char c) { return c == '\r' || c == '\n'; }, ' ');
+  return line;
+}
+
+// The /slot document.
+std::string slot_json(const StatusSnapshot& s) {
+  std::string out;
+  out.reserve(512);
+  bool first = true;
+  out.push_back('{');
+  append_key(out, "slot_name", first);
+  append_json_string(out, s.slot_name);
+  append_key(out, "state", first);
+  append_json_string(out, to_string(s.state));
+  append_key(out, "state_reason", first);
+  append_json_string(out, s.state_reason);
+  append_key(out, "received_lsn", first);
+  append_json_string(out, s.received_lsn.to_string());
+  append_key(out, "confirmed_flush_lsn", first);
+  append_json_string(out, s.confirmed_flush_lsn.to_string());
+  append_key(out, "server_wal_end", first);
+  append_json_string(out, s.server_wal_end.to_string());
+  append_key(out, "lag_bytes", first);
+  out += std::to_string(s.lag_bytes);
+  append_key(out, "lag_seconds", first);
+  append_json_double(out, s.lag_seconds);
+  append_key(out, "inflight_records", first);
+  out += std::to_string(s.inflight_records);
+  append_key(out, "inflight_bytes", first);
+  out += std::to_string(s.inflight_bytes);
+  append_key(out, "producer_healthy", first);
+  out += s.producer_healthy ? "true" : "false";
+  append_key(out, "server", first);
+  if (!s.server) {
+    out += "null";
+  } else {
+    const ServerSlotInfo& info = *s.server;
+    bool inner_first = true;
+    out.push_back('{');
+    append_key(out, "wal_status", inner_first);
+    append_json_string(out, info.wal_status);
+    append_key(out, "safe_wal_size", inner_first);
+    out += info.safe_wal_size ? std::to_string(*info.safe_wal_size) : "null";
+    append_key(out, "active_pid", inner_first);
+    out += info.active_pid ? std::to_string(*info.active_pid) : "null";
+    append_key(out, "confirmed_flush_lsn", inner_first);
+    if (info.confirmed_flush_lsn) {
+      append_json_string(out, info.confirmed_flush_lsn->to_string());
+    } else {
+      out += "null";
+    }
+    append_key(out, "restart_lsn", inner_first);
+    if (info.restart_lsn) {
+      append_json_string(out, info.restart_lsn->to_string());
+    } else {
+      out += "null";
+    }
+    append_key(out, "observed_at_unix_ms", inner_first);
+    out += std::to_string(info.observed_at_unix_ms);
+    out.push_back('}');
+  }
+  out.push_back('}');
+  out.push_back('\n');
+  return out;
+}
+
+class Connection;
+
+// State shared by the acceptor and all connections. Handlers hold it by
+// shared_ptr, so it outlives the AdminServer that created it; once stopped,
+// no handler touches status_ or metrics_ (their owners may be gone).
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(net::io_context& io, AdminOptions options, const StatusSource& status, Metrics& metrics)
+      : io_(io),
+        options_(std::move(options)),
+        status_(status),
+        metrics_(metrics),
+        acceptor_(io),
+        retry_timer_(io) {}
+
+  void start();
+  void stop();
+  unsigned short port() const { return port_; }
+
+  // Builds the response to a complete, well-formed request.
+  http::response<http::string_body> handle(const http::request<http::string_body>& request);
+
+  bool running() const { return running_; }
+  const AdminOptions& options() const { return options_; }
+  std::list<std::weak_ptr<Connection>>& connections() { return connections_; }
+
+ private:
+  void do_accept();
+  void on_accept(const error_code& ec, tcp::socket socket);
+
+  net::io_context& io_;                               // the relay's loop
+  AdminOptions options_;                              // limits, token, address
+  const StatusSource& status_;                        // asked on every request
+  Metrics& metrics_;                                  // serialized for /metrics
+  tcp::acceptor acceptor_;                            // listening socket
+  net::steady_timer retry_timer_;                     // back-off after a failed accept
+  std::list<std::weak_ptr<Connection>> connections_;  // live connections, to count and close
+  bool running_ = false;                              // between start() and stop()
+  unsigned short port_ = 0;                           // bound port
+  std::string listen_text_;                           // bound address, for logs
+};
+
+// One accepted socket: reads requests one at a time under a deadline and
+// writes each response; kept alive by the handlers it has outstanding.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::shared_ptr<Core> core, tcp::socket socket)
+      : core_(std::move(core)),
+        stream_(std::move(socket)),
+        buffer_(core_->options().max_header_bytes + core_->options().max_body_bytes + read_buffer_slack) {}
+
+  ~Connection() {
+    if (registered_) core_->connections().erase(self_);
+  }
+
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Registers with the core (for counting and stop()) and reads the first request.
+  void start() {
+    self_ = core_->connections().insert(core_->connections().end(), weak_from_this());
+    registered_ = true;
+    do_read();
+  }
+
+  // Closes the socket at once; pending operations complete with operation_aborted.
+  void close() {
+    error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+ private:
+  void do_read() {
+    const AdminOptions& options = core_->options();
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(options.max_header_bytes, UINT32_MAX)));
+    parser_->body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
+    stream_.expires_after(std::chrono::milliseconds(options.request_timeout_ms));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_read(ec); });
+  }
+
+  void on_read(const error_code& ec) {
+    if (ec == net::error::operation_aborted || !core_->running()) return;
+    if (ec) {
+      on_read_error(ec);
+      return;
+    }
+    http::response<http::string_body> response;
+    try {
+      response = core_->handle(parser_->get());
+    } catch (const std::exception& e) {
+      spdlog::debug("admin: could not serve {}: {}", to_std(parser_->get().target()), e.what());
+      response = error_response(http::status::internal_server_error, "internal error\n", parser_->get().version());
+      response.keep_alive(false);
+    }
+    write(std::move(response));
+  }
+
+  // Maps a failed read to an error response and close, or just a close.
+  void on_read_error(const error_code& ec) {
+    const unsigned version = parser_ && parser_->is_header_done() ? parser_->get().version() : 11;
+    if (ec == http::error::end_of_stream) {
+      // The client closed between requests.
+      close_gracefully();
+    } else if (ec == beast::error::timeout) {
+      spdlog::debug("admin: closing connection: request not complete within {} ms",
+                    core_->options().request_timeout_ms);
+      close();
+    } else if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+      spdlog::debug("admin: refusing request: header larger than {} bytes", core_->options().max_header_bytes);
+      write_and_close(error_response(http::status::request_header_fields_too_large, "header too large\n", version));
+    } else if (ec == http::error::body_limit) {
+      spdlog::debug("admin: refusing request: body larger than {} bytes", core_->options().max_body_bytes);
+      write_and_close(error_response(http::status::payload_too_large, "request body not allowed\n", version));
+    } else if (ec.category() == make_error_code(http::error::bad_method).category() &&
+               ec != http::error::partial_message) {
+      spdlog::debug("admin: refusing malformed request: {}", ec.message());
+      write_and_close(error_response(http::status::bad_request, "bad request\n", version));
+    } else {
+      // Reset, EOF mid-request and the like: nobody to answer.
+      spdlog::debug("admin: closing connection: {}", ec.message());
+      close();
+    }
+  }
+
+  // A small text/plain response for an error the connection cannot recover from.
+  static http::response<http::string_body> error_response(http::status status, std::string body,
+                                                          unsigned version) {
+    http::response<http::string_body> response{status, version == 10 ? 10u : 11u};
+    response.set(http::field::content_type, to_beast(text_plain));
+    response.body() = std::move(body);
+    return response;
+  }
+
+  void write_and_close(http::response<http::string_body> response) {
+    response.keep_alive(false);
+    write(std::move(response));
+  }
+
+  void write(http::response<http::string_body> response) {
+    response.set(http::field::server, "walrelay");
+    response.set(http::field::cache_control, "no-store");
+    response_ = std::move(response);
+    if (!response_->has_content_length()) response_->content_length(response_->body().size());
+    stream_.expires_after(std::chrono::milliseconds(core_->options().request_timeout_ms));
+    http::async_write(stream_, *response_,
+                      [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_write(ec); });
+  }
+
+  void on_write(const error_code& ec) {
+    if (ec == net::error::operation_aborted || !core_->running()) return;
+    if (ec) {
+      spdlog::debug("admin: could not write response: {}", ec.message());
+      close();
+      return;
+    }
+    const bool keep_alive = response_->keep_alive();
+    response_.reset();
+    if (keep_alive) {
+      do_read();
+    } else {
+      close_gracefully();
+    }
+  }
+
+  // Sends FIN, then reads and discards what the client still sends (bounded
+  // in bytes and time) so that it reads our response instead of a reset.
+  void close_gracefully() {
+    error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    const auto limit = std::min<std::chrono::milliseconds>(
+        linger_max_time, std::chrono::milliseconds(core_->options().request_timeout_ms));
+    stream_.expires_after(limit);
+    do_linger();
+  }
+
+  void do_linger() {
+    stream_.async_read_some(net::buffer(linger_buffer_),
+                            [self = shared_from_this()](const error_code& ec, std::size_t n) {
+                              self->lingered_ += n;
+                              if (ec || self->lingered_ >= linger_max_bytes) {
+                                self->close();
+                                return;
+                              }
+                              self->do_linger();
+                            });
+  }
+
+  std::shared_ptr<Core> core_;                                            // server state; outlives us
+  beast::tcp_stream stream_;                                              // socket with the deadline
+  beast::flat_buffer buffer_;                                             // read buffer, kept across requests
+  std::optional<http::request_parser<http::string_body>> parser_;         // one per request
+  std::optional<http::response<http::string_body>> response_;             // being written
+  std::array<char, 4096> linger_buffer_{};                                // discarded input while closing
+  std::size_t lingered_ = 0;                                              // bytes discarded so far
+  std::list<std::weak_ptr<Connection>>::iterator self_;                   // our entry in the core's list
+  bool registered_ = false;                                               // self_ is valid
+};
+
+void Core::start() {
+  if (running_) throw std::runtime_error("admin server already started");
+  const tcp::endpoint endpoint = parse_listen(options_.listen);
+  auto fail = [this](std::string_view what, const error_code& ec) {
+    error_code ignored;
+    acceptor_.close(ignored);
+    return std::runtime_error(
+        fmt::format("could not {} admin endpoint {}: {}", what, options_.listen, ec.message()));
+  };
+  error_code ec;
+  acceptor_.open(endpoint.protocol(), ec);
+  if (ec) throw fail("open socket for", ec);
+  acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (ec) throw fail("set SO_REUSEADDR on", ec);
+  acceptor_.bind(endpoint, ec);
+  if (ec) throw fail("bind", ec);
+  acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) throw fail("listen on", ec);
+  const tcp::endpoint bound = acceptor_.local_endpoint(ec);
+  if (ec) throw fail("read the bound address of", ec);
+  port_ = bound.port();
+  running_ = true;
+  spdlog::info("admin endpoint listening on {}:{}", bound.address().to_string(), port_);
+  do_accept();
+}
+
+void Core::stop() {
+  if (!running_) return;
+  running_ = false;
+  error_code ignored;
+  acceptor_.close(ignored);
+  retry_timer_.cancel();
+  // Copy first: closing may not destroy a connection now, but be safe anyway.
+  std::vector<std::shared_ptr<Connection>> live;
+  for (const auto& weak : connections_) {
+    if (auto connection = weak.lock()) live.push_back(std::move(connection));
+  }
+  for (const auto& connection : live) connection->close();
+  spdlog::debug("admin endpoint stopped; closed {} connection(s)", live.size());
+}
+
+void Core::do_accept() {
+  acceptor_.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
+    self->on_accept(ec, std::move(socket));
+  });
+}
+
+void Core::on_accept(const error_code& ec, tcp::socket socket) {
+  if (!running_ || ec == net::error::operation_aborted) return;
+  if (ec) {
+    // Out of descriptors or similar: try again a little later rather than spin.
+    spdlog::debug("admin: could not accept a connection: {}", ec.message());
+    retry_timer_.expires_after(accept_retry_delay);
+    retry_timer_.async_wait([self = shared_from_this()](const error_code& wait_ec) {
+      if (!wait_ec && self->running_) self->do_accept();
+    });
+    return;
+  }
+  if (connections_.size() >= options_.max_connections) {
+    spdlog::debug("admin: refusing connection: {} connections open (admin.max_connections)",
+                  connections_.size());
+    error_code ignored;
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+  } else {
+    std::make_shared<Connection>(shared_from_this(), std::move(socket))->start();
+  }
+  do_accept();
+}
+
+http::response<http::string_body> Core::handle(const http::request<http::string_body>& request) {
+  const std::string_view target = to_std(request.target());
+  const std::string_view path = target.substr(0, target.find('?'));
+  const unsigned version = request.version() == 10 ? 10u : 11u;
+
+  http::response<http::string_body> response{http::status::ok, version};
+  response.keep_alive(request.keep_alive());
+  auto reply = [&](http::status status, std::string_view content_type, std::string body) {
+    response.result(status);
+    response.set(http::field::content_type, to_beast(content_type));
+    response.body() = std::move(body);
+  };
+
+  const bool is_health = path == "/healthz";
+  const bool known = is_health || path == "/readyz" || path == "/metrics" || path == "/slot";
+
+  if (!is_health && !options_.token.empty() &&
+      !bearer_matches(to_std(request[http::field::authorization]), options_.token)) {
+    reply(http::status::unauthorized, text_plain, "unauthorized\n");
+    response.set(http::field::www_authenticate, "Bearer");
+  } else if (!known) {
+    reply(http::status::not_found, text_plain, "not found\n");
+  } else if (request.method() != http::verb::get && request.method() != http::verb::head) {
+    reply(http::status::method_not_allowed, text_plain, "method not allowed\n");
+    response.set(http::field::allow, "GET, HEAD");
+  } else if (is_health) {
+    const StatusSnapshot status = status_.status();
+    if (status.state == RelayState::halted) {
+      reply(http::status::service_unavailable, text_plain, fmt::format("halted: {}\n", one_line(status.state_reason)));
+    } else {
+      reply(http::status::ok, text_plain, "ok\n");
+    }
+  } else if (path == "/readyz") {
+    const StatusSnapshot status = status_.status();
+    if (status.state != RelayState::streaming) {
+      std::string line = to_string(status.state);
+      if (!status.state_reason.empty()) line += ": " + one_line(status.state_reason);
+      reply(http::status::service_unavailable, text_plain, line + "\n");
+    } else if (!status.producer_healthy) {
+      reply(http::status::service_unavailable, text_plain,
+            fmt::format("broker unreachable: {}\n", one_line(status.producer_error)));
+    } else {
+      reply(http::status::ok, text_plain, "ready\n");
+    }
+  } else if (path == "/metrics") {
+    reply(http::status::ok, metrics_content_type, metrics_.serialize());
+  } else {
+    reply(http::status::ok, json_content_type, slot_json(status_.status()));
+  }
+
+  response.content_length(response.body().size());
+  if (request.method() == http::verb::head) response.body().clear();
+  spdlog::debug("admin: {} {} -> {}", to_std(request.method_string()), path,
+                static_cast<unsigned>(response.result_int()));
+  return response;
+}
+
+}  // namespace
+
+struct AdminServer::Impl {
+  std::shared_ptr<Core> core;  // shared with in-flight handlers
+};
+
+AdminServer::AdminServer(boost::asio::io_context& io, AdminOptions options, const StatusSource& status,
+                         Metrics& metrics)
+    : impl_(std::make_unique<Impl>(Impl{std::make_shared<Core>(io, std::move(options), status, metrics)})) {}
+
+AdminServer::~AdminServer() { stop(); }
+
+void AdminServer::start() { impl_->core->start(); }
+
+void AdminServer::stop() { impl_->core->stop(); }
+
+unsigned short AdminServer::port() const { return impl_->core->port(); }
+
+}  // namespace walrelay

@@ -1,0 +1,272 @@
+// Prometheus metrics of the relay: the registry, its families and the
+// process metrics read from /proc/self at scrape time.
+#include "walrelay/metrics.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
+namespace walrelay {
+namespace {
+
+// Registers a counter without labels and returns its only child.
+prometheus::Counter& add_counter(prometheus::Registry& registry, const std::string& name,
+                                 const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+}
+
+// Registers a gauge without labels and returns its only child.
+prometheus::Gauge& add_gauge(prometheus::Registry& registry, const std::string& name,
+                             const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+
+// Registers a counter family whose children are added later, per label set.
+prometheus::Family<prometheus::Counter>* add_counter_family(prometheus::Registry& registry,
+                                                            const std::string& name,
+                                                            const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+// Seconds since the Unix epoch, with sub-second precision.
+double unix_now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+// One family with a single unlabelled sample.
+prometheus::MetricFamily single_sample(std::string name, std::string help,
+                                       prometheus::MetricType type, double value) {
+  prometheus::MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  prometheus::ClientMetric sample;
+  if (type == prometheus::MetricType::Counter) {
+    sample.counter.value = value;
+  } else {
+    sample.gauge.value = value;
+  }
+  family.metric.push_back(std::move(sample));
+  return family;
+}
+
+// The fields of /proc/self/stat that the process metrics need.
+struct ProcStat {
+  std::uint64_t utime_ticks = 0;      // field 14
+  std::uint64_t stime_ticks = 0;      // field 15
+  std::uint64_t starttime_ticks = 0;  // field 22, ticks after boot
+  std::uint64_t vsize_bytes = 0;      // field 23
+  std::int64_t rss_pages = 0;         // field 24
+};
+
+// Reads a whole small file from /proc; nullopt if it cannot be read.
+std::optional<std::string> read_proc_file(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return std::nullopt;
+  return text;
+}
+
+// Parses /proc/self/stat. The command name (field 2) may hold spaces and
+// parentheses, so the fixed fields are read after the last ')'.
+std::optional<ProcStat> read_proc_stat() {
+  const auto text = read_proc_file("/proc/self/stat");
+  if (!text) return std::nullopt;
+  const auto close = text->rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(text->substr(close + 1));
+  // After ')' comes field 3 (state); collect fields 3..24.
+  std::vector<std::string> tokens;
+  std::string token;
+  while (tokens.size() < 22 && fields >> token) tokens.push_back(token);
+  if (tokens.size() < 22) return std::nullopt;
+  auto field = [&tokens](int number) -> const std::string& {
+    return tokens[static_cast<std::size_t>(number - 3)];
+  };
+  ProcStat stat;
+  try {
+    stat.utime_ticks = std::stoull(field(14));
+    stat.stime_ticks = std::stoull(field(15));
+    stat.starttime_ticks = std::stoull(field(22));
+    stat.vsize_bytes = std::stoull(field(23));
+    stat.rss_pages = std::stoll(field(24));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return stat;
+}
+
+// The system boot time ("btime" in /proc/stat) in Unix seconds.
+std::optional<std::uint64_t> read_boot_time() {
+  const auto text = read_proc_file("/proc/stat");
+  if (!text) return std::nullopt;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("btime ", 0) == 0) {
+      try {
+        return std::stoull(line.substr(6));
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Number of entries in /proc/self/fd (the directory's own descriptor included).
+std::optional<std::uint64_t> count_open_fds() {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc/self/fd", ec);
+  if (ec) return std::nullopt;
+  std::uint64_t count = 0;
+  for (const std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    if (ec) return std::nullopt;
+    ++count;
+  }
+  if (ec) return std::nullopt;
+  return count;
+}
+
+// The standard process_* families (as the Prometheus client libraries name
+// them), computed now. A value that cannot be read is left out.
+std::vector<prometheus::MetricFamily> collect_process_metrics() {
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> families;
+  const long ticks_per_second = ::sysconf(_SC_CLK_TCK);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (const auto stat = read_proc_stat()) {
+    if (ticks_per_second > 0) {
+      const double cpu = static_cast<double>(stat->utime_ticks + stat->stime_ticks) /
+                         static_cast<double>(ticks_per_second);
+      families.push_back(single_sample("process_cpu_seconds_total",
+                                       "Total user and system CPU time spent in seconds.",
+                                       MetricType::Counter, cpu));
+    }
+    if (page_size > 0) {
+      families.push_back(single_sample(
+          "process_resident_memory_bytes", "Resident memory size in bytes.", MetricType::Gauge,
+          static_cast<double>(stat->rss_pages) * static_cast<double>(page_size)));
+    }
+    families.push_back(single_sample("process_virtual_memory_bytes",
+                                     "Virtual memory size in bytes.", MetricType::Gauge,
+                                     static_cast<double>(stat->vsize_bytes)));
+    if (ticks_per_second > 0) {
+      if (const auto boot = read_boot_time()) {
+        const double start = static_cast<double>(*boot) +
+                             static_cast<double>(stat->starttime_ticks) /
+                                 static_cast<double>(ticks_per_second);
+        families.push_back(single_sample(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.", MetricType::Gauge, start));
+      }
+    }
+  }
+  if (const auto fds = count_open_fds()) {
+    families.push_back(single_sample("process_open_fds", "Number of open file descriptors.",
+                                     MetricType::Gauge, static_cast<double>(*fds)));
+  }
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    const double max = limit.rlim_cur == RLIM_INFINITY ? static_cast<double>(UINT64_MAX)
+                                                       : static_cast<double>(limit.rlim_cur);
+    families.push_back(single_sample("process_max_fds",
+                                     "Maximum number of open file descriptors.",
+                                     MetricType::Gauge, max));
+  }
+  return families;
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      bytes_relayed(add_counter(*registry_, "walrelay_bytes_relayed_total",
+                                "Bytes (key plus value) of records acknowledged by Kafka.")),
+      transactions(add_counter(*registry_, "walrelay_transactions_total",
+                               "Commit messages received from the replication stream.")),
+      messages_received(add_counter(*registry_, "walrelay_replication_messages_total",
+                                    "pgoutput messages received from the replication stream.")),
+      status_updates(add_counter(*registry_, "walrelay_status_updates_total",
+                                 "Standby status updates (flush feedback) sent to the server.")),
+      reconnects(add_counter(*registry_, "walrelay_reconnects_total",
+                             "Times the replication connection was re-opened after a loss.")),
+      decode_errors(add_counter(*registry_, "walrelay_decode_errors_total",
+                                "Replication messages that could not be decoded.")),
+      inflight_records(add_gauge(*registry_, "walrelay_inflight_records",
+                                 "Records handed to the Kafka producer and not yet acknowledged.")),
+      inflight_bytes(add_gauge(*registry_, "walrelay_inflight_bytes",
+                               "Bytes of records handed to the producer and not yet acknowledged.")),
+      received_lsn(add_gauge(*registry_, "walrelay_received_lsn",
+                             "End LSN of the newest WAL received, as a byte position.")),
+      flushed_lsn(add_gauge(*registry_, "walrelay_flushed_lsn",
+                            "LSN reported to the server as flushed (all earlier events in Kafka).")),
+      server_wal_end(add_gauge(*registry_, "walrelay_server_wal_end_lsn",
+                               "Newest server WAL end seen in the replication stream.")),
+      lag_bytes(add_gauge(*registry_, "walrelay_slot_lag_bytes",
+                          "Bytes of WAL the slot retains: server WAL end minus flushed LSN.")),
+      lag_seconds(add_gauge(*registry_, "walrelay_slot_lag_seconds",
+                            "Age in seconds of the oldest commit not yet acknowledged by Kafka.")),
+      ready(add_gauge(*registry_, "walrelay_ready",
+                      "1 while the relay is streaming with a healthy producer (/readyz is 200).")),
+      halted(add_gauge(*registry_, "walrelay_halted",
+                       "1 once the relay has stopped on an error that needs an operator.")),
+      backpressure(add_gauge(*registry_, "walrelay_backpressure",
+                             "1 while replication reads are paused because the producer is full.")),
+      start_time(add_gauge(*registry_, "walrelay_start_time_seconds",
+                           "Time the relay started, in Unix seconds.")),
+      slot_invalidated(add_gauge(*registry_, "walrelay_slot_invalid",
+                                 "1 when the replication slot has been lost or dropped.")),
+      events_family_(add_counter_family(*registry_, "walrelay_events_relayed_total",
+                                        "Outbox events acknowledged by Kafka, by table and topic.")),
+      delivery_errors_family_(add_counter_family(
+          *registry_, "walrelay_delivery_errors_total",
+          "Kafka delivery reports that carried an error, by reason.")),
+      dead_lettered_family_(add_counter_family(*registry_, "walrelay_dead_lettered_total",
+                                               "Events written to the dead-letter topic, by reason.")),
+      mapping_errors_family_(add_counter_family(
+          *registry_, "walrelay_mapping_errors_total",
+          "Outbox rows that could not be mapped to a Kafka record, by reason.")) {
+  start_time.Set(unix_now_seconds());
+}
+
+std::string Metrics::serialize() {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  auto process = collect_process_metrics();
+  families.insert(families.end(), std::make_move_iterator(process.begin()),
+                  std::make_move_iterator(process.end()));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+prometheus::Counter& Metrics::events_relayed(std::string_view table, std::string_view topic) {
+  return events_family_->Add({{"table", std::string(table)}, {"topic", std::string(topic)}});
+}
+
+prometheus::Counter& Metrics::delivery_errors(std::string_view reason) {
+  return delivery_errors_family_->Add({{"reason", std::string(reason)}});
+}
+
+prometheus::Counter& Metrics::dead_lettered(std::string_view reason) {
+  return dead_lettered_family_->Add({{"reason", std::string(reason)}});
+}
+
+prometheus::Counter& Metrics::mapping_errors(std::string_view reason) {
+  return mapping_errors_family_->Add({{"reason", std::string(reason)}});
+}
+
+}  // namespace walrelay
