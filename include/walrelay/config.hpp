@@ -1,0 +1,117 @@
+// walrelay's configuration: Kafka Connect style key=value, Debezium's names.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace walrelay {
+
+// A configuration error: names the key and what is wrong. Exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string key, const std::string& message)
+      : std::runtime_error(key.empty() ? message : key + ": " + message), key_(std::move(key)) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+enum class PublicationAutocreate { filtered, disabled };
+enum class ErrorTolerance { none, all };
+enum class LogFormat { text, json };
+
+// `column:header[:alias]` of table.fields.additional.placement. Only header
+// placement exists here: walrelay emits the payload as-is, so there is no
+// envelope to place fields in.
+struct AdditionalField {
+  std::string column;
+  std::string placement;  // "header"
+  std::string alias;      // header name; the column name when empty
+};
+
+struct TableName {
+  std::string schema;
+  std::string name;
+  std::string qualified() const { return schema + "." + name; }
+  bool operator==(const TableName&) const = default;
+};
+
+struct Config {
+  // database.* (Debezium's PostgreSQL connector names)
+  std::string database_hostname = "localhost";
+  int database_port = 5432;
+  std::string database_user = "postgres";
+  std::string database_password;
+  std::string database_dbname = "postgres";
+  std::string database_sslmode = "prefer";
+  std::string database_sslrootcert;
+  std::string database_sslcert;
+  std::string database_sslkey;
+  int database_connect_timeout_ms = 10000;
+
+  std::string slot_name = "walrelay";
+  std::string publication_name = "walrelay";
+  PublicationAutocreate publication_autocreate = PublicationAutocreate::filtered;
+  int status_update_interval_ms = 1000;
+  int replication_timeout_ms = 30000;     // silence after which the connection is declared dead
+  int reconnect_backoff_ms = 500;
+  int reconnect_backoff_max_ms = 30000;
+  int slot_status_interval_ms = 10000;    // 0 turns the pg_replication_slots poll off
+  bool binary = false;                    // pgoutput binary mode (reads text forms otherwise)
+
+  // Outbox Event Router (Debezium's names and defaults)
+  std::vector<TableName> table_include_list{{"public", "outbox"}};
+  std::string field_event_id = "id";
+  std::string field_event_key = "aggregateid";
+  std::string field_event_type = "type";
+  std::string field_event_payload = "payload";
+  std::string field_event_timestamp;      // empty: the commit time
+  std::string route_by_field = "aggregatetype";
+  std::string route_topic_replacement = "outbox.event.${routedByValue}";
+  std::vector<AdditionalField> additional_placement;
+  bool route_tombstone_on_empty_payload = false;
+
+  // flow control and errors
+  std::int64_t max_inflight_records = 100000;
+  std::int64_t max_inflight_bytes = 256LL * 1024 * 1024;
+  ErrorTolerance errors_tolerance = ErrorTolerance::none;
+  std::string dlq_topic;                  // errors.deadletterqueue.topic.name
+  bool dlq_context_headers = true;        // errors.deadletterqueue.context.headers.enable
+  int shutdown_timeout_ms = 30000;
+
+  // admin and logs
+  std::string admin_listen = "127.0.0.1:8080";
+  std::string admin_token;
+  std::string log_level = "info";
+  LogFormat log_format = LogFormat::text;
+
+  // kafka.* passed to librdkafka verbatim, prefix stripped, walrelay's defaults applied
+  std::map<std::string, std::string> kafka;
+
+  // Where each key's value came from, for --check and the echoed configuration.
+  std::map<std::string, std::string> origin;
+
+  // The libpq connection string; `replication` is "database" or empty.
+  std::string conninfo(bool replication) const;
+  // The same with the password masked, for logs.
+  std::string conninfo_redacted(bool replication) const;
+  // Every key with its effective value, secrets masked, one `key=value` a line.
+  std::string describe() const;
+};
+
+// Parses `key=value` lines (`#` and `!` comments, blank lines) then overlays
+// WALRELAY_* variables from `environ` (upper case, dots as underscores), which
+// win. Unknown, repeated or invalid keys throw ConfigError naming the key.
+// No connection is made.
+Config load_config(const std::string& path, const std::vector<std::string>& environ);
+Config parse_config(const std::string& text, const std::string& source_name,
+                    const std::vector<std::string>& environ);
+
+// True for keys whose values are never shown (passwords, tokens, sasl secrets).
+bool is_secret_key(const std::string& key);
+
+}  // namespace walrelay

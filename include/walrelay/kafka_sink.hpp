@@ -1,0 +1,65 @@
+// The at-least-once Kafka sink: an idempotent librdkafka producer whose
+// delivery reports are served on the relay's io_context thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "walrelay/sink.hpp"
+
+struct rd_kafka_s;
+struct rd_kafka_message_s;
+
+namespace walrelay {
+
+class KafkaSink final : public Sink {
+ public:
+  // settings: librdkafka properties (kafka.* without the prefix). Throws
+  // ConfigError naming the kafka.* key librdkafka rejects.
+  KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings);
+  ~KafkaSink() override;
+  KafkaSink(const KafkaSink&) = delete;
+  KafkaSink& operator=(const KafkaSink&) = delete;
+
+  SubmitStatus submit(const OutboxRecord& record, std::uint64_t token) override;
+  SubmitStatus submit_dead_letter(std::string_view topic, std::optional<std::string_view> key,
+                                  std::optional<std::string_view> value,
+                                  const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
+                                  std::size_t bytes) override;
+  void poll() override;
+  std::size_t flush(int timeout_ms) override;
+  bool healthy() const override { return brokers_up_ > 0 || !stats_seen_; }
+  std::string health_reason() const override { return last_error_; }
+  std::optional<std::string> fatal_error() const override { return fatal_; }
+  void check_connectivity(int timeout_ms) override;
+
+  // Called from librdkafka callbacks (on the polling thread).
+  void handle_delivery(const rd_kafka_message_s* message);
+  void handle_error(int err, const char* reason);
+  void handle_stats(const char* json, std::size_t len);
+
+ private:
+  struct Pending;  // per-record bookkeeping carried as the message opaque
+  void watch_queue();
+  SubmitStatus produce(std::string_view topic, std::optional<std::string_view> key,
+                       std::optional<std::string_view> value, std::int64_t timestamp_ms,
+                       const std::vector<OutboxRecord::Header>& headers, Pending* pending);
+
+  boost::asio::io_context& io_;
+  rd_kafka_s* rk_ = nullptr;
+  int wake_pipe_[2] = {-1, -1};                  // librdkafka writes here when its queue has events
+  boost::asio::posix::stream_descriptor wake_;   // watches wake_pipe_[0]
+  boost::asio::steady_timer poll_timer_;         // safety net: polls even if a wake-up is missed
+  int brokers_up_ = 0;
+  bool stats_seen_ = false;
+  std::string last_error_;
+  std::optional<std::string> fatal_;
+  std::string topic_z_;                          // NUL-terminated topic for librdkafka
+};
+
+}  // namespace walrelay

@@ -1,0 +1,76 @@
+// The LSN ledger: which WAL position may be confirmed to PostgreSQL.
+//
+// Each source transaction is an entry with its commit end LSN and its count of
+// records the broker has not yet acknowledged. The flushed LSN is the end LSN
+// of the newest transaction such that it and every earlier one are fully
+// acknowledged: acks arriving out of order (partitions complete at different
+// speeds) never move it further. It never goes backwards.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+#include <pgoutput/pgoutput.hpp>
+
+namespace walrelay {
+
+class LsnLedger {
+ public:
+  using Lsn = pgoutput::Lsn;
+  // Identifies a transaction for the lifetime of the ledger; carried as the
+  // opaque of every Kafka record so a delivery report finds its transaction
+  // with no lookup structure and no allocation.
+  using TxnId = std::uint64_t;
+
+  // Starts at the slot's confirmed position (nothing below it is owed).
+  explicit LsnLedger(Lsn start = {}) : flushed_(start) {}
+
+  // A Begin: opens a transaction. commit_time_us is PostgreSQL's epoch micros.
+  TxnId open(std::int64_t commit_time_us);
+  // One record of the open transaction was handed to the sink.
+  void add_record(TxnId txn, std::size_t bytes);
+  // The Commit of the open transaction: it is complete at end_lsn.
+  void commit(TxnId txn, Lsn end_lsn);
+  // The connection was lost inside the open transaction: the server will send
+  // it again, so it must never let the flushed LSN pass anything. Its records
+  // still in flight are acknowledged into the void.
+  void abandon_open();
+  // A record of txn is acknowledged (delivered, or dead-lettered by policy).
+  void ack(TxnId txn, std::size_t bytes);
+
+  // A keepalive or XLogData told us how far the server's WAL reaches. With
+  // nothing in flight and no transaction open, everything up to it is done:
+  // the slot follows the server while the outbox is idle.
+  void server_position(Lsn wal_end);
+
+  Lsn flushed() const { return flushed_; }
+  std::uint64_t inflight_records() const { return inflight_records_; }
+  std::uint64_t inflight_bytes() const { return inflight_bytes_; }
+  bool has_open() const { return open_.has_value(); }
+  bool idle() const { return inflight_records_ == 0 && !open_; }
+  std::size_t pending_transactions() const { return txns_.size(); }
+  // Commit time (PostgreSQL epoch micros) of the oldest transaction not fully acked.
+  std::optional<std::int64_t> oldest_unacked_commit_time() const;
+
+ private:
+  struct Txn {
+    TxnId id;
+    Lsn end_lsn;               // valid once committed
+    std::int64_t commit_time;  // from Begin
+    std::uint32_t pending = 0; // records not yet acked
+    bool committed = false;
+    bool abandoned = false;    // never advances flushed_
+  };
+  Txn* find(TxnId id);
+  void advance();
+
+  std::deque<Txn> txns_;       // ascending ids, oldest first
+  std::optional<TxnId> open_;
+  TxnId next_id_ = 1;
+  Lsn flushed_;
+  std::uint64_t inflight_records_ = 0;
+  std::uint64_t inflight_bytes_ = 0;
+};
+
+}  // namespace walrelay

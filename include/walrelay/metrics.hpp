@@ -1,0 +1,64 @@
+// Prometheus metrics of the relay (prometheus-cpp; its text serializer).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+namespace walrelay {
+
+// All metrics live here so that the names are in one place. Counters with
+// labels are looked up once and cached by the caller (a relation-cache entry
+// keeps its own Counter*), so the hot path does no label hashing.
+class Metrics {
+  // Declared first: the references below are bound to it in the constructor.
+  std::shared_ptr<prometheus::Registry> registry_;
+
+ public:
+  Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Prometheus text exposition of everything, process metrics included.
+  std::string serialize();
+
+  prometheus::Counter& events_relayed(std::string_view table, std::string_view topic);
+  prometheus::Counter& delivery_errors(std::string_view reason);
+  prometheus::Counter& dead_lettered(std::string_view reason);
+  prometheus::Counter& mapping_errors(std::string_view reason);
+
+  prometheus::Counter& bytes_relayed;         // walrelay_bytes_relayed_total (key + value)
+  prometheus::Counter& transactions;          // walrelay_transactions_total (commits seen)
+  prometheus::Counter& messages_received;     // walrelay_replication_messages_total
+  prometheus::Counter& status_updates;        // walrelay_status_updates_total
+  prometheus::Counter& reconnects;            // walrelay_reconnects_total
+  prometheus::Counter& decode_errors;         // walrelay_decode_errors_total
+  prometheus::Gauge& inflight_records;        // walrelay_inflight_records
+  prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes
+  prometheus::Gauge& received_lsn;            // walrelay_received_lsn (as a number)
+  prometheus::Gauge& flushed_lsn;             // walrelay_flushed_lsn
+  prometheus::Gauge& server_wal_end;          // walrelay_server_wal_end_lsn
+  prometheus::Gauge& lag_bytes;               // walrelay_slot_lag_bytes
+  prometheus::Gauge& lag_seconds;             // walrelay_slot_lag_seconds
+  prometheus::Gauge& ready;                   // walrelay_ready (1 while /readyz is 200)
+  prometheus::Gauge& halted;                  // walrelay_halted (1 once halted)
+  prometheus::Gauge& backpressure;            // walrelay_backpressure (1 while reads paused)
+  prometheus::Gauge& start_time;              // walrelay_start_time_seconds
+  prometheus::Gauge& slot_invalidated;        // walrelay_slot_invalid (1: slot lost/dropped)
+
+ private:
+  // families with labels, kept to add children lazily
+  prometheus::Family<prometheus::Counter>* events_family_;
+  prometheus::Family<prometheus::Counter>* delivery_errors_family_;
+  prometheus::Family<prometheus::Counter>* dead_lettered_family_;
+  prometheus::Family<prometheus::Counter>* mapping_errors_family_;
+};
+
+}  // namespace walrelay

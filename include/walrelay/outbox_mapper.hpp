@@ -1,0 +1,111 @@
+// From an outbox row (a pgoutput Insert) to a Kafka record, with the Outbox
+// Event Router's rules. The wire format is the decoder's business; what a row
+// means is this module's.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <pgoutput/pgoutput.hpp>
+
+#include "walrelay/config.hpp"
+
+namespace walrelay {
+
+// One record ready for the sink. Views point into the mapper's reusable
+// buffers or into the received WAL buffer; valid until the next map() call.
+struct OutboxRecord {
+  struct Header {
+    std::string_view name;  // must point at NUL-terminated storage (librdkafka takes a C string)
+    std::optional<std::string_view> value;
+  };
+  std::string_view topic;                 // NUL-terminated
+  std::optional<std::string_view> key;
+  std::optional<std::string_view> value;  // nullopt: a tombstone
+  std::int64_t timestamp_ms = 0;          // unix epoch
+  std::vector<Header> headers;            // capacity kept between rows
+  // Where it came from, for logs and errors.
+  std::string_view table;                 // schema.table
+  std::string_view event_id;
+  std::string_view event_type;
+
+  std::size_t size_bytes() const {
+    return (key ? key->size() : 0) + (value ? value->size() : 0);
+  }
+};
+
+// Why a row could not be mapped. reason is a metric label.
+struct MapError {
+  std::string reason;   // missing_column, null_value, unsupported_type, bad_timestamp
+  std::string message;  // names the column and what is wrong
+};
+
+// PostgreSQL type OIDs the mapper understands in binary mode (any type works
+// in text mode, where PostgreSQL sends its text form).
+namespace pgtype {
+inline constexpr std::uint32_t bool_ = 16, bytea = 17, name = 19, int8 = 20, int2 = 21, int4 = 23, text = 25,
+                               oid = 26, json = 114, bpchar = 1042, varchar = 1043, timestamp = 1114,
+                               timestamptz = 1184, uuid = 2950, jsonb = 3802;
+}
+
+class OutboxMapper {
+ public:
+  explicit OutboxMapper(const Config& config);
+
+  // Remembers a Relation message (also after ALTER TABLE mid-stream). Returns
+  // true when the relation is one of table.include.list.
+  bool on_relation(const pgoutput::Relation& relation);
+  // True when rows of this relation OID are outbox rows.
+  bool is_outbox(std::uint32_t relation_oid) const;
+  // schema.table of a known relation, or "" if unknown.
+  std::string_view table_name(std::uint32_t relation_oid) const;
+
+  // Maps one inserted row. commit_time_us is the transaction's commit time
+  // (PostgreSQL epoch micros). On success `out` is filled; else the error.
+  std::optional<MapError> map(const pgoutput::Insert& insert, std::int64_t commit_time_us, OutboxRecord& out);
+
+  // The row as a JSON object of column name to text form (or null), for a
+  // dead-letter record when the row cannot be mapped.
+  std::string row_json(const pgoutput::Insert& insert) const;
+  // The event id column's text form if it can be read (for error messages).
+  std::string event_id_of(const pgoutput::Insert& insert) const;
+
+ private:
+  struct ColumnRef {
+    int index = -1;
+    std::uint32_t type_oid = 0;
+    explicit operator bool() const { return index >= 0; }
+  };
+  struct Placement {
+    ColumnRef column;
+    std::string header;
+    std::string column_name;
+  };
+  struct RelationInfo {
+    std::string table;                  // schema.table
+    bool outbox = false;
+    std::vector<std::string> column_names;
+    std::vector<std::uint32_t> column_types;
+    ColumnRef id, key, type, payload, timestamp, route;
+    std::vector<Placement> placements;
+    std::string missing;                // required columns absent, named; empty if none
+  };
+  // The text form of a column value: zero-copy for text, converted into buf for binary.
+  std::optional<MapError> text_of(const RelationInfo& rel, const ColumnRef& ref, const pgoutput::Column& column,
+                                  std::string& buf, std::string_view& out, const std::string& role) const;
+  std::optional<MapError> timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
+                                       std::int64_t& out_ms) const;
+
+  const Config& config_;
+  std::unordered_map<std::uint32_t, RelationInfo> relations_;
+  // Reusable buffers: no allocation per row once warm.
+  std::string topic_buf_, key_buf_, value_buf_, id_buf_, type_buf_, route_buf_;
+  std::vector<std::string> header_bufs_;
+  std::vector<pgoutput::Column> columns_;
+};
+
+}  // namespace walrelay

@@ -1,0 +1,63 @@
+// Where records go. The relay and its LSN ledger only see this interface, so
+// an exactly-once sink (Kafka transactions) or another broker can replace the
+// at-least-once Kafka producer without touching them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "walrelay/outbox_mapper.hpp"
+
+namespace walrelay {
+
+// The outcome of one record, reported exactly once per submitted record.
+struct Delivery {
+  std::uint64_t token = 0;       // what submit() was given
+  std::size_t bytes = 0;         // what submit() counted
+  bool ok = true;
+  bool dead_lettered = false;    // delivered to the dead-letter topic instead
+  std::string error_code;        // short code, a metric label (msg_size_too_large ...)
+  std::string error_message;     // human-readable
+  std::string topic;             // the topic it was meant for (set on failure)
+};
+
+enum class SubmitStatus {
+  accepted,    // the sink owns the record now; a Delivery will follow
+  queue_full,  // try again after some deliveries (backpressure, never a drop)
+  failed,      // rejected at once (e.g. too large); a Delivery with the error follows
+};
+
+class Sink {
+ public:
+  using DeliveryHandler = std::function<void(const Delivery&)>;
+  virtual ~Sink() = default;
+
+  // Hands one record over. `token` comes back in its Delivery.
+  virtual SubmitStatus submit(const OutboxRecord& record, std::uint64_t token) = 0;
+  // Sends a record as-is to the dead-letter topic, with error headers; its
+  // Delivery comes back with dead_lettered=true.
+  virtual SubmitStatus submit_dead_letter(std::string_view topic, std::optional<std::string_view> key,
+                                          std::optional<std::string_view> value,
+                                          const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
+                                          std::size_t bytes) = 0;
+  // Serves delivery reports (on the caller's thread).
+  virtual void poll() = 0;
+  // Waits up to timeout_ms for all submitted records; returns how many remain.
+  virtual std::size_t flush(int timeout_ms) = 0;
+  // Whether the broker is reachable; reason when not.
+  virtual bool healthy() const = 0;
+  virtual std::string health_reason() const = 0;
+  // A fatal producer error (e.g. idempotence broken): the sink cannot go on.
+  virtual std::optional<std::string> fatal_error() const = 0;
+  // Metadata round trip, for --check; throws std::runtime_error with the reason.
+  virtual void check_connectivity(int timeout_ms) = 0;
+
+  void on_delivery(DeliveryHandler handler) { on_delivery_ = std::move(handler); }
+
+ protected:
+  DeliveryHandler on_delivery_;
+};
+
+}  // namespace walrelay

@@ -1,0 +1,61 @@
+// What the relay knows about itself, as the admin endpoint shows it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <pgoutput/pgoutput.hpp>
+
+namespace walrelay {
+
+// Lifecycle of the relay; the admin endpoint derives /readyz and /healthz from it.
+enum class RelayState {
+  starting,      // configuration read, nothing connected yet
+  connecting,    // opening or re-opening the replication connection
+  standby,       // the slot is held by another process; waiting to take over
+  streaming,     // START_REPLICATION accepted, events flow
+  reconnecting,  // connection lost; waiting out the backoff
+  draining,      // shutting down: no more reads, waiting for in-flight acks
+  halted,        // stopped on an error that needs a human (errors.tolerance=none ...)
+  stopped,       // clean shutdown finished
+};
+
+const char* to_string(RelayState state);
+
+// The server's own view of the slot, from pg_replication_slots on a separate
+// ordinary connection (slot.status.interval.ms); never touches the outbox.
+struct ServerSlotInfo {
+  std::string wal_status;                 // reserved, extended, unreserved, lost
+  std::optional<std::int64_t> safe_wal_size;
+  std::optional<std::int32_t> active_pid;
+  std::optional<pgoutput::Lsn> confirmed_flush_lsn;
+  std::optional<pgoutput::Lsn> restart_lsn;
+  std::int64_t observed_at_unix_ms = 0;
+};
+
+// A snapshot of the relay for /slot and /readyz. Built on the loop thread.
+struct StatusSnapshot {
+  std::string slot_name;
+  RelayState state = RelayState::starting;
+  std::string state_reason;             // why not streaming, or why halted
+  pgoutput::Lsn received_lsn;           // end of the newest WAL received
+  pgoutput::Lsn confirmed_flush_lsn;    // flushed LSN walrelay reported to the server
+  pgoutput::Lsn server_wal_end;         // newest server WAL end seen in the stream
+  std::uint64_t lag_bytes = 0;          // server_wal_end - confirmed_flush_lsn
+  double lag_seconds = 0;               // age of the oldest unacknowledged commit
+  std::uint64_t inflight_records = 0;
+  std::uint64_t inflight_bytes = 0;
+  bool producer_healthy = true;
+  std::string producer_error;           // last broker-level error while unhealthy
+  std::optional<ServerSlotInfo> server;
+};
+
+// Implemented by the relay; the admin server asks it on every request.
+class StatusSource {
+ public:
+  virtual ~StatusSource() = default;
+  virtual StatusSnapshot status() const = 0;
+};
+
+}  // namespace walrelay

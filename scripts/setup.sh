@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build, test and benchmark
+# walrelay, then fetches the Kafka broker jars. Idempotent: a second run
+# installs nothing and reuses the jar cache.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+packages=(
+  build-essential cmake ninja-build pkg-config git python3
+  libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev
+  libsimdjson-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
+  clang-14 libclang-rt-14-dev
+  postgresql-15 postgresql-contrib-15 postgresql-client-15
+  kcat default-jre-headless maven curl procps openssl
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+"$here/kafka-jars.sh" >/dev/null
+echo "setup: ok" >&2

@@ -1,0 +1,405 @@
+// Configuration parsing and validation. Strict in the PostgreSQL manner: an
+// unknown key is named, a repeated one is "conflicting or redundant", a bad
+// value says what was expected. Nothing here connects to anything.
+#include "walrelay/config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+namespace walrelay {
+namespace {
+
+std::string trim(std::string_view s) {
+  auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  auto e = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ',')) {
+    auto t = trim(item);
+    if (!t.empty()) out.push_back(t);
+  }
+  return out;
+}
+
+std::int64_t parse_int(const std::string& key, const std::string& v, std::int64_t min, std::int64_t max) {
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc{} || p != v.data() + v.size())
+    throw ConfigError(key, "expected an integer, got \"" + v + "\"");
+  if (out < min || out > max)
+    throw ConfigError(key, "value " + v + " out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  return out;
+}
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  std::string l = v;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (l == "true") return true;
+  if (l == "false") return false;
+  throw ConfigError(key, "expected true or false, got \"" + v + "\"");
+}
+
+// A SQL identifier as walrelay will quote it: any non-empty name without NUL.
+void check_identifier(const std::string& key, const std::string& v) {
+  if (v.empty()) throw ConfigError(key, "must not be empty");
+  if (v.size() > 63) throw ConfigError(key, "longer than PostgreSQL's 63-byte identifier limit");
+}
+
+void check_slot_name(const std::string& key, const std::string& v) {
+  check_identifier(key, v);
+  // PostgreSQL: slot names may only contain lower case letters, numbers and underscores.
+  for (unsigned char c : v)
+    if (!(std::islower(c) || std::isdigit(c) || c == '_'))
+      throw ConfigError(key, "replication slot names may contain only lower case letters, digits and underscores");
+}
+
+TableName parse_table(const std::string& key, const std::string& v) {
+  auto dot = v.find('.');
+  TableName t;
+  if (dot == std::string::npos) {
+    t = {"public", v};
+  } else {
+    t = {v.substr(0, dot), v.substr(dot + 1)};
+  }
+  if (t.schema.empty() || t.name.empty() || t.name.find('.') != std::string::npos)
+    throw ConfigError(key, "expected schema.table, got \"" + v + "\"");
+  return t;
+}
+
+using Setter = std::function<void(Config&, const std::string& key, const std::string& value)>;
+
+struct KeySpec {
+  const char* name;
+  Setter set;
+};
+
+template <class T>
+Setter string_field(T Config::*field) {
+  return [field](Config& c, const std::string&, const std::string& v) { c.*field = v; };
+}
+Setter int_field(int Config::*field, std::int64_t min, std::int64_t max) {
+  return [=](Config& c, const std::string& k, const std::string& v) { c.*field = static_cast<int>(parse_int(k, v, min, max)); };
+}
+Setter int64_field(std::int64_t Config::*field, std::int64_t min, std::int64_t max) {
+  return [=](Config& c, const std::string& k, const std::string& v) { c.*field = parse_int(k, v, min, max); };
+}
+Setter bool_field(bool Config::*field) {
+  return [=](Config& c, const std::string& k, const std::string& v) { c.*field = parse_bool(k, v); };
+}
+Setter column_field(std::string Config::*field, bool optional) {
+  return [=](Config& c, const std::string& k, const std::string& v) {
+    if (v.empty() && !optional) throw ConfigError(k, "must name a column");
+    if (!v.empty()) check_identifier(k, v);
+    c.*field = v;
+  };
+}
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {"database.hostname", string_field(&Config::database_hostname)},
+      {"database.port", int_field(&Config::database_port, 1, 65535)},
+      {"database.user", string_field(&Config::database_user)},
+      {"database.password", string_field(&Config::database_password)},
+      {"database.dbname", string_field(&Config::database_dbname)},
+      {"database.sslmode",
+       [](Config& c, const std::string& k, const std::string& v) {
+         static const std::set<std::string> modes{"disable", "allow", "prefer", "require", "verify-ca", "verify-full"};
+         if (!modes.count(v)) throw ConfigError(k, "expected one of disable, allow, prefer, require, verify-ca, verify-full; got \"" + v + "\"");
+         c.database_sslmode = v;
+       }},
+      {"database.sslrootcert", string_field(&Config::database_sslrootcert)},
+      {"database.sslcert", string_field(&Config::database_sslcert)},
+      {"database.sslkey", string_field(&Config::database_sslkey)},
+      {"database.connect.timeout.ms", int_field(&Config::database_connect_timeout_ms, 1000, 3600000)},
+      {"slot.name", [](Config& c, const std::string& k, const std::string& v) { check_slot_name(k, v); c.slot_name = v; }},
+      {"publication.name", [](Config& c, const std::string& k, const std::string& v) { check_identifier(k, v); c.publication_name = v; }},
+      {"publication.autocreate.mode",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "filtered") c.publication_autocreate = PublicationAutocreate::filtered;
+         else if (v == "disabled") c.publication_autocreate = PublicationAutocreate::disabled;
+         else throw ConfigError(k, "expected filtered or disabled, got \"" + v + "\" (all_tables is not offered: the outbox needs only its own tables)");
+       }},
+      {"status.update.interval.ms", int_field(&Config::status_update_interval_ms, 10, 3600000)},
+      {"replication.timeout.ms", int_field(&Config::replication_timeout_ms, 1000, 3600000)},
+      {"reconnect.backoff.ms", int_field(&Config::reconnect_backoff_ms, 1, 3600000)},
+      {"reconnect.backoff.max.ms", int_field(&Config::reconnect_backoff_max_ms, 1, 3600000)},
+      {"slot.status.interval.ms", int_field(&Config::slot_status_interval_ms, 0, 3600000)},
+      {"pgoutput.binary", bool_field(&Config::binary)},
+      {"table.include.list",
+       [](Config& c, const std::string& k, const std::string& v) {
+         auto items = split_list(v);
+         if (items.empty()) throw ConfigError(k, "must name at least one table");
+         c.table_include_list.clear();
+         for (auto& i : items) {
+           auto t = parse_table(k, i);
+           if (std::find(c.table_include_list.begin(), c.table_include_list.end(), t) != c.table_include_list.end())
+             throw ConfigError(k, "table " + t.qualified() + " listed twice");
+           c.table_include_list.push_back(t);
+         }
+       }},
+      {"table.field.event.id", column_field(&Config::field_event_id, false)},
+      {"table.field.event.key", column_field(&Config::field_event_key, false)},
+      {"table.field.event.type", column_field(&Config::field_event_type, true)},
+      {"table.field.event.payload", column_field(&Config::field_event_payload, false)},
+      {"table.field.event.timestamp", column_field(&Config::field_event_timestamp, true)},
+      {"route.by.field", column_field(&Config::route_by_field, true)},
+      {"route.topic.replacement",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v.empty()) throw ConfigError(k, "must not be empty");
+         c.route_topic_replacement = v;
+       }},
+      {"table.fields.additional.placement",
+       [](Config& c, const std::string& k, const std::string& v) {
+         c.additional_placement.clear();
+         for (auto& item : split_list(v)) {
+           std::vector<std::string> parts;
+           std::string part;
+           std::istringstream in(item);
+           while (std::getline(in, part, ':')) parts.push_back(trim(part));
+           if (parts.size() < 2 || parts.size() > 3 || parts[0].empty())
+             throw ConfigError(k, "expected column:header[:alias], got \"" + item + "\"");
+           if (parts[1] != "header")
+             throw ConfigError(k, "placement \"" + parts[1] + "\" in \"" + item +
+                                      "\" is not supported: walrelay relays the payload as stored, so only header placement exists");
+           c.additional_placement.push_back({parts[0], parts[1], parts.size() == 3 ? parts[2] : parts[0]});
+         }
+       }},
+      {"route.tombstone.on.empty.payload", bool_field(&Config::route_tombstone_on_empty_payload)},
+      {"max.inflight.records", int64_field(&Config::max_inflight_records, 1, 10000000)},
+      {"max.inflight.bytes", int64_field(&Config::max_inflight_bytes, 1024 * 1024, 16LL * 1024 * 1024 * 1024)},
+      {"errors.tolerance",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "none") c.errors_tolerance = ErrorTolerance::none;
+         else if (v == "all") c.errors_tolerance = ErrorTolerance::all;
+         else throw ConfigError(k, "expected none or all, got \"" + v + "\"");
+       }},
+      {"errors.deadletterqueue.topic.name", string_field(&Config::dlq_topic)},
+      {"errors.deadletterqueue.context.headers.enable", bool_field(&Config::dlq_context_headers)},
+      {"shutdown.timeout.ms", int_field(&Config::shutdown_timeout_ms, 0, 3600000)},
+      {"admin.listen",
+       [](Config& c, const std::string& k, const std::string& v) {
+         auto colon = v.rfind(':');
+         if (colon == std::string::npos || colon == 0 || colon + 1 == v.size())
+           throw ConfigError(k, "expected host:port, got \"" + v + "\"");
+         parse_int(k, v.substr(colon + 1), 0, 65535);
+         c.admin_listen = v;
+       }},
+      {"admin.token", string_field(&Config::admin_token)},
+      {"log.level",
+       [](Config& c, const std::string& k, const std::string& v) {
+         static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "critical", "off"};
+         if (!levels.count(v)) throw ConfigError(k, "expected trace, debug, info, warn, error, critical or off; got \"" + v + "\"");
+         c.log_level = v;
+       }},
+      {"log.format",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "text") c.log_format = LogFormat::text;
+         else if (v == "json") c.log_format = LogFormat::json;
+         else throw ConfigError(k, "expected text or json, got \"" + v + "\"");
+       }},
+  };
+  return specs;
+}
+
+// librdkafka settings walrelay's guarantees rest on: defaults that the user
+// may not weaken.
+void apply_kafka_policy(Config& c) {
+  auto require = [&](const std::string& key, const std::string& safe, std::initializer_list<const char*> allowed) {
+    auto it = c.kafka.find(key);
+    if (it == c.kafka.end()) {
+      c.kafka[key] = safe;
+      return;
+    }
+    for (auto a : allowed)
+      if (it->second == a) return;
+    throw ConfigError("kafka." + key, "\"" + it->second + "\" would weaken delivery guarantees; walrelay requires " + safe);
+  };
+  require("enable.idempotence", "true", {"true"});
+  require("acks", "all", {"all", "-1"});
+  c.kafka.try_emplace("partitioner", "murmur2_random");
+  c.kafka.try_emplace("message.timeout.ms", "0");
+  c.kafka.try_emplace("linger.ms", "5");
+  if (!c.kafka.count("bootstrap.servers")) throw ConfigError("kafka.bootstrap.servers", "is required");
+  // librdkafka's own queue must hold at least what walrelay lets in flight,
+  // so that QUEUE_FULL stays an exception rather than the flow control.
+  auto q = std::to_string(std::max<std::int64_t>(c.max_inflight_records + 1000, 100000));
+  c.kafka.try_emplace("queue.buffering.max.messages", q);
+  auto kb = std::to_string(std::max<std::int64_t>(c.max_inflight_bytes / 1024 * 2, 1048576));
+  c.kafka.try_emplace("queue.buffering.max.kbytes", kb);
+}
+
+void validate(Config& c) {
+  if (c.reconnect_backoff_max_ms < c.reconnect_backoff_ms)
+    throw ConfigError("reconnect.backoff.max.ms", "must be at least reconnect.backoff.ms");
+  if (c.errors_tolerance == ErrorTolerance::all && c.dlq_topic.empty())
+    throw ConfigError("errors.deadletterqueue.topic.name",
+                      "is required with errors.tolerance=all: walrelay never drops an event silently");
+  if (c.route_topic_replacement.find("${routedByValue}") != std::string::npos && c.route_by_field.empty())
+    throw ConfigError("route.by.field", "must name a column while route.topic.replacement uses ${routedByValue}");
+  for (auto& f : c.additional_placement)
+    if (f.alias.empty()) throw ConfigError("table.fields.additional.placement", "empty header name for column " + f.column);
+  apply_kafka_policy(c);
+}
+
+std::string quote_conninfo(const std::string& v) {
+  std::string out = "'";
+  for (char ch : v) {
+    if (ch == '\'' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "'";
+}
+
+}  // namespace
+
+bool is_secret_key(const std::string& key) {
+  auto has = [&](const char* s) { return key.find(s) != std::string::npos; };
+  return has("password") || has("token") || has("secret") || has("sasl.jaas") || has("ssl.key.pem") ||
+         has("ssl_key") || has("oauthbearer.config");
+}
+
+Config parse_config(const std::string& text, const std::string& source_name, const std::vector<std::string>& environ) {
+  Config c;
+  std::map<std::string, std::pair<std::string, std::string>> values;  // key -> (value, origin)
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    auto t = trim(line);
+    if (t.empty() || t[0] == '#' || t[0] == '!') continue;
+    auto eq = t.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" + t + "\"");
+    auto key = trim(t.substr(0, eq));
+    auto value = trim(t.substr(eq + 1));
+    if (key.empty()) throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": empty key");
+    if (values.count(key))
+      throw ConfigError(key, "conflicting or redundant: set again at " + source_name + ":" + std::to_string(lineno));
+    values[key] = {value, source_name + ":" + std::to_string(lineno)};
+  }
+
+  // Environment: WALRELAY_DATABASE_PASSWORD -> database.password. Known keys
+  // are matched by their environment spelling; WALRELAY_KAFKA_* become kafka.*
+  std::map<std::string, std::string> env_names;
+  for (auto& spec : key_specs()) {
+    std::string e = "WALRELAY_";
+    for (const char* p = spec.name; *p; ++p) e += (*p == '.') ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
+    env_names[e] = spec.name;
+  }
+  for (auto& kv : environ) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || kv.rfind("WALRELAY_", 0) != 0) continue;
+    auto name = kv.substr(0, eq);
+    auto value = kv.substr(eq + 1);
+    std::string key;
+    if (auto it = env_names.find(name); it != env_names.end()) {
+      key = it->second;
+    } else if (name.rfind("WALRELAY_KAFKA_", 0) == 0) {
+      key = "kafka.";
+      for (char ch : name.substr(15)) key += (ch == '_') ? '.' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    } else {
+      continue;  // WALRELAY_CONFIG, test harness variables ...
+    }
+    values[key] = {value, "environment " + name};
+  }
+
+  for (auto& [key, vo] : values) {
+    auto& [value, origin] = vo;
+    c.origin[key] = origin;
+    if (key.rfind("kafka.", 0) == 0) {
+      auto k = key.substr(6);
+      if (k.empty()) throw ConfigError(key, "empty librdkafka property name");
+      c.kafka[k] = value;
+      continue;
+    }
+    auto spec = std::find_if(key_specs().begin(), key_specs().end(), [&](auto& s) { return key == s.name; });
+    if (spec == key_specs().end())
+      throw ConfigError(key, "unknown configuration key (" + origin + ")");
+    spec->set(c, key, value);
+  }
+  validate(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& environ) {
+  std::string text;
+  if (!path.empty()) {
+    std::ifstream f(path);
+    if (!f) throw ConfigError("", "could not open configuration file \"" + path + "\"");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  return parse_config(text, path.empty() ? "(no file)" : path, environ);
+}
+
+std::string Config::conninfo(bool replication) const {
+  std::string s = "host=" + quote_conninfo(database_hostname) + " port=" + std::to_string(database_port) +
+                  " user=" + quote_conninfo(database_user) + " dbname=" + quote_conninfo(database_dbname) +
+                  " sslmode=" + database_sslmode + " application_name=walrelay" +
+                  " connect_timeout=" + std::to_string(std::max(1, database_connect_timeout_ms / 1000)) +
+                  " keepalives=1 keepalives_idle=10 keepalives_interval=5 keepalives_count=3";
+  if (!database_sslrootcert.empty()) s += " sslrootcert=" + quote_conninfo(database_sslrootcert);
+  if (!database_sslcert.empty()) s += " sslcert=" + quote_conninfo(database_sslcert);
+  if (!database_sslkey.empty()) s += " sslkey=" + quote_conninfo(database_sslkey);
+  // Text forms that the mapper parses must not depend on server defaults.
+  s += " options='-c datestyle=ISO -c timezone=UTC -c extra_float_digits=3 -c bytea_output=hex'";
+  if (replication) s += " replication=database";
+  if (!database_password.empty()) s += " password=" + quote_conninfo(database_password);
+  return s;
+}
+
+std::string Config::conninfo_redacted(bool replication) const {
+  auto s = conninfo(replication);
+  auto p = s.find(" password=");
+  if (p != std::string::npos) s = s.substr(0, p) + " password=********";
+  return s;
+}
+
+std::string Config::describe() const {
+  std::ostringstream out;
+  auto line = [&](const std::string& k, const std::string& v) {
+    out << k << '=' << ((is_secret_key(k) && !v.empty()) ? std::string("********") : v) << '\n';
+  };
+  line("database.hostname", database_hostname);
+  line("database.port", std::to_string(database_port));
+  line("database.user", database_user);
+  line("database.password", database_password);
+  line("database.dbname", database_dbname);
+  line("database.sslmode", database_sslmode);
+  line("slot.name", slot_name);
+  line("publication.name", publication_name);
+  line("publication.autocreate.mode", publication_autocreate == PublicationAutocreate::filtered ? "filtered" : "disabled");
+  std::string tables;
+  for (auto& t : table_include_list) tables += (tables.empty() ? "" : ",") + t.qualified();
+  line("table.include.list", tables);
+  line("table.field.event.id", field_event_id);
+  line("table.field.event.key", field_event_key);
+  line("table.field.event.type", field_event_type);
+  line("table.field.event.payload", field_event_payload);
+  line("table.field.event.timestamp", field_event_timestamp);
+  line("route.by.field", route_by_field);
+  line("route.topic.replacement", route_topic_replacement);
+  line("max.inflight.records", std::to_string(max_inflight_records));
+  line("max.inflight.bytes", std::to_string(max_inflight_bytes));
+  line("errors.tolerance", errors_tolerance == ErrorTolerance::none ? "none" : "all");
+  line("errors.deadletterqueue.topic.name", dlq_topic);
+  line("admin.listen", admin_listen);
+  line("admin.token", admin_token);
+  for (auto& [k, v] : kafka) line("kafka." + k, v);
+  return out.str();
+}
+
+}  // namespace walrelay

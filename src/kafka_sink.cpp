@@ -1,0 +1,283 @@
+#include "walrelay/kafka_sink.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+#include <simdjson.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <chrono>
+#include <stdexcept>
+
+#include "walrelay/config.hpp"
+
+namespace walrelay {
+
+// Dead-letter records are rare: they carry a heap Pending as their opaque.
+// Ordinary records carry (token << 1) | 1, so a delivery report tells them
+// apart by the low bit and the hot path allocates nothing of its own.
+struct KafkaSink::Pending {
+  std::uint64_t token;
+  std::size_t bytes;
+};
+
+namespace {
+
+KafkaSink* self_of(void* opaque) { return static_cast<KafkaSink*>(opaque); }
+
+void dr_cb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) { self_of(opaque)->handle_delivery(m); }
+void error_cb(rd_kafka_t*, int err, const char* reason, void* opaque) { self_of(opaque)->handle_error(err, reason); }
+int stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque) {
+  self_of(opaque)->handle_stats(json, len);
+  return 0;  // librdkafka frees json
+}
+void log_cb(const rd_kafka_t*, int level, const char* fac, const char* buf) {
+  // librdkafka's syslog levels: 0-3 error, 4 warning, 5-6 info, 7 debug.
+  if (level <= 3) spdlog::error("kafka: {}: {}", fac, buf);
+  else if (level == 4) spdlog::warn("kafka: {}: {}", fac, buf);
+  else if (level <= 6) spdlog::info("kafka: {}: {}", fac, buf);
+  else spdlog::debug("kafka: {}: {}", fac, buf);
+}
+
+std::string error_code_name(rd_kafka_resp_err_t err) {
+  std::string n = rd_kafka_err2name(err);
+  for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  while (!n.empty() && n.front() == '_') n.erase(n.begin());
+  return n;
+}
+
+}  // namespace
+
+KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings)
+    : io_(io), wake_(io), poll_timer_(io) {
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  char err[512];
+  auto set = [&](const std::string& k, const std::string& v) {
+    if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK) {
+      rd_kafka_conf_destroy(conf);
+      throw ConfigError("kafka." + k, err);
+    }
+  };
+  for (auto& [k, v] : settings) set(k, v);
+  if (!settings.count("statistics.interval.ms")) set("statistics.interval.ms", "1000");
+  if (!settings.count("client.id")) set("client.id", "walrelay");
+  rd_kafka_conf_set_opaque(conf, this);
+  rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
+  rd_kafka_conf_set_error_cb(conf, error_cb);
+  rd_kafka_conf_set_stats_cb(conf, stats_cb);
+  rd_kafka_conf_set_log_cb(conf, log_cb);
+  rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);  // takes conf on success
+  if (!rk_) {
+    rd_kafka_conf_destroy(conf);
+    throw ConfigError("kafka.*", std::string("could not create the Kafka producer: ") + err);
+  }
+  if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
+  rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk_);
+  rd_kafka_queue_io_event_enable(main_queue, wake_pipe_[1], "1", 1);
+  rd_kafka_queue_destroy(main_queue);
+  wake_.assign(wake_pipe_[0]);
+  watch_queue();
+}
+
+KafkaSink::~KafkaSink() {
+  boost::system::error_code ec;
+  wake_.cancel(ec);
+  poll_timer_.cancel();
+  if (rk_) {
+    rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk_);
+    rd_kafka_queue_io_event_enable(main_queue, -1, nullptr, 0);
+    rd_kafka_queue_destroy(main_queue);
+    // Records still queued are delivered (or failed) by destroy's purge; any
+    // Pending of a dead-letter record leaks here by design rather than
+    // racing the callbacks.
+    rd_kafka_destroy(rk_);
+  }
+  wake_.close(ec);  // closes wake_pipe_[0]
+  if (wake_pipe_[1] >= 0) ::close(wake_pipe_[1]);
+}
+
+void KafkaSink::watch_queue() {
+  wake_.async_wait(boost::asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    if (ec) return;
+    std::array<char, 256> buf;
+    while (::read(wake_pipe_[0], buf.data(), buf.size()) > 0) {
+    }
+    poll();
+    watch_queue();
+  });
+  // librdkafka only writes to the pipe when the queue goes from empty to
+  // non-empty; a short timer covers the edge where events remain after poll.
+  poll_timer_.expires_after(std::chrono::milliseconds(100));
+  poll_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) poll();
+  });
+}
+
+void KafkaSink::poll() {
+  // Bounded so that one poll cannot starve the replication socket.
+  for (int i = 0; i < 64 && rd_kafka_poll(rk_, 0) > 0; ++i) {
+  }
+}
+
+SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::string_view> key,
+                                std::optional<std::string_view> value, std::int64_t timestamp_ms,
+                                const std::vector<OutboxRecord::Header>& headers, Pending* pending) {
+  // Rejected before it entered the queue: reported like a failed delivery.
+  auto reject = [&](std::string code, std::string message) {
+    Delivery d;
+    d.ok = false;
+    d.error_code = std::move(code);
+    d.error_message = std::move(message);
+    d.topic = std::string(topic);
+    if (reinterpret_cast<std::uintptr_t>(pending) & 1) {
+      d.token = reinterpret_cast<std::uintptr_t>(pending) >> 1;
+      d.bytes = (key ? key->size() : 0) + (value ? value->size() : 0);
+    } else {
+      d.token = pending->token;
+      d.bytes = pending->bytes;
+      d.dead_lettered = true;
+      delete pending;
+    }
+    if (on_delivery_) on_delivery_(d);
+    return SubmitStatus::failed;
+  };
+  topic_z_.assign(topic);
+  std::array<rd_kafka_vu_t, 64> vus;
+  std::size_t n = 0;
+  vus[n].vtype = RD_KAFKA_VTYPE_TOPIC;
+  vus[n++].u.cstr = topic_z_.c_str();
+  if (key) {
+    vus[n].vtype = RD_KAFKA_VTYPE_KEY;
+    vus[n].u.mem.ptr = const_cast<char*>(key->data());
+    vus[n++].u.mem.size = key->size();
+  }
+  if (value) {
+    vus[n].vtype = RD_KAFKA_VTYPE_VALUE;
+    vus[n].u.mem.ptr = const_cast<char*>(value->data());
+    vus[n++].u.mem.size = value->size();
+  }
+  vus[n].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+  vus[n++].u.i = RD_KAFKA_MSG_F_COPY;
+  if (timestamp_ms > 0) {
+    vus[n].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
+    vus[n++].u.i64 = timestamp_ms;
+  }
+  vus[n].vtype = RD_KAFKA_VTYPE_OPAQUE;
+  vus[n++].u.ptr = pending;
+  // Header names point at NUL-terminated storage (see OutboxRecord::Header);
+  // librdkafka copies names and values into the message.
+  if (n + headers.size() > vus.size())
+    return reject("too_many_headers", "more than " + std::to_string(vus.size() - n) + " headers");
+  for (const auto& h : headers) {
+    vus[n].vtype = RD_KAFKA_VTYPE_HEADER;
+    vus[n].u.header.name = h.name.data();
+    vus[n].u.header.val = h.value ? h.value->data() : nullptr;
+    vus[n++].u.header.size = h.value ? static_cast<ssize_t>(h.value->size()) : 0;
+  }
+  rd_kafka_error_t* error = rd_kafka_produceva(rk_, vus.data(), n);
+  if (!error) return SubmitStatus::accepted;
+  auto code = rd_kafka_error_code(error);
+  std::string msg = rd_kafka_error_string(error);
+  rd_kafka_error_destroy(error);
+  if (code == RD_KAFKA_RESP_ERR__QUEUE_FULL) return SubmitStatus::queue_full;
+  return reject(error_code_name(code), msg);
+}
+
+SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) {
+  auto* opaque = reinterpret_cast<Pending*>(static_cast<std::uintptr_t>((token << 1) | 1));
+  return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
+}
+
+SubmitStatus KafkaSink::submit_dead_letter(std::string_view topic, std::optional<std::string_view> key,
+                                           std::optional<std::string_view> value,
+                                           const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
+                                           std::size_t bytes) {
+  auto* pending = new Pending{token, bytes};
+  auto status = produce(topic, key, value, 0, headers, pending);
+  if (status == SubmitStatus::queue_full) delete pending;
+  return status;
+}
+
+void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
+  Delivery d;
+  auto opaque = reinterpret_cast<std::uintptr_t>(m->_private);
+  if (opaque & 1) {
+    d.token = opaque >> 1;
+    d.bytes = m->key_len + m->len;
+  } else {
+    auto* p = static_cast<Pending*>(m->_private);
+    d.token = p->token;
+    d.bytes = p->bytes;
+    d.dead_lettered = true;
+    delete p;
+  }
+  if (m->err) {
+    d.ok = false;
+    d.error_code = error_code_name(m->err);
+    d.error_message = rd_kafka_err2str(m->err);
+    d.topic = rd_kafka_topic_name(m->rkt);
+  }
+  if (on_delivery_) on_delivery_(d);
+}
+
+void KafkaSink::handle_error(int err, const char* reason) {
+  auto code = static_cast<rd_kafka_resp_err_t>(err);
+  if (code == RD_KAFKA_RESP_ERR__FATAL) {
+    char buf[512];
+    rd_kafka_fatal_error(rk_, buf, sizeof buf);
+    fatal_ = std::string("fatal producer error: ") + buf;
+    spdlog::critical("kafka: {}", *fatal_);
+    return;
+  }
+  last_error_ = std::string(rd_kafka_err2name(code)) + ": " + reason;
+  if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) brokers_up_ = 0;
+  spdlog::warn("kafka: {}", last_error_);
+}
+
+void KafkaSink::handle_stats(const char* json, std::size_t len) {
+  // Broker reachability from librdkafka's own statistics: a broker in state
+  // "UP" means the producer can deliver. No extra metadata requests.
+  static thread_local simdjson::ondemand::parser parser;
+  simdjson::padded_string doc(json, len);
+  int up = 0;
+  auto parsed = parser.iterate(doc);
+  if (parsed.error()) return;
+  simdjson::ondemand::object brokers;
+  if (parsed["brokers"].get_object().get(brokers)) return;
+  for (auto field : brokers) {
+    simdjson::ondemand::object b;
+    if (field.value().get_object().get(b)) continue;
+    std::int64_t nodeid = -1;
+    std::string_view state;
+    for (auto f : b) {
+      std::string_view k;
+      if (f.unescaped_key().get(k)) continue;
+      if (k == "nodeid") (void)f.value().get_int64().get(nodeid);
+      else if (k == "state") (void)f.value().get_string().get(state);
+    }
+    if (nodeid >= 0 && state == "UP") ++up;
+  }
+  stats_seen_ = true;
+  if (up > 0 && brokers_up_ == 0 && !last_error_.empty()) spdlog::info("kafka: broker reachable again");
+  brokers_up_ = up;
+  if (up > 0) last_error_.clear();
+  else if (last_error_.empty()) last_error_ = "no broker is up";
+}
+
+std::size_t KafkaSink::flush(int timeout_ms) {
+  rd_kafka_flush(rk_, timeout_ms);
+  return static_cast<std::size_t>(rd_kafka_outq_len(rk_));
+}
+
+void KafkaSink::check_connectivity(int timeout_ms) {
+  const rd_kafka_metadata_t* md = nullptr;
+  auto err = rd_kafka_metadata(rk_, 0, nullptr, &md, timeout_ms);
+  if (err) throw std::runtime_error(std::string("could not reach the Kafka cluster: ") + rd_kafka_err2str(err));
+  int brokers = md->broker_cnt;
+  rd_kafka_metadata_destroy(md);
+  if (brokers == 0) throw std::runtime_error("the Kafka cluster reports no brokers");
+}
+
+}  // namespace walrelay

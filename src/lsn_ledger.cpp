@@ -1,0 +1,90 @@
+#include "walrelay/lsn_ledger.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+namespace walrelay {
+
+LsnLedger::TxnId LsnLedger::open(std::int64_t commit_time_us) {
+  if (open_) abandon_open();  // a Begin without Commit: the stream restarted
+  TxnId id = next_id_++;
+  txns_.push_back(Txn{id, Lsn{}, commit_time_us});
+  open_ = id;
+  return id;
+}
+
+LsnLedger::Txn* LsnLedger::find(TxnId id) {
+  // Ids are dense and ascending, but entries are popped from the front and
+  // empty committed ones coalesce, so search from the back (newest is likeliest).
+  if (txns_.empty() || id < txns_.front().id || id > txns_.back().id) return nullptr;
+  auto it = std::lower_bound(txns_.begin(), txns_.end(), id, [](const Txn& t, TxnId v) { return t.id < v; });
+  return (it != txns_.end() && it->id == id) ? &*it : nullptr;
+}
+
+void LsnLedger::add_record(TxnId txn, std::size_t bytes) {
+  Txn* t = find(txn);
+  assert(t && !t->committed);
+  ++t->pending;
+  ++inflight_records_;
+  inflight_bytes_ += bytes;
+}
+
+void LsnLedger::commit(TxnId txn, Lsn end_lsn) {
+  Txn* t = find(txn);
+  if (!t) return;
+  t->committed = true;
+  t->end_lsn = end_lsn;
+  if (open_ == txn) open_.reset();
+  // Coalesce a run of empty committed transactions into one entry so that a
+  // busy non-outbox workload behind a slow record does not grow the deque.
+  if (t->pending == 0 && txns_.size() >= 2) {
+    Txn& prev = txns_[txns_.size() - 2];
+    if (&txns_.back() == t && prev.committed && !prev.abandoned && prev.pending == 0) {
+      prev.end_lsn = std::max(prev.end_lsn, end_lsn);
+      txns_.pop_back();
+    }
+  }
+  advance();
+}
+
+void LsnLedger::abandon_open() {
+  if (!open_) return;
+  if (Txn* t = find(*open_)) {
+    t->committed = true;
+    t->abandoned = true;
+  }
+  open_.reset();
+  advance();
+}
+
+void LsnLedger::ack(TxnId txn, std::size_t bytes) {
+  assert(inflight_records_ > 0);
+  --inflight_records_;
+  inflight_bytes_ -= std::min<std::uint64_t>(bytes, inflight_bytes_);
+  Txn* t = find(txn);
+  if (!t) return;
+  assert(t->pending > 0);
+  --t->pending;
+  if (t == &txns_.front()) advance();
+}
+
+void LsnLedger::advance() {
+  while (!txns_.empty()) {
+    Txn& t = txns_.front();
+    if (!t.committed || t.pending > 0) break;
+    if (!t.abandoned) flushed_ = std::max(flushed_, t.end_lsn);
+    txns_.pop_front();
+  }
+}
+
+void LsnLedger::server_position(Lsn wal_end) {
+  if (txns_.empty() && !open_) flushed_ = std::max(flushed_, wal_end);
+}
+
+std::optional<std::int64_t> LsnLedger::oldest_unacked_commit_time() const {
+  for (const Txn& t : txns_)
+    if (t.pending > 0 && !t.abandoned) return t.commit_time;
+  return std::nullopt;
+}
+
+}  // namespace walrelay

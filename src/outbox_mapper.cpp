@@ -1,0 +1,404 @@
+#include "walrelay/outbox_mapper.hpp"
+
+#include <charconv>
+#include <cstring>
+#include <ctime>
+
+namespace walrelay {
+namespace {
+
+constexpr std::int64_t pg_epoch_unix_ms = 946684800000LL;  // 2000-01-01 in unix ms
+
+std::uint64_t be64(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<std::uint8_t>(p[i]);
+  return v;
+}
+std::uint32_t be32(const std::byte* p) {
+  return (std::uint32_t(std::uint8_t(p[0])) << 24) | (std::uint32_t(std::uint8_t(p[1])) << 16) |
+         (std::uint32_t(std::uint8_t(p[2])) << 8) | std::uint32_t(std::uint8_t(p[3]));
+}
+
+int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// bytea's text form, hex format (the connection sets bytea_output=hex).
+bool decode_bytea_hex(std::string_view text, std::string& out) {
+  if (text.size() < 2 || text[0] != '\\' || text[1] != 'x' || (text.size() % 2) != 0) return false;
+  out.resize((text.size() - 2) / 2);
+  for (std::size_t i = 2, o = 0; i < text.size(); i += 2, ++o) {
+    int hi = hexval(text[i]), lo = hexval(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[o] = static_cast<char>((hi << 4) | lo);
+  }
+  return true;
+}
+
+void format_uuid(const std::byte* p, std::string& out) {
+  static const char* digits = "0123456789abcdef";
+  out.clear();
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    auto b = static_cast<std::uint8_t>(p[i]);
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+}
+
+// Days from civil date (Howard Hinnant's algorithm), for timestamps without libc's TZ.
+std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+
+// PostgreSQL's ISO text form: "2026-11-30 04:51:07.123456+00" (or +05:30, or no zone).
+bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
+  auto num = [&](std::size_t pos, std::size_t len, int& out) {
+    if (pos + len > s.size()) return false;
+    auto r = std::from_chars(s.data() + pos, s.data() + pos + len, out);
+    return r.ec == std::errc{} && r.ptr == s.data() + pos + len;
+  };
+  int y, mo, d, h, mi, sec;
+  if (s.size() < 19 || !num(0, 4, y) || s[4] != '-' || !num(5, 2, mo) || s[7] != '-' || !num(8, 2, d) ||
+      (s[10] != ' ' && s[10] != 'T') || !num(11, 2, h) || s[13] != ':' || !num(14, 2, mi) || s[16] != ':' ||
+      !num(17, 2, sec))
+    return false;
+  std::size_t pos = 19;
+  std::int64_t micros = 0;
+  if (pos < s.size() && s[pos] == '.') {
+    ++pos;
+    int digits = 0;
+    while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') {
+      if (digits < 6) micros = micros * 10 + (s[pos] - '0'), ++digits;
+      ++pos;
+    }
+    while (digits++ < 6) micros *= 10;
+  }
+  std::int64_t offset_s = 0;
+  if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) {
+    int sign = s[pos] == '-' ? -1 : 1, oh = 0, om = 0, os = 0;
+    if (!num(pos + 1, 2, oh)) return false;
+    pos += 3;
+    if (pos < s.size() && s[pos] == ':') {
+      if (!num(pos + 1, 2, om)) return false;
+      pos += 3;
+      if (pos < s.size() && s[pos] == ':') {
+        if (!num(pos + 1, 2, os)) return false;
+        pos += 3;
+      }
+    }
+    offset_s = sign * (oh * 3600 + om * 60 + os);
+  }
+  if (pos != s.size()) return false;
+  std::int64_t days = days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d));
+  std::int64_t secs = days * 86400 + h * 3600 + mi * 60 + sec - offset_s;
+  unix_ms = secs * 1000 + micros / 1000;
+  return true;
+}
+
+void json_escape_into(std::string& out, std::string_view s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+OutboxMapper::OutboxMapper(const Config& config) : config_(config) {}
+
+bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
+  RelationInfo info;
+  std::string schema = relation.nspname.empty() ? "pg_catalog" : std::string(relation.nspname);
+  info.table = schema + "." + std::string(relation.relname);
+  for (auto& t : config_.table_include_list)
+    if (t.schema == schema && t.name == relation.relname) info.outbox = true;
+  for (const pgoutput::RelationColumn& c : relation.columns) {
+    info.column_names.emplace_back(c.name);
+    info.column_types.push_back(c.type_oid);
+  }
+  auto find = [&](const std::string& name, bool required) {
+    ColumnRef ref;
+    if (name.empty()) return ref;
+    for (std::size_t i = 0; i < info.column_names.size(); ++i)
+      if (info.column_names[i] == name) {
+        ref.index = static_cast<int>(i);
+        ref.type_oid = info.column_types[i];
+      }
+    if (!ref && required) info.missing += (info.missing.empty() ? "" : ", ") + name;
+    return ref;
+  };
+  bool routed = config_.route_topic_replacement.find("${routedByValue}") != std::string::npos;
+  info.id = find(config_.field_event_id, true);
+  info.key = find(config_.field_event_key, true);
+  info.type = find(config_.field_event_type, false);
+  info.payload = find(config_.field_event_payload, true);
+  info.timestamp = find(config_.field_event_timestamp, true);
+  info.route = find(config_.route_by_field, routed);
+  for (auto& p : config_.additional_placement) info.placements.push_back({find(p.column, true), p.alias, p.column});
+  bool outbox = info.outbox;
+  relations_[relation.oid] = std::move(info);
+  return outbox;
+}
+
+bool OutboxMapper::is_outbox(std::uint32_t relation_oid) const {
+  auto it = relations_.find(relation_oid);
+  return it != relations_.end() && it->second.outbox;
+}
+
+std::string_view OutboxMapper::table_name(std::uint32_t relation_oid) const {
+  auto it = relations_.find(relation_oid);
+  return it == relations_.end() ? std::string_view{} : std::string_view(it->second.table);
+}
+
+std::optional<MapError> OutboxMapper::text_of(const RelationInfo& rel, const ColumnRef& ref,
+                                              const pgoutput::Column& column, std::string& buf,
+                                              std::string_view& out, const std::string& role) const {
+  const std::string& name = rel.column_names[static_cast<std::size_t>(ref.index)];
+  switch (column.kind) {
+    case pgoutput::ColumnKind::null:
+      return MapError{"null_value", role + " column \"" + name + "\" is NULL"};
+    case pgoutput::ColumnKind::unchanged_toast:
+      return MapError{"unchanged_toast", role + " column \"" + name + "\" was sent as an unchanged TOAST value"};
+    case pgoutput::ColumnKind::text:
+      out = column.text();
+      return std::nullopt;
+    case pgoutput::ColumnKind::binary:
+      break;
+  }
+  // Binary send format: produce PostgreSQL's text form for the common key types.
+  const auto& d = column.data;
+  auto bad = [&]() {
+    return MapError{"unsupported_type", role + " column \"" + name + "\" has type OID " + std::to_string(ref.type_oid) +
+                                            " that walrelay cannot read in binary mode (set pgoutput.binary=false)"};
+  };
+  switch (ref.type_oid) {
+    case pgtype::text: case pgtype::varchar: case pgtype::bpchar: case pgtype::name: case pgtype::json:
+      out = column.text();
+      return std::nullopt;
+    case pgtype::jsonb:
+      if (d.empty() || d[0] != std::byte{1}) return bad();
+      out = column.text().substr(1);
+      return std::nullopt;
+    case pgtype::uuid:
+      if (d.size() != 16) return bad();
+      format_uuid(d.data(), buf);
+      break;
+    case pgtype::int8:
+      if (d.size() != 8) return bad();
+      buf = std::to_string(static_cast<std::int64_t>(be64(d.data())));
+      break;
+    case pgtype::int4: case pgtype::oid:
+      if (d.size() != 4) return bad();
+      buf = ref.type_oid == pgtype::oid ? std::to_string(be32(d.data()))
+                                        : std::to_string(static_cast<std::int32_t>(be32(d.data())));
+      break;
+    case pgtype::int2:
+      if (d.size() != 2) return bad();
+      buf = std::to_string(static_cast<std::int16_t>((std::uint8_t(d[0]) << 8) | std::uint8_t(d[1])));
+      break;
+    case pgtype::bool_:
+      if (d.size() != 1) return bad();
+      buf = d[0] == std::byte{0} ? "f" : "t";
+      break;
+    default:
+      return bad();
+  }
+  out = buf;
+  return std::nullopt;
+}
+
+std::optional<MapError> OutboxMapper::timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
+                                                   std::int64_t& out_ms) const {
+  const std::string& name = rel.column_names[static_cast<std::size_t>(rel.timestamp.index)];
+  auto bad = [&](const std::string& why) {
+    return MapError{"bad_timestamp", "timestamp column \"" + name + "\": " + why};
+  };
+  if (column.kind == pgoutput::ColumnKind::null) return bad("is NULL");
+  auto oid = rel.timestamp.type_oid;
+  if (column.kind == pgoutput::ColumnKind::binary) {
+    const auto& d = column.data;
+    if ((oid == pgtype::timestamptz || oid == pgtype::timestamp) && d.size() == 8) {
+      auto micros = static_cast<std::int64_t>(be64(d.data()));
+      out_ms = pg_epoch_unix_ms + micros / 1000;
+      return std::nullopt;
+    }
+    if (oid == pgtype::int8 && d.size() == 8) {
+      out_ms = static_cast<std::int64_t>(be64(d.data()));
+      return std::nullopt;
+    }
+    return bad("type OID " + std::to_string(oid) + " is not timestamptz, timestamp or bigint");
+  }
+  auto text = column.text();
+  if (oid == pgtype::int8 || oid == pgtype::int4) {
+    auto r = std::from_chars(text.data(), text.data() + text.size(), out_ms);
+    if (r.ec == std::errc{} && r.ptr == text.data() + text.size()) return std::nullopt;
+    return bad("\"" + std::string(text) + "\" is not epoch milliseconds");
+  }
+  if (oid == pgtype::timestamptz || oid == pgtype::timestamp) {
+    if (parse_iso_timestamp(text, out_ms)) return std::nullopt;
+    return bad("could not parse \"" + std::string(text) + "\"");
+  }
+  return bad("type OID " + std::to_string(oid) + " is not timestamptz, timestamp or bigint");
+}
+
+std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::int64_t commit_time_us,
+                                          OutboxRecord& out) {
+  auto it = relations_.find(insert.relation_oid);
+  if (it == relations_.end())
+    return MapError{"unknown_relation", "Insert for relation OID " + std::to_string(insert.relation_oid) +
+                                            " that no Relation message described"};
+  const RelationInfo& rel = it->second;
+  out.table = rel.table;
+  out.event_id = {};
+  out.event_type = {};
+  if (!rel.missing.empty())
+    return MapError{"missing_column", "table " + rel.table + " has no column " + rel.missing};
+
+  columns_.clear();
+  for (const pgoutput::Column& c : insert.new_tuple) columns_.push_back(c);
+  if (columns_.size() != rel.column_names.size())
+    return MapError{"column_count", "row of " + rel.table + " has " + std::to_string(columns_.size()) +
+                                        " columns, its Relation message " + std::to_string(rel.column_names.size())};
+  auto col = [&](const ColumnRef& r) -> const pgoutput::Column& { return columns_[static_cast<std::size_t>(r.index)]; };
+
+  std::string_view id;
+  if (auto e = text_of(rel, rel.id, col(rel.id), id_buf_, id, "event id")) return e;
+  out.event_id = id;
+  if (rel.type && !col(rel.type).is_null()) {
+    std::string_view type;
+    if (auto e = text_of(rel, rel.type, col(rel.type), type_buf_, type, "event type")) return e;
+    out.event_type = type;
+  }
+  std::string_view key;
+  if (auto e = text_of(rel, rel.key, col(rel.key), key_buf_, key, "event key")) return e;
+  out.key = key;
+
+  // Topic: ${routedByValue} replaced by the route column's text form.
+  const std::string& pattern = config_.route_topic_replacement;
+  auto marker = pattern.find("${routedByValue}");
+  if (marker == std::string::npos) {
+    out.topic = pattern;
+  } else {
+    std::string_view route;
+    if (auto e = text_of(rel, rel.route, col(rel.route), route_buf_, route, "route")) return e;
+    if (route.empty())
+      return MapError{"empty_route", "route column \"" + config_.route_by_field + "\" is empty: no topic to route to"};
+    topic_buf_.assign(pattern, 0, marker);
+    topic_buf_.append(route);
+    topic_buf_.append(pattern, marker + 16);
+    out.topic = topic_buf_;
+  }
+
+  // Value: the payload as stored. NULL is a tombstone; so is an empty payload
+  // when route.tombstone.on.empty.payload is set.
+  const pgoutput::Column& payload = col(rel.payload);
+  if (payload.is_null()) {
+    out.value.reset();
+  } else if (payload.is_unchanged_toast()) {
+    return MapError{"unchanged_toast", "payload column sent as an unchanged TOAST value"};
+  } else if (rel.payload.type_oid == pgtype::bytea) {
+    if (payload.kind == pgoutput::ColumnKind::binary) {
+      out.value = payload.text();
+    } else {
+      if (!decode_bytea_hex(payload.text(), value_buf_))
+        return MapError{"bad_value", "bytea payload is not in hex format"};
+      out.value = value_buf_;
+    }
+  } else {
+    std::string_view v;
+    if (auto e = text_of(rel, rel.payload, payload, value_buf_, v, "payload")) return e;
+    out.value = v;
+  }
+  if (out.value && out.value->empty() && config_.route_tombstone_on_empty_payload) out.value.reset();
+
+  if (rel.timestamp) {
+    if (auto e = timestamp_of(rel, col(rel.timestamp), out.timestamp_ms)) return e;
+  } else {
+    out.timestamp_ms = pg_epoch_unix_ms + commit_time_us / 1000;
+  }
+
+  out.headers.clear();
+  out.headers.push_back({"id", id});
+  if (header_bufs_.size() < rel.placements.size()) header_bufs_.resize(rel.placements.size());
+  for (std::size_t i = 0; i < rel.placements.size(); ++i) {
+    const Placement& p = rel.placements[i];
+    const pgoutput::Column& c = col(p.column);
+    if (c.is_null()) {
+      out.headers.push_back({p.header, std::nullopt});
+      continue;
+    }
+    std::string_view v;
+    if (auto e = text_of(rel, p.column, c, header_bufs_[i], v, "header")) return e;
+    out.headers.push_back({p.header, v});
+  }
+  return std::nullopt;
+}
+
+std::string OutboxMapper::row_json(const pgoutput::Insert& insert) const {
+  std::string out = "{";
+  auto it = relations_.find(insert.relation_oid);
+  std::size_t i = 0;
+  for (const pgoutput::Column& c : insert.new_tuple) {
+    if (i) out += ',';
+    std::string name = (it != relations_.end() && i < it->second.column_names.size()) ? it->second.column_names[i]
+                                                                                       : "column" + std::to_string(i);
+    json_escape_into(out, name);
+    out += ':';
+    if (c.is_null()) {
+      out += "null";
+    } else if (c.kind == pgoutput::ColumnKind::binary) {
+      static const char* digits = "0123456789abcdef";
+      std::string hex = "\\x";
+      for (auto b : c.data) {
+        hex += digits[std::to_integer<int>(b) >> 4];
+        hex += digits[std::to_integer<int>(b) & 15];
+      }
+      json_escape_into(out, hex);
+    } else {
+      json_escape_into(out, c.text());
+    }
+    ++i;
+  }
+  return out + "}";
+}
+
+std::string OutboxMapper::event_id_of(const pgoutput::Insert& insert) const {
+  auto it = relations_.find(insert.relation_oid);
+  if (it == relations_.end() || !it->second.id) return {};
+  std::size_t i = 0;
+  for (const pgoutput::Column& c : insert.new_tuple) {
+    if (static_cast<int>(i++) != it->second.id.index) continue;
+    if (c.kind != pgoutput::ColumnKind::text && c.kind != pgoutput::ColumnKind::binary) return {};
+    std::string buf;
+    std::string_view v;
+    if (text_of(it->second, it->second.id, c, buf, v, "id")) return {};
+    return std::string(v);
+  }
+  return {};
+}
+
+}  // namespace walrelay
