@@ -314,7 +314,6 @@ class Core : public std::enable_shared_from_this<Core> {
   std::list<std::weak_ptr<Connection>> connections_;  // live connections, to count and close
   bool running_ = false;                              // between start() and stop()
   unsigned short port_ = 0;                           // bound port
-  std::string listen_text_;                           // bound address, for logs
 };
 
 // One accepted socket: reads requests one at a time under a deadline and
@@ -382,7 +381,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // The client closed between requests.
       close_gracefully();
     } else if (ec == beast::error::timeout) {
-      spdlog::debug("admin: closing connection: request not complete within {} ms",
+      spdlog::debug("admin: closing connection: no complete request within {} ms",
                     core_->options().request_timeout_ms);
       close();
     } else if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
@@ -498,7 +497,8 @@ void Core::start() {
   if (ec) throw fail("read the bound address of", ec);
   port_ = bound.port();
   running_ = true;
-  spdlog::info("admin endpoint listening on {}:{}", bound.address().to_string(), port_);
+  const std::string host = bound.address().to_string();
+  spdlog::info("admin endpoint listening on {}:{}", bound.address().is_v6() ? "[" + host + "]" : host, port_);
   do_accept();
 }
 

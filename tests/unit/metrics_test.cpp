@@ -1,0 +1,132 @@
+// Metrics: names, help and types in the exposition, label children, and the
+// process_* families read from /proc at scrape time.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "walrelay/metrics.hpp"
+
+namespace {
+
+// Sample lines ("name{labels} value") of an exposition, keyed by everything before the value.
+std::map<std::string, double> samples(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.front() == '#') continue;
+    const auto space = line.rfind(' ');
+    REQUIRE(space != std::string::npos);
+    out[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
+  }
+  return out;
+}
+
+double unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TEST_CASE("every walrelay metric is exposed with help and type", "[metrics]") {
+  walrelay::Metrics metrics;
+  // Labelled families only appear once they have a child.
+  metrics.events_relayed("public.outbox", "orders");
+  metrics.delivery_errors("msg_timed_out");
+  metrics.dead_lettered("mapping");
+  metrics.mapping_errors("missing_topic");
+  const std::string text = metrics.serialize();
+
+  const std::map<std::string, std::string> expected = {
+      {"walrelay_events_relayed_total", "counter"},   {"walrelay_bytes_relayed_total", "counter"},
+      {"walrelay_delivery_errors_total", "counter"},  {"walrelay_dead_lettered_total", "counter"},
+      {"walrelay_mapping_errors_total", "counter"},   {"walrelay_transactions_total", "counter"},
+      {"walrelay_replication_messages_total", "counter"}, {"walrelay_status_updates_total", "counter"},
+      {"walrelay_reconnects_total", "counter"},       {"walrelay_decode_errors_total", "counter"},
+      {"walrelay_inflight_records", "gauge"},         {"walrelay_inflight_bytes", "gauge"},
+      {"walrelay_received_lsn", "gauge"},             {"walrelay_flushed_lsn", "gauge"},
+      {"walrelay_server_wal_end_lsn", "gauge"},       {"walrelay_slot_lag_bytes", "gauge"},
+      {"walrelay_slot_lag_seconds", "gauge"},         {"walrelay_ready", "gauge"},
+      {"walrelay_halted", "gauge"},                   {"walrelay_backpressure", "gauge"},
+      {"walrelay_start_time_seconds", "gauge"},       {"walrelay_slot_invalid", "gauge"},
+  };
+  for (const auto& [name, type] : expected) {
+    INFO(name);
+    CHECK(text.find("# HELP " + name + " ") != std::string::npos);
+    CHECK(text.find("# TYPE " + name + " " + type + "\n") != std::string::npos);
+  }
+}
+
+TEST_CASE("counters and gauges show their values", "[metrics]") {
+  walrelay::Metrics metrics;
+  metrics.events_relayed("public.outbox", "orders").Increment(3);
+  metrics.events_relayed("public.outbox", "payments").Increment();
+  metrics.delivery_errors("msg_timed_out").Increment(2);
+  metrics.bytes_relayed.Increment(1234);
+  metrics.lag_bytes.Set(4096);
+  metrics.halted.Set(1);
+
+  const auto values = samples(metrics.serialize());
+  CHECK(values.at(R"(walrelay_events_relayed_total{table="public.outbox",topic="orders"})") == 3);
+  CHECK(values.at(R"(walrelay_events_relayed_total{table="public.outbox",topic="payments"})") == 1);
+  CHECK(values.at(R"(walrelay_delivery_errors_total{reason="msg_timed_out"})") == 2);
+  CHECK(values.at("walrelay_bytes_relayed_total") == 1234);
+  CHECK(values.at("walrelay_slot_lag_bytes") == 4096);
+  CHECK(values.at("walrelay_halted") == 1);
+  CHECK(values.at("walrelay_ready") == 0);
+}
+
+TEST_CASE("the same labels give the same child", "[metrics]") {
+  walrelay::Metrics metrics;
+  auto& a = metrics.events_relayed("t", "x");
+  auto& b = metrics.events_relayed("t", "x");
+  auto& c = metrics.events_relayed("t", "y");
+  CHECK(&a == &b);
+  CHECK(&a != &c);
+  CHECK(&metrics.dead_lettered("r") == &metrics.dead_lettered("r"));
+  CHECK(&metrics.mapping_errors("r") != &metrics.mapping_errors("s"));
+}
+
+TEST_CASE("label values are escaped by the serializer", "[metrics]") {
+  walrelay::Metrics metrics;
+  metrics.mapping_errors("bad \"topic\"\nline\\").Increment();
+  const std::string text = metrics.serialize();
+  CHECK(text.find(R"(walrelay_mapping_errors_total{reason="bad \"topic\"\nline\\"} 1)") != std::string::npos);
+}
+
+TEST_CASE("start time is set at construction", "[metrics]") {
+  const double before = unix_now();
+  walrelay::Metrics metrics;
+  const double after = unix_now();
+  CHECK(metrics.start_time.Value() >= before - 1);
+  CHECK(metrics.start_time.Value() <= after + 1);
+}
+
+TEST_CASE("process metrics come from /proc/self and are plausible", "[metrics]") {
+  walrelay::Metrics metrics;
+  const std::string text = metrics.serialize();
+  const auto values = samples(text);
+
+  CHECK(text.find("# TYPE process_cpu_seconds_total counter\n") != std::string::npos);
+  CHECK(text.find("# TYPE process_resident_memory_bytes gauge\n") != std::string::npos);
+  REQUIRE(values.count("process_resident_memory_bytes") == 1);
+  CHECK(values.at("process_resident_memory_bytes") > 1024 * 1024);
+  REQUIRE(values.count("process_virtual_memory_bytes") == 1);
+  CHECK(values.at("process_virtual_memory_bytes") >= values.at("process_resident_memory_bytes"));
+  REQUIRE(values.count("process_cpu_seconds_total") == 1);
+  CHECK(values.at("process_cpu_seconds_total") >= 0);
+  REQUIRE(values.count("process_open_fds") == 1);
+  CHECK(values.at("process_open_fds") >= 3);  // stdin, stdout, stderr at least
+  REQUIRE(values.count("process_max_fds") == 1);
+  CHECK(values.at("process_max_fds") >= values.at("process_open_fds"));
+  REQUIRE(values.count("process_start_time_seconds") == 1);
+  // The process started before this scrape and, for a test run, not long ago.
+  const double start = values.at("process_start_time_seconds");
+  CHECK(start <= unix_now() + 2);
+  CHECK(start > unix_now() - 24 * 3600);
+}
