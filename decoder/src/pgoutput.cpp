@@ -89,6 +89,9 @@ class Reader {
     if (!failed_ && pos_ != buf_.size()) fail(ErrorCode::trailing_bytes, pos_, detail);
   }
 
+  // The unread rest of the message (does not advance).
+  Bytes rest() const noexcept { return buf_.subspan(pos_); }
+
   // The bytes from `from` to the current position.
   Bytes since(std::size_t from) const noexcept { return buf_.subspan(from, pos_ - from); }
 
@@ -99,14 +102,6 @@ class Reader {
   Error error_{ErrorCode::truncated, 0, {}};  // the first error
 };
 
-// Returns the decoded message, or the reader's error if any read failed.
-template <class T>
-Result<Message> finish(Reader& r, T&& msg, std::string_view trailing_detail) noexcept {
-  r.end(trailing_detail);
-  if (!r.ok()) return r.error();
-  return Message(std::forward<T>(msg));
-}
-
 // Reads the xid that precedes streamed changes, if inside a streamed transaction.
 std::optional<std::uint32_t> read_stream_xid(Reader& r, const DecodeContext& ctx, std::string_view detail) noexcept {
   if (!ctx.in_streamed_transaction) return std::nullopt;
@@ -114,36 +109,53 @@ std::optional<std::uint32_t> read_stream_xid(Reader& r, const DecodeContext& ctx
 }
 
 // Validates a TupleData (logicalrep_read_tuple) and returns a view of it.
+// The hot path of decoding, so it scans with local pointers and updates the
+// reader once; every step is still bounds-checked.
 TupleData read_tuple(Reader& r) noexcept {
-  const std::size_t start = r.offset();
-  const std::uint16_t natts = r.u16("could not read tuple: missing column count");
-  for (std::uint32_t i = 0; i < natts && r.ok(); ++i) {
-    const std::size_t at = r.offset();
-    const auto kind = static_cast<char>(r.u8("could not read tuple: missing column kind"));
-    if (!r.ok()) break;
-    switch (kind) {
-      case static_cast<char>(ColumnKind::null):
-      case static_cast<char>(ColumnKind::unchanged_toast):
-        break;
-      case static_cast<char>(ColumnKind::text):
-      case static_cast<char>(ColumnKind::binary): {
-        const std::size_t len_at = r.offset();
-        const std::int32_t len = r.i32("could not read tuple: missing column length");
-        if (!r.ok()) break;
-        if (len < 0) {
-          r.fail(ErrorCode::bad_length, len_at, "could not read tuple: negative column length");
-          break;
-        }
-        r.bytes(static_cast<std::size_t>(len), "could not read tuple: column value runs past the message");
-        break;
+  if (!r.ok()) return {};
+  const Bytes in = r.rest();
+  const std::byte* const base = in.data();
+  const std::byte* const end = base + in.size();
+  const std::byte* p = base;
+  auto at = [&](const std::byte* q) { return r.offset() + static_cast<std::size_t>(q - base); };
+  if (end - p < 2) {
+    r.fail(ErrorCode::truncated, at(p), "could not read tuple: missing column count");
+    return {};
+  }
+  const std::uint16_t natts = detail::load_be16(p);
+  p += 2;
+  for (std::uint32_t i = 0; i < natts; ++i) {
+    if (p == end) {
+      r.fail(ErrorCode::truncated, at(p), "could not read tuple: missing column kind");
+      return {};
+    }
+    const char kind = std::to_integer<char>(*p);
+    if (kind == static_cast<char>(ColumnKind::text) || kind == static_cast<char>(ColumnKind::binary)) {
+      if (end - p < 5) {
+        r.fail(ErrorCode::truncated, at(p + 1), "could not read tuple: missing column length");
+        return {};
       }
-      default:
-        r.fail(ErrorCode::bad_column_kind, at, "could not read tuple: unrecognized column kind");
-        break;
+      const auto len = static_cast<std::int32_t>(detail::load_be32(p + 1));
+      if (len < 0) {
+        r.fail(ErrorCode::bad_length, at(p + 1), "could not read tuple: negative column length");
+        return {};
+      }
+      p += 5;
+      if (static_cast<std::size_t>(end - p) < static_cast<std::size_t>(len)) {
+        r.fail(ErrorCode::truncated, at(p), "could not read tuple: column value runs past the message");
+        return {};
+      }
+      p += len;
+    } else if (kind == static_cast<char>(ColumnKind::null) || kind == static_cast<char>(ColumnKind::unchanged_toast)) {
+      p += 1;
+    } else {
+      r.fail(ErrorCode::bad_column_kind, at(p), "could not read tuple: unrecognized column kind");
+      return {};
     }
   }
-  if (!r.ok()) return {};
-  return TupleData::from_validated(r.since(start), natts);
+  const auto n = static_cast<std::size_t>(p - base);
+  r.bytes(n, "");  // cannot fail: n <= in.size()
+  return TupleData::from_validated(in.first(n), natts);
 }
 
 // Reads a flags byte that must be zero.
@@ -174,37 +186,37 @@ bool check_version(Reader& r, const DecodeContext& ctx, int min, std::string_vie
 }
 
 // logicalrep_read_begin
-Result<Message> read_begin(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_stream_state(r, ctx, false, true, "could not read begin: inside a streamed transaction")) return r.error();
-  Begin m{};
+void read_begin(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_stream_state(r, ctx, false, true, "could not read begin: inside a streamed transaction")) return;
+  Begin& m = out.emplace<Begin>();
   m.final_lsn = r.lsn("could not read begin: missing final LSN");
   m.commit_time = r.i64("could not read begin: missing commit time");
   m.xid = r.u32("could not read begin: missing xid");
-  return finish(r, m, "could not read begin: trailing bytes");
+  r.end("could not read begin: trailing bytes");
 }
 
 // logicalrep_read_commit
-Result<Message> read_commit(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_stream_state(r, ctx, false, true, "could not read commit: inside a streamed transaction")) return r.error();
-  Commit m{};
+void read_commit(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_stream_state(r, ctx, false, true, "could not read commit: inside a streamed transaction")) return;
+  Commit& m = out.emplace<Commit>();
   m.flags = read_zero_flags(r, "could not read commit: missing flags", "could not read commit: unrecognized flags");
   m.commit_lsn = r.lsn("could not read commit: missing commit LSN");
   m.end_lsn = r.lsn("could not read commit: missing end LSN");
   m.commit_time = r.i64("could not read commit: missing commit time");
-  return finish(r, m, "could not read commit: trailing bytes");
+  r.end("could not read commit: trailing bytes");
 }
 
 // logicalrep_read_origin
-Result<Message> read_origin(Reader& r) noexcept {
-  Origin m{};
+void read_origin(Reader& r, Message& out) noexcept {
+  Origin& m = out.emplace<Origin>();
   m.commit_lsn = r.lsn("could not read origin: missing commit LSN");
   m.name = r.cstring("could not read origin: unterminated name");
-  return finish(r, m, "could not read origin: trailing bytes");
+  r.end("could not read origin: trailing bytes");
 }
 
 // logicalrep_read_rel
-Result<Message> read_relation(Reader& r, const DecodeContext& ctx) noexcept {
-  Relation m{};
+void read_relation(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  Relation& m = out.emplace<Relation>();
   m.xid = read_stream_xid(r, ctx, "could not read relation: missing xid");
   m.oid = r.u32("could not read relation: missing OID");
   m.nspname = r.cstring("could not read relation: unterminated namespace");
@@ -235,34 +247,34 @@ Result<Message> read_relation(Reader& r, const DecodeContext& ctx) noexcept {
     r.i32("could not read relation: missing column type modifier");
   }
   if (r.ok()) m.columns = RelationColumns::from_validated(r.since(cols_start), natts);
-  return finish(r, m, "could not read relation: trailing bytes");
+  r.end("could not read relation: trailing bytes");
 }
 
 // logicalrep_read_typ
-Result<Message> read_type(Reader& r, const DecodeContext& ctx) noexcept {
-  Type m{};
+void read_type(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  Type& m = out.emplace<Type>();
   m.xid = read_stream_xid(r, ctx, "could not read type: missing xid");
   m.oid = r.u32("could not read type: missing OID");
   m.nspname = r.cstring("could not read type: unterminated namespace");
   m.typname = r.cstring("could not read type: unterminated type name");
-  return finish(r, m, "could not read type: trailing bytes");
+  r.end("could not read type: trailing bytes");
 }
 
 // logicalrep_read_insert
-Result<Message> read_insert(Reader& r, const DecodeContext& ctx) noexcept {
-  Insert m{};
+void read_insert(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  Insert& m = out.emplace<Insert>();
   m.xid = read_stream_xid(r, ctx, "could not read insert: missing xid");
   m.relation_oid = r.u32("could not read insert: missing relation OID");
   const std::size_t at = r.offset();
   const auto action = static_cast<char>(r.u8("could not read insert: missing tuple marker"));
   if (r.ok() && action != 'N') r.fail(ErrorCode::bad_value, at, "could not read insert: expected new tuple 'N'");
   m.new_tuple = read_tuple(r);
-  return finish(r, m, "could not read insert: trailing bytes");
+  r.end("could not read insert: trailing bytes");
 }
 
 // logicalrep_read_update
-Result<Message> read_update(Reader& r, const DecodeContext& ctx) noexcept {
-  Update m{};
+void read_update(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  Update& m = out.emplace<Update>();
   m.xid = read_stream_xid(r, ctx, "could not read update: missing xid");
   m.relation_oid = r.u32("could not read update: missing relation OID");
   std::size_t at = r.offset();
@@ -275,12 +287,12 @@ Result<Message> read_update(Reader& r, const DecodeContext& ctx) noexcept {
   }
   if (r.ok() && action != 'N') r.fail(ErrorCode::bad_value, at, "could not read update: expected 'K', 'O' or 'N'");
   m.new_tuple = read_tuple(r);
-  return finish(r, m, "could not read update: trailing bytes");
+  r.end("could not read update: trailing bytes");
 }
 
 // logicalrep_read_delete
-Result<Message> read_delete(Reader& r, const DecodeContext& ctx) noexcept {
-  Delete m{};
+void read_delete(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  Delete& m = out.emplace<Delete>();
   m.xid = read_stream_xid(r, ctx, "could not read delete: missing xid");
   m.relation_oid = r.u32("could not read delete: missing relation OID");
   const std::size_t at = r.offset();
@@ -289,12 +301,12 @@ Result<Message> read_delete(Reader& r, const DecodeContext& ctx) noexcept {
     r.fail(ErrorCode::bad_value, at, "could not read delete: expected 'K' or 'O'");
   }
   m.old_tuple = read_tuple(r);
-  return finish(r, m, "could not read delete: trailing bytes");
+  r.end("could not read delete: trailing bytes");
 }
 
 // logicalrep_read_truncate
-Result<Message> read_truncate(Reader& r, const DecodeContext& ctx) noexcept {
-  Truncate m{};
+void read_truncate(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  Truncate& m = out.emplace<Truncate>();
   m.xid = read_stream_xid(r, ctx, "could not read truncate: missing xid");
   const std::size_t count_at = r.offset();
   const std::int32_t count = r.i32("could not read truncate: missing relation count");
@@ -309,12 +321,12 @@ Result<Message> read_truncate(Reader& r, const DecodeContext& ctx) noexcept {
     m.relation_oids = r.bytes(std::size_t{m.relation_count} * 4, "could not read truncate: relation OIDs run past the message");
   }
   if (!r.ok()) m.relation_count = 0;
-  return finish(r, m, "could not read truncate: trailing bytes");
+  r.end("could not read truncate: trailing bytes");
 }
 
 // logicalrep_read_message (the reader lives in the subscriber; layout from logicalrep_write_message)
-Result<Message> read_message(Reader& r, const DecodeContext& ctx) noexcept {
-  LogicalMessage m{};
+void read_message(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  LogicalMessage& m = out.emplace<LogicalMessage>();
   m.xid = read_stream_xid(r, ctx, "could not read message: missing xid");
   const std::size_t flags_at = r.offset();
   m.flags = r.u8("could not read message: missing flags");
@@ -327,54 +339,55 @@ Result<Message> read_message(Reader& r, const DecodeContext& ctx) noexcept {
   const std::int32_t len = r.i32("could not read message: missing content length");
   if (r.ok() && len < 0) r.fail(ErrorCode::bad_length, len_at, "could not read message: negative content length");
   if (r.ok()) m.content = r.bytes(static_cast<std::size_t>(len), "could not read message: content runs past the message");
-  return finish(r, m, "could not read message: trailing bytes");
+  r.end("could not read message: trailing bytes");
 }
 
 // logicalrep_read_stream_start
-Result<Message> read_stream_start(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_version(r, ctx, proto_stream, "could not read stream start: needs protocol version 2")) return r.error();
-  if (!check_stream_state(r, ctx, false, true, "could not read stream start: already inside a stream")) return r.error();
-  StreamStart m{};
+void read_stream_start(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_version(r, ctx, proto_stream, "could not read stream start: needs protocol version 2")) return;
+  if (!check_stream_state(r, ctx, false, true, "could not read stream start: already inside a stream")) return;
+  StreamStart& m = out.emplace<StreamStart>();
   m.xid = r.u32("could not read stream start: missing xid");
   const std::size_t at = r.offset();
   const std::uint8_t first = r.u8("could not read stream start: missing first-segment flag");
   if (r.ok() && first > 1) r.fail(ErrorCode::bad_value, at, "could not read stream start: first-segment flag not 0 or 1");
   m.first_segment = first == 1;
-  return finish(r, m, "could not read stream start: trailing bytes");
+  r.end("could not read stream start: trailing bytes");
 }
 
 // logicalrep_write_stream_stop has no fields.
-Result<Message> read_stream_stop(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_version(r, ctx, proto_stream, "could not read stream stop: needs protocol version 2")) return r.error();
-  if (!check_stream_state(r, ctx, true, false, "could not read stream stop: not inside a stream")) return r.error();
-  return finish(r, StreamStop{}, "could not read stream stop: trailing bytes");
+void read_stream_stop(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_version(r, ctx, proto_stream, "could not read stream stop: needs protocol version 2")) return;
+  if (!check_stream_state(r, ctx, true, false, "could not read stream stop: not inside a stream")) return;
+  out.emplace<StreamStop>();
+  r.end("could not read stream stop: trailing bytes");
 }
 
 // logicalrep_read_stream_commit
-Result<Message> read_stream_commit(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_version(r, ctx, proto_stream, "could not read stream commit: needs protocol version 2")) return r.error();
-  if (!check_stream_state(r, ctx, false, true, "could not read stream commit: inside a stream")) return r.error();
-  StreamCommit m{};
+void read_stream_commit(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_version(r, ctx, proto_stream, "could not read stream commit: needs protocol version 2")) return;
+  if (!check_stream_state(r, ctx, false, true, "could not read stream commit: inside a stream")) return;
+  StreamCommit& m = out.emplace<StreamCommit>();
   m.xid = r.u32("could not read stream commit: missing xid");
   m.flags = read_zero_flags(r, "could not read stream commit: missing flags",
                             "could not read stream commit: unrecognized flags");
   m.commit_lsn = r.lsn("could not read stream commit: missing commit LSN");
   m.end_lsn = r.lsn("could not read stream commit: missing end LSN");
   m.commit_time = r.i64("could not read stream commit: missing commit time");
-  return finish(r, m, "could not read stream commit: trailing bytes");
+  r.end("could not read stream commit: trailing bytes");
 }
 
 // logicalrep_read_stream_abort
-Result<Message> read_stream_abort(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_version(r, ctx, proto_stream, "could not read stream abort: needs protocol version 2")) return r.error();
-  if (!check_stream_state(r, ctx, false, true, "could not read stream abort: inside a stream")) return r.error();
-  StreamAbort m{};
+void read_stream_abort(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_version(r, ctx, proto_stream, "could not read stream abort: needs protocol version 2")) return;
+  if (!check_stream_state(r, ctx, false, true, "could not read stream abort: inside a stream")) return;
+  StreamAbort& m = out.emplace<StreamAbort>();
   m.xid = r.u32("could not read stream abort: missing xid");
   m.subxid = r.u32("could not read stream abort: missing subtransaction xid");
   const bool has_lsn = ctx.stream_abort_has_lsn.value_or(ctx.proto_version >= proto_max);
   if (has_lsn) {
     if (!check_version(r, ctx, proto_max, "could not read stream abort: abort LSN needs protocol version 4")) {
-      return r.error();
+      return;
     }
     const Lsn lsn = r.lsn("could not read stream abort: missing abort LSN");
     const std::int64_t time = r.i64("could not read stream abort: missing abort time");
@@ -383,65 +396,65 @@ Result<Message> read_stream_abort(Reader& r, const DecodeContext& ctx) noexcept 
       m.abort_time = time;
     }
   }
-  return finish(r, m, "could not read stream abort: trailing bytes");
+  r.end("could not read stream abort: trailing bytes");
 }
 
 // Shared layout of Prepare and Stream Prepare (logicalrep_read_prepare_common).
 template <class T>
-Result<Message> read_prepare_common(Reader& r, std::string_view missing_flags, std::string_view unknown_flags,
+void read_prepare_common(Reader& r, Message& out, std::string_view missing_flags, std::string_view unknown_flags,
                                     std::string_view trailing) noexcept {
-  T m{};
+  T& m = out.emplace<T>();
   m.flags = read_zero_flags(r, missing_flags, unknown_flags);
   m.prepare_lsn = r.lsn("could not read prepare: missing prepare LSN");
   m.end_lsn = r.lsn("could not read prepare: missing end LSN");
   m.prepare_time = r.i64("could not read prepare: missing prepare time");
   m.xid = r.u32("could not read prepare: missing xid");
   m.gid = r.cstring("could not read prepare: unterminated gid");
-  return finish(r, m, trailing);
+  r.end(trailing);
 }
 
 // logicalrep_read_begin_prepare
-Result<Message> read_begin_prepare(Reader& r, const DecodeContext& ctx) noexcept {
+void read_begin_prepare(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
   if (!check_version(r, ctx, proto_two_phase, "could not read begin prepare: needs protocol version 3")) {
-    return r.error();
+    return;
   }
-  if (!check_stream_state(r, ctx, false, true, "could not read begin prepare: inside a stream")) return r.error();
-  BeginPrepare m{};
+  if (!check_stream_state(r, ctx, false, true, "could not read begin prepare: inside a stream")) return;
+  BeginPrepare& m = out.emplace<BeginPrepare>();
   m.prepare_lsn = r.lsn("could not read begin prepare: missing prepare LSN");
   m.end_lsn = r.lsn("could not read begin prepare: missing end LSN");
   m.prepare_time = r.i64("could not read begin prepare: missing prepare time");
   m.xid = r.u32("could not read begin prepare: missing xid");
   m.gid = r.cstring("could not read begin prepare: unterminated gid");
-  return finish(r, m, "could not read begin prepare: trailing bytes");
+  r.end("could not read begin prepare: trailing bytes");
 }
 
 // logicalrep_read_prepare
-Result<Message> read_prepare(Reader& r, const DecodeContext& ctx) noexcept {
-  if (!check_version(r, ctx, proto_two_phase, "could not read prepare: needs protocol version 3")) return r.error();
-  if (!check_stream_state(r, ctx, false, true, "could not read prepare: inside a stream")) return r.error();
-  return read_prepare_common<Prepare>(r, "could not read prepare: missing flags",
+void read_prepare(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
+  if (!check_version(r, ctx, proto_two_phase, "could not read prepare: needs protocol version 3")) return;
+  if (!check_stream_state(r, ctx, false, true, "could not read prepare: inside a stream")) return;
+  read_prepare_common<Prepare>(r, out, "could not read prepare: missing flags",
                                       "could not read prepare: unrecognized flags",
                                       "could not read prepare: trailing bytes");
 }
 
 // logicalrep_read_stream_prepare
-Result<Message> read_stream_prepare(Reader& r, const DecodeContext& ctx) noexcept {
+void read_stream_prepare(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
   if (!check_version(r, ctx, proto_two_phase, "could not read stream prepare: needs protocol version 3")) {
-    return r.error();
+    return;
   }
-  if (!check_stream_state(r, ctx, false, true, "could not read stream prepare: inside a stream")) return r.error();
-  return read_prepare_common<StreamPrepare>(r, "could not read stream prepare: missing flags",
+  if (!check_stream_state(r, ctx, false, true, "could not read stream prepare: inside a stream")) return;
+  read_prepare_common<StreamPrepare>(r, out, "could not read stream prepare: missing flags",
                                             "could not read stream prepare: unrecognized flags",
                                             "could not read stream prepare: trailing bytes");
 }
 
 // logicalrep_read_commit_prepared
-Result<Message> read_commit_prepared(Reader& r, const DecodeContext& ctx) noexcept {
+void read_commit_prepared(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
   if (!check_version(r, ctx, proto_two_phase, "could not read commit prepared: needs protocol version 3")) {
-    return r.error();
+    return;
   }
-  if (!check_stream_state(r, ctx, false, true, "could not read commit prepared: inside a stream")) return r.error();
-  CommitPrepared m{};
+  if (!check_stream_state(r, ctx, false, true, "could not read commit prepared: inside a stream")) return;
+  CommitPrepared& m = out.emplace<CommitPrepared>();
   m.flags = read_zero_flags(r, "could not read commit prepared: missing flags",
                             "could not read commit prepared: unrecognized flags");
   m.commit_lsn = r.lsn("could not read commit prepared: missing commit LSN");
@@ -449,16 +462,16 @@ Result<Message> read_commit_prepared(Reader& r, const DecodeContext& ctx) noexce
   m.commit_time = r.i64("could not read commit prepared: missing commit time");
   m.xid = r.u32("could not read commit prepared: missing xid");
   m.gid = r.cstring("could not read commit prepared: unterminated gid");
-  return finish(r, m, "could not read commit prepared: trailing bytes");
+  r.end("could not read commit prepared: trailing bytes");
 }
 
 // logicalrep_read_rollback_prepared
-Result<Message> read_rollback_prepared(Reader& r, const DecodeContext& ctx) noexcept {
+void read_rollback_prepared(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
   if (!check_version(r, ctx, proto_two_phase, "could not read rollback prepared: needs protocol version 3")) {
-    return r.error();
+    return;
   }
-  if (!check_stream_state(r, ctx, false, true, "could not read rollback prepared: inside a stream")) return r.error();
-  RollbackPrepared m{};
+  if (!check_stream_state(r, ctx, false, true, "could not read rollback prepared: inside a stream")) return;
+  RollbackPrepared& m = out.emplace<RollbackPrepared>();
   m.flags = read_zero_flags(r, "could not read rollback prepared: missing flags",
                             "could not read rollback prepared: unrecognized flags");
   m.prepare_end_lsn = r.lsn("could not read rollback prepared: missing prepare end LSN");
@@ -467,7 +480,7 @@ Result<Message> read_rollback_prepared(Reader& r, const DecodeContext& ctx) noex
   m.rollback_time = r.i64("could not read rollback prepared: missing rollback time");
   m.xid = r.u32("could not read rollback prepared: missing xid");
   m.gid = r.cstring("could not read rollback prepared: unterminated gid");
-  return finish(r, m, "could not read rollback prepared: trailing bytes");
+  r.end("could not read rollback prepared: trailing bytes");
 }
 
 constexpr std::int64_t unix_to_pg_epoch_micros = 946'684'800LL * 1'000'000LL;
@@ -585,36 +598,55 @@ std::int64_t pg_epoch_micros_now() {
   return std::chrono::duration_cast<std::chrono::microseconds>(now).count() - unix_to_pg_epoch_micros;
 }
 
-Result<Message> decode(Bytes pgoutput_message, const DecodeContext& ctx) {
-  Reader r(pgoutput_message);
+namespace {
+
+// Decodes one message into out; errors are recorded in r.
+void decode_into(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
   if (ctx.proto_version < proto_min || ctx.proto_version > proto_max) {
-    return Error{ErrorCode::unsupported_in_context, 0, "could not decode: protocol version not in 1..4"};
+    r.fail(ErrorCode::unsupported_in_context, 0, "could not decode: protocol version not in 1..4");
+    return;
+  }
+  if (ctx.in_streamed_transaction && ctx.proto_version < proto_stream) {
+    r.fail(ErrorCode::unsupported_in_context, 0, "could not decode: streamed transaction needs protocol version 2");
+    return;
   }
   const auto t = static_cast<char>(r.u8("could not decode: empty message"));
-  if (!r.ok()) return r.error();
+  if (!r.ok()) return;
   switch (t) {
-    case tag::begin: return read_begin(r, ctx);
-    case tag::commit: return read_commit(r, ctx);
-    case tag::origin: return read_origin(r);
-    case tag::relation: return read_relation(r, ctx);
-    case tag::type: return read_type(r, ctx);
-    case tag::insert: return read_insert(r, ctx);
-    case tag::update: return read_update(r, ctx);
-    case tag::delete_: return read_delete(r, ctx);
-    case tag::truncate: return read_truncate(r, ctx);
-    case tag::message: return read_message(r, ctx);
-    case tag::stream_start: return read_stream_start(r, ctx);
-    case tag::stream_stop: return read_stream_stop(r, ctx);
-    case tag::stream_commit: return read_stream_commit(r, ctx);
-    case tag::stream_abort: return read_stream_abort(r, ctx);
-    case tag::begin_prepare: return read_begin_prepare(r, ctx);
-    case tag::prepare: return read_prepare(r, ctx);
-    case tag::commit_prepared: return read_commit_prepared(r, ctx);
-    case tag::rollback_prepared: return read_rollback_prepared(r, ctx);
-    case tag::stream_prepare: return read_stream_prepare(r, ctx);
+    case tag::begin: return read_begin(r, ctx, out);
+    case tag::commit: return read_commit(r, ctx, out);
+    case tag::origin: return read_origin(r, out);
+    case tag::relation: return read_relation(r, ctx, out);
+    case tag::type: return read_type(r, ctx, out);
+    case tag::insert: return read_insert(r, ctx, out);
+    case tag::update: return read_update(r, ctx, out);
+    case tag::delete_: return read_delete(r, ctx, out);
+    case tag::truncate: return read_truncate(r, ctx, out);
+    case tag::message: return read_message(r, ctx, out);
+    case tag::stream_start: return read_stream_start(r, ctx, out);
+    case tag::stream_stop: return read_stream_stop(r, ctx, out);
+    case tag::stream_commit: return read_stream_commit(r, ctx, out);
+    case tag::stream_abort: return read_stream_abort(r, ctx, out);
+    case tag::begin_prepare: return read_begin_prepare(r, ctx, out);
+    case tag::prepare: return read_prepare(r, ctx, out);
+    case tag::commit_prepared: return read_commit_prepared(r, ctx, out);
+    case tag::rollback_prepared: return read_rollback_prepared(r, ctx, out);
+    case tag::stream_prepare: return read_stream_prepare(r, ctx, out);
     default: break;
   }
-  return Error{ErrorCode::unknown_message_tag, 0, "could not decode: unknown message tag"};
+  r.fail(ErrorCode::unknown_message_tag, 0, "could not decode: unknown message tag");
+}
+
+}  // namespace
+
+// The message is built in place inside the result (one return object, so no
+// copies of the variant on the success path).
+Result<Message> decode(Bytes pgoutput_message, const DecodeContext& ctx) {
+  Result<Message> result{Message{}};
+  Reader r(pgoutput_message);
+  decode_into(r, ctx, result.value());
+  if (!r.ok()) result = r.error();
+  return result;
 }
 
 const char* message_name(const Message& message) noexcept {

@@ -48,6 +48,9 @@ TEST_CASE("protocol version out of range", "[errors]") {
   b.ch('E');
   expect_error(b, DecodeContext{0, false, {}}, ErrorCode::unsupported_in_context, 0);
   expect_error(b, DecodeContext{5, false, {}}, ErrorCode::unsupported_in_context, 0);
+  Builder ins;
+  ins.ch('I').u32(1).u32(2).ch('N').u16(0);
+  expect_error(ins, DecodeContext{1, true, {}}, ErrorCode::unsupported_in_context, 0);
 }
 
 TEST_CASE("begin and commit decode; commit flags must be zero", "[errors]") {
