@@ -130,7 +130,10 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
     d.ok = false;
     d.error_code = std::move(code);
     d.error_message = std::move(message);
-    d.topic = std::string(topic);
+    d.topic = topic;
+    d.key = key;
+    d.value = value;
+    d.headers = headers;
     if (reinterpret_cast<std::uintptr_t>(pending) & 1) {
       d.token = reinterpret_cast<std::uintptr_t>(pending) >> 1;
       d.bytes = (key ? key->size() : 0) + (value ? value->size() : 0);
@@ -213,11 +216,22 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
     d.dead_lettered = true;
     delete p;
   }
+  d.topic = rd_kafka_topic_name(m->rkt);
   if (m->err) {
     d.ok = false;
     d.error_code = error_code_name(m->err);
     d.error_message = rd_kafka_err2str(m->err);
-    d.topic = rd_kafka_topic_name(m->rkt);
+    if (m->key) d.key = std::string_view(static_cast<const char*>(m->key), m->key_len);
+    if (m->payload) d.value = std::string_view(static_cast<const char*>(m->payload), m->len);
+    rd_kafka_headers_t* hdrs = nullptr;
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
+      const char* name;
+      const void* val;
+      size_t size;
+      for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
+        d.headers.push_back({name, val ? std::optional<std::string_view>(std::string_view(static_cast<const char*>(val), size))
+                                       : std::nullopt});
+    }
   }
   if (on_delivery_) on_delivery_(d);
 }
@@ -254,8 +268,8 @@ void KafkaSink::handle_stats(const char* json, std::size_t len) {
     for (auto f : b) {
       std::string_view k;
       if (f.unescaped_key().get(k)) continue;
-      if (k == "nodeid") (void)f.value().get_int64().get(nodeid);
-      else if (k == "state") (void)f.value().get_string().get(state);
+      if (k == "nodeid") { if (f.value().get_int64().get(nodeid)) nodeid = -1; }
+      else if (k == "state") { if (f.value().get_string().get(state)) state = {}; }
     }
     if (nodeid >= 0 && state == "UP") ++up;
   }

@@ -5,10 +5,10 @@
 
 namespace walrelay {
 
-LsnLedger::TxnId LsnLedger::open(std::int64_t commit_time_us) {
+LsnLedger::TxnId LsnLedger::open(std::int64_t commit_time_us, Lsn commit_lsn) {
   if (open_) abandon_open();  // a Begin without Commit: the stream restarted
   TxnId id = next_id_++;
-  txns_.push_back(Txn{id, Lsn{}, commit_time_us});
+  txns_.push_back(Txn{id, Lsn{}, commit_time_us, commit_lsn});
   open_ = id;
   return id;
 }
@@ -85,6 +85,12 @@ std::optional<std::int64_t> LsnLedger::oldest_unacked_commit_time() const {
   for (const Txn& t : txns_)
     if (t.pending > 0 && !t.abandoned) return t.commit_time;
   return std::nullopt;
+}
+
+std::optional<pgoutput::Lsn> LsnLedger::commit_lsn_of(TxnId txn) const {
+  const Txn* t = find(txn);
+  if (!t) return std::nullopt;
+  return t->commit_lsn;
 }
 
 }  // namespace walrelay

@@ -26,8 +26,9 @@ class LsnLedger {
   // Starts at the slot's confirmed position (nothing below it is owed).
   explicit LsnLedger(Lsn start = {}) : flushed_(start) {}
 
-  // A Begin: opens a transaction. commit_time_us is PostgreSQL's epoch micros.
-  TxnId open(std::int64_t commit_time_us);
+  // A Begin: opens a transaction. commit_time_us is PostgreSQL's epoch micros;
+  // commit_lsn is Begin's final LSN, kept to name the transaction in errors.
+  TxnId open(std::int64_t commit_time_us, Lsn commit_lsn = {});
   // One record of the open transaction was handed to the sink.
   void add_record(TxnId txn, std::size_t bytes);
   // The Commit of the open transaction: it is complete at end_lsn.
@@ -52,17 +53,21 @@ class LsnLedger {
   std::size_t pending_transactions() const { return txns_.size(); }
   // Commit time (PostgreSQL epoch micros) of the oldest transaction not fully acked.
   std::optional<std::int64_t> oldest_unacked_commit_time() const;
+  // The commit LSN of a transaction still in the ledger.
+  std::optional<Lsn> commit_lsn_of(TxnId txn) const;
 
  private:
   struct Txn {
     TxnId id;
     Lsn end_lsn;               // valid once committed
     std::int64_t commit_time;  // from Begin
+    Lsn commit_lsn;            // from Begin
     std::uint32_t pending = 0; // records not yet acked
     bool committed = false;
     bool abandoned = false;    // never advances flushed_
   };
   Txn* find(TxnId id);
+  const Txn* find(TxnId id) const { return const_cast<LsnLedger*>(this)->find(id); }
   void advance();
 
   std::deque<Txn> txns_;       // ascending ids, oldest first

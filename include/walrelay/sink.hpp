@@ -20,7 +20,12 @@ struct Delivery {
   bool dead_lettered = false;    // delivered to the dead-letter topic instead
   std::string error_code;        // short code, a metric label (msg_size_too_large ...)
   std::string error_message;     // human-readable
-  std::string topic;             // the topic it was meant for (set on failure)
+  std::string_view topic;        // the record's topic (valid during the handler call)
+  // On failure only, valid during the handler call: the record as it was
+  // submitted, so a dead-letter copy can be made without keeping it around.
+  std::optional<std::string_view> key;
+  std::optional<std::string_view> value;
+  std::vector<OutboxRecord::Header> headers;
 };
 
 enum class SubmitStatus {

@@ -1,0 +1,92 @@
+// A libpq connection driven by the relay's io_context: the socket is watched
+// by Asio and never read with a blocking call. RAII for every libpq handle.
+#pragma once
+
+#include <chrono>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include <libpq-fe.h>
+
+namespace walrelay {
+
+// A server or connection error with its SQLSTATE ("" when libpq made it up).
+class PgError : public std::runtime_error {
+ public:
+  PgError(std::string message, std::string sqlstate)
+      : std::runtime_error(std::move(message)), sqlstate_(std::move(sqlstate)) {}
+  const std::string& sqlstate() const { return sqlstate_; }
+
+ private:
+  std::string sqlstate_;
+};
+
+using PgResultPtr = std::unique_ptr<PGresult, decltype(&PQclear)>;
+
+// Rows of a simple query as text (NULL as nullopt); enough for catalog reads.
+struct PgRows {
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::optional<std::string>>> rows;
+  const std::optional<std::string>& at(std::size_t row, const std::string& column) const;
+};
+
+class PgConnection {
+ public:
+  explicit PgConnection(boost::asio::io_context& io);
+  ~PgConnection();
+  PgConnection(const PgConnection&) = delete;
+  PgConnection& operator=(const PgConnection&) = delete;
+
+  // PQconnectStart + PQconnectPoll, waiting on the socket; PgError on failure or timeout.
+  boost::asio::awaitable<void> connect(const std::string& conninfo, std::chrono::milliseconds timeout);
+  // Runs one statement; PgError with the server's SQLSTATE on failure.
+  boost::asio::awaitable<PgRows> query(const std::string& sql, const std::vector<std::string>& params = {},
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  // Sends START_REPLICATION (or any command entering COPY BOTH) and waits for it.
+  boost::asio::awaitable<void> start_copy_both(const std::string& command, std::chrono::milliseconds timeout);
+
+  // COPY BOTH, non-blocking: > 0 a message (free with PQfreemem), 0 nothing
+  // buffered (wait_readable), -1 the server ended the copy, throws on error.
+  int try_get_copy_data(char** buffer);
+  // Waits until the socket is readable or the timeout passes; true if readable.
+  boost::asio::awaitable<bool> wait_readable(std::chrono::milliseconds timeout);
+  // Reads what the socket has into libpq's buffer; throws on a broken connection.
+  void consume_input();
+  // Queues a CopyData message and flushes without blocking the loop.
+  boost::asio::awaitable<void> put_copy_data(std::span<const std::byte> data);
+  // The error that ended the copy, after try_get_copy_data returned -1.
+  void finish_copy();
+
+  void close();
+  bool connected() const { return conn_ != nullptr; }
+  int server_version() const { return conn_ ? PQserverVersion(conn_) : 0; }
+  PGconn* raw() { return conn_; }
+  std::string quote_identifier(const std::string& name);
+  std::string quote_literal(const std::string& value);
+
+ private:
+  boost::asio::awaitable<void> wait(boost::asio::posix::stream_descriptor::wait_type type,
+                                    std::chrono::steady_clock::time_point deadline, const char* what);
+  boost::asio::awaitable<PgResultPtr> last_result(std::chrono::steady_clock::time_point deadline);
+  [[noreturn]] void throw_conn_error(const std::string& what);
+  void watch_socket();
+
+  boost::asio::io_context& io_;
+  PGconn* conn_ = nullptr;
+  // Watches libpq's socket; released, never closed, because libpq owns the fd.
+  std::shared_ptr<boost::asio::posix::stream_descriptor> socket_;
+};
+
+// "could not X: <first line of libpq's message>"
+std::string pg_message(PGconn* conn);
+
+}  // namespace walrelay

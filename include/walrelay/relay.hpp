@@ -1,0 +1,131 @@
+// The relay: one replication session at a time, outbox rows to the sink, and
+// the slot confirmed only as far as the ledger allows. Everything runs on one
+// io_context thread, so none of it needs a lock.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <utility>  // before Boost 1.74 asio: its awaitable.hpp needs std::exchange
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <pgoutput/pgoutput.hpp>
+
+#include "walrelay/config.hpp"
+#include "walrelay/lsn_ledger.hpp"
+#include "walrelay/metrics.hpp"
+#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/pg_connection.hpp"
+#include "walrelay/sink.hpp"
+#include "walrelay/status.hpp"
+
+namespace walrelay {
+
+// Process exit codes.
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_failure = 1;      // could not run (server checks, --check failed)
+inline constexpr int exit_config = 2;       // invalid configuration
+inline constexpr int exit_halted = 3;       // halted on an error that needs a human
+
+class Relay final : public StatusSource {
+ public:
+  Relay(boost::asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink);
+  ~Relay() override;
+
+  // Starts the replication session and the slot-status poller on the io_context.
+  void start();
+  // SIGTERM/SIGINT: stop reading, wait for in-flight acks (bounded), send the
+  // final status update, then stop the io_context.
+  void request_stop();
+  // Valid once the io_context has stopped.
+  int exit_code() const { return exit_code_; }
+
+  StatusSnapshot status() const override;
+
+  // --check: server settings, slot, publication, table columns and broker
+  // metadata, without creating anything. Returns the problems found.
+  static boost::asio::awaitable<std::vector<std::string>> check(boost::asio::io_context& io, const Config& config,
+                                                                Sink& sink);
+
+ private:
+  enum class Step { done, retry, stop };  // outcome of handling one CopyData message
+
+  boost::asio::awaitable<void> run();
+  boost::asio::awaitable<void> session();
+  boost::asio::awaitable<void> prepare(PgConnection& conn);
+  boost::asio::awaitable<void> stream(PgConnection& conn);
+  boost::asio::awaitable<void> send_status(PgConnection& conn, bool reply_requested);
+  boost::asio::awaitable<void> drain(PgConnection* conn);
+  boost::asio::awaitable<void> slot_status_loop();
+  boost::asio::awaitable<void> sleep(std::chrono::milliseconds duration);
+
+  Step handle_copy_data(std::span<const std::byte> data);
+  Step handle_message(const pgoutput::XLogData& xlog);
+  Step relay_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
+  Step dead_letter_row(const pgoutput::Insert& insert, const MapError& error, pgoutput::Lsn lsn);
+  void on_delivery(const Delivery& delivery);
+  void halt(std::string reason);
+  void set_state(RelayState state, std::string reason = {});
+  bool has_room() const;
+  void update_gauges() const;
+  prometheus::Counter& relayed_counter(std::uint16_t table, std::string_view topic);
+  std::string context() const;  // "slot=... lsn=... xid=..." for log lines
+
+  // A record's token: the ledger's transaction id and the table's index for
+  // the per-table counter, so a delivery report needs no lookup structure.
+  static std::uint64_t make_token(LsnLedger::TxnId txn, std::uint16_t table) { return (txn << 16) | table; }
+  static LsnLedger::TxnId token_txn(std::uint64_t token) { return token >> 16; }
+  static std::uint16_t token_table(std::uint64_t token) { return static_cast<std::uint16_t>(token & 0xffff); }
+
+  boost::asio::io_context& io_;
+  const Config& config_;
+  Metrics& metrics_;
+  Sink& sink_;
+  OutboxMapper mapper_;
+  OutboxRecord record_;                   // reused for every row
+  LsnLedger ledger_;
+  pgoutput::Decoder decoder_{1};
+  PgConnection conn_;
+
+  RelayState state_ = RelayState::starting;
+  std::string state_reason_;
+  bool stop_requested_ = false;
+  std::optional<std::string> halt_reason_;
+  bool slot_lost_ = false;                // dropped or invalidated: fatal
+  int exit_code_ = exit_ok;
+  int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
+  int proto_version_ = 1;
+
+  // Transaction being read
+  std::optional<LsnLedger::TxnId> txn_;
+  std::uint32_t xid_ = 0;
+  std::int64_t commit_time_ = 0;
+  pgoutput::Lsn txn_lsn_;
+
+  // Positions
+  pgoutput::Lsn received_lsn_;
+  pgoutput::Lsn server_wal_end_;
+  pgoutput::Lsn sent_flushed_lsn_;        // last flushed LSN reported to the server
+  std::chrono::steady_clock::time_point last_received_;
+  bool reply_requested_ = false;
+  bool backpressured_ = false;
+  boost::asio::steady_timer wake_;        // cancelled to wake the stream loop
+
+  std::optional<ServerSlotInfo> server_info_;
+  std::vector<std::string> table_names_;  // index = token table
+  std::unordered_map<std::string, std::uint16_t> table_index_;
+  std::vector<std::unordered_map<std::string, prometheus::Counter*>> relayed_counters_;
+  // Coroutine frames may not hold arrays with g++ 12; this one lives here.
+  std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};
+  std::string scratch_;                   // dead-letter value and header texts
+  std::vector<std::string> dlq_texts_;
+};
+
+}  // namespace walrelay

@@ -1,0 +1,76 @@
+#include "walrelay/logging.hpp"
+
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+
+namespace walrelay {
+namespace {
+
+void append_json_string(spdlog::memory_buf_t& out, std::string_view s) {
+  out.push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out.append(std::string_view("\\\"")); break;
+      case '\\': out.append(std::string_view("\\\\")); break;
+      case '\n': out.append(std::string_view("\\n")); break;
+      case '\r': out.append(std::string_view("\\r")); break;
+      case '\t': out.append(std::string_view("\\t")); break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out.append(std::string_view(buf));
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+// One JSON object a line: {"ts":..., "level":..., "msg":...}. Messages keep
+// their "slot=... lsn=... xid=..." prefix, which log pipelines can split.
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    auto t = std::chrono::system_clock::to_time_t(msg.time);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(msg.time.time_since_epoch()).count() % 1000;
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char ts[80];
+    std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                  tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+    dest.append(std::string_view("{\"ts\":\""));
+    dest.append(std::string_view(ts));
+    dest.append(std::string_view("\",\"level\":"));
+    auto level = spdlog::level::to_string_view(msg.level);
+    append_json_string(dest, std::string_view(level.data(), level.size()));
+    dest.append(std::string_view(",\"msg\":"));
+    append_json_string(dest, std::string_view(msg.payload.data(), msg.payload.size()));
+    dest.append(std::string_view("}\n"));
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
+};
+
+}  // namespace
+
+void setup_logging(const std::string& level, LogFormat format) {
+  auto logger = spdlog::stderr_logger_st("walrelay");
+  if (format == LogFormat::json) logger->set_formatter(std::make_unique<JsonFormatter>());
+  else logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ %v");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+std::string redact(std::string text, const std::string& secret) {
+  if (secret.empty()) return text;
+  for (auto p = text.find(secret); p != std::string::npos; p = text.find(secret, p + 8)) text.replace(p, secret.size(), "********");
+  return text;
+}
+
+}  // namespace walrelay

@@ -1,0 +1,141 @@
+// walrelay: relays transactional-outbox rows from PostgreSQL's WAL to Kafka.
+#include <utility>  // before Boost 1.74 asio: its awaitable.hpp needs std::exchange
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/program_options.hpp>
+#include <librdkafka/rdkafka.h>
+#include <libpq-fe.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <iostream>
+
+#include "walrelay/admin_server.hpp"
+#include "walrelay/config.hpp"
+#include "walrelay/kafka_sink.hpp"
+#include "walrelay/logging.hpp"
+#include "walrelay/metrics.hpp"
+#include "walrelay/relay.hpp"
+
+extern char** environ;
+
+namespace po = boost::program_options;
+namespace asio = boost::asio;
+using namespace walrelay;
+
+int main(int argc, char** argv) {
+  po::options_description options("walrelay " WALRELAY_VERSION
+                                   ": relays transactional-outbox rows from PostgreSQL's WAL to Kafka\n\n"
+                                   "Usage: walrelay --config FILE [--check]\n\nOptions");
+  options.add_options()
+      ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
+      ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")
+      ("print-config", "print the effective configuration (secrets masked) and exit")
+      ("version", "print the version and exit")
+      ("help,h", "print this help and exit");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "walrelay: " << e.what() << "\n" << options << "\n";
+    return exit_config;
+  }
+  if (vm.count("help")) {
+    std::cout << options << "\nExit codes: 0 stopped cleanly, 1 could not run, 2 invalid configuration, "
+                            "3 halted on an event that needs attention\n";
+    return exit_ok;
+  }
+  if (vm.count("version")) {
+    std::cout << "walrelay " WALRELAY_VERSION " (librdkafka " << rd_kafka_version_str() << ", libpq "
+              << PQlibVersion() / 10000 << ")\n";
+    return exit_ok;
+  }
+
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  std::string path = vm.count("config") ? vm["config"].as<std::string>() : "";
+  if (path.empty())
+    for (auto& kv : env)
+      if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
+
+  Config config;
+  try {
+    config = load_config(path, env);
+  } catch (const ConfigError& e) {
+    std::cerr << "walrelay: configuration error: " << e.what() << "\n";
+    return exit_config;
+  }
+  if (vm.count("print-config")) {
+    std::cout << config.describe();
+    return exit_ok;
+  }
+  setup_logging(config.log_level, config.log_format);
+
+  asio::io_context io(1);
+  Metrics metrics;
+  std::unique_ptr<KafkaSink> sink;
+  try {
+    sink = std::make_unique<KafkaSink>(io, config.kafka);
+  } catch (const ConfigError& e) {
+    spdlog::critical("configuration error: {}", e.what());
+    return exit_config;
+  }
+
+  if (vm.count("check")) {
+    int code = exit_ok;
+    asio::co_spawn(io, Relay::check(io, config, *sink), [&](std::exception_ptr e, std::vector<std::string> problems) {
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          problems.push_back(ex.what());
+        }
+      }
+      for (auto& p : problems) std::cout << "problem: " << p << "\n";
+      if (problems.empty()) std::cout << "ok: configuration, database and broker checked\n";
+      code = problems.empty() ? exit_ok : exit_failure;
+      io.stop();
+    });
+    io.run();
+    return code;
+  }
+
+  spdlog::info("walrelay {} starting: slot={} publication={} tables={}", WALRELAY_VERSION, config.slot_name,
+               config.publication_name, [&] {
+                 std::string t;
+                 for (auto& n : config.table_include_list) t += (t.empty() ? "" : ",") + n.qualified();
+                 return t;
+               }());
+  Relay relay(io, config, metrics, *sink);
+  AdminOptions admin_options;
+  admin_options.listen = config.admin_listen;
+  admin_options.token = config.admin_token;
+  AdminServer admin(io, admin_options, relay, metrics);
+  try {
+    admin.start();
+  } catch (const std::exception& e) {
+    spdlog::critical("admin.listen: could not listen on {}: {}", config.admin_listen, e.what());
+    return exit_failure;
+  }
+  spdlog::info("admin endpoint on {} (port {})", config.admin_listen, admin.port());
+
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    spdlog::info("signal {} received", sig);
+    relay.request_stop();
+    signals.async_wait(on_signal);  // a second signal while draining: leave at once
+    static int count = 0;
+    if (++count > 1) {
+      spdlog::warn("second signal: exiting without waiting for in-flight records");
+      std::_Exit(exit_failure);
+    }
+  };
+  signals.async_wait(on_signal);
+  relay.start();
+  io.run();
+  admin.stop();
+  return relay.exit_code();
+}

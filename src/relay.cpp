@@ -1,0 +1,772 @@
+#include "walrelay/relay.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <random>
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using pgoutput::Lsn;
+
+namespace {
+
+// SQLSTATEs the session distinguishes.
+constexpr const char* sqlstate_object_in_use = "55006";           // slot active for another PID
+constexpr const char* sqlstate_undefined_object = "42704";        // slot does not exist
+constexpr const char* sqlstate_prerequisite_state = "55000";      // slot invalidated
+
+// A condition the session cannot recover from by reconnecting.
+struct Fatal : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string join_tables(const Config& config, PgConnection& conn) {
+  std::string out;
+  for (auto& t : config.table_include_list) {
+    if (!out.empty()) out += ", ";
+    out += conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name);
+  }
+  return out;
+}
+
+// Catalog checks shared by start-up and --check: the server, the tables and
+// their columns, the publication and the slot. Reads catalogs only.
+struct ServerFacts {
+  bool publication_exists = false;
+  std::vector<std::string> publication_missing_tables;
+  bool slot_exists = false;
+  std::optional<std::string> slot_plugin, slot_database, slot_wal_status, slot_confirmed;
+  std::optional<std::int32_t> slot_active_pid;
+};
+
+asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config,
+                                            std::vector<std::string>& problems) {
+  ServerFacts facts;
+  int version = conn.server_version();
+  if (version < 140000)
+    problems.push_back("PostgreSQL " + std::to_string(version / 10000) + " is not supported: walrelay needs 14 or later");
+  else if (version >= 180000)
+    spdlog::warn("PostgreSQL {} is newer than walrelay has been tested with (14 to 17)", version / 10000);
+
+  auto wal_level = co_await conn.query("SHOW wal_level");
+  auto level = wal_level.rows.empty() ? std::string("?") : wal_level.rows[0][0].value_or("?");
+  if (level != "logical")
+    problems.push_back("wal_level is " + level + ": set wal_level = logical in postgresql.conf and restart the server");
+
+  for (auto& t : config.table_include_list) {
+    auto cols = co_await conn.query(
+        "SELECT a.attname FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = " +
+        conn.quote_literal(t.schema) + " AND c.relname = " + conn.quote_literal(t.name) +
+        " AND a.attnum > 0 AND NOT a.attisdropped");
+    if (cols.rows.empty()) {
+      problems.push_back("table.include.list: table " + t.qualified() + " does not exist");
+      continue;
+    }
+    auto has = [&](const std::string& name) {
+      return std::any_of(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == name; });
+    };
+    auto need = [&](const std::string& key, const std::string& column) {
+      if (!column.empty() && !has(column))
+        problems.push_back(key + ": table " + t.qualified() + " has no column \"" + column + "\"");
+    };
+    need("table.field.event.id", config.field_event_id);
+    need("table.field.event.key", config.field_event_key);
+    need("table.field.event.payload", config.field_event_payload);
+    need("table.field.event.timestamp", config.field_event_timestamp);
+    if (config.route_topic_replacement.find("${routedByValue}") != std::string::npos)
+      need("route.by.field", config.route_by_field);
+    for (auto& p : config.additional_placement) need("table.fields.additional.placement", p.column);
+  }
+
+  auto pub = co_await conn.query("SELECT pubname FROM pg_catalog.pg_publication WHERE pubname = " +
+                                 conn.quote_literal(config.publication_name));
+  facts.publication_exists = !pub.rows.empty();
+  if (facts.publication_exists) {
+    for (auto& t : config.table_include_list) {
+      auto in = co_await conn.query("SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = " +
+                                    conn.quote_literal(config.publication_name) + " AND schemaname = " +
+                                    conn.quote_literal(t.schema) + " AND tablename = " + conn.quote_literal(t.name));
+      if (in.rows.empty()) facts.publication_missing_tables.push_back(t.qualified());
+    }
+  }
+
+  auto slot = co_await conn.query(
+      "SELECT plugin, database, active_pid, wal_status, confirmed_flush_lsn FROM pg_catalog.pg_replication_slots "
+      "WHERE slot_name = " + conn.quote_literal(config.slot_name));
+  if (!slot.rows.empty()) {
+    facts.slot_exists = true;
+    facts.slot_plugin = slot.rows[0][0];
+    facts.slot_database = slot.rows[0][1];
+    if (slot.rows[0][2]) facts.slot_active_pid = std::stoi(*slot.rows[0][2]);
+    facts.slot_wal_status = slot.rows[0][3];
+    facts.slot_confirmed = slot.rows[0][4];
+    if (facts.slot_plugin != "pgoutput")
+      problems.push_back("slot.name: slot " + config.slot_name + " uses plugin " + facts.slot_plugin.value_or("?") +
+                         ", not pgoutput");
+    if (facts.slot_database != config.database_dbname)
+      problems.push_back("slot.name: slot " + config.slot_name + " belongs to database " +
+                         facts.slot_database.value_or("?") + ", not " + config.database_dbname);
+    if (facts.slot_wal_status == "lost")
+      problems.push_back("slot.name: slot " + config.slot_name +
+                         " has been invalidated (wal_status lost; max_slot_wal_keep_size exceeded?): events it held "
+                         "are gone; drop it and recreate it deliberately");
+  }
+  co_return facts;
+}
+
+}  // namespace
+
+Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink)
+    : io_(io), config_(config), metrics_(metrics), sink_(sink), mapper_(config), conn_(io), wake_(io) {
+  sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
+  for (auto& t : config_.table_include_list) {
+    table_index_[t.qualified()] = static_cast<std::uint16_t>(table_names_.size());
+    table_names_.push_back(t.qualified());
+  }
+  relayed_counters_.resize(table_names_.size());
+  record_.headers.reserve(4 + config_.additional_placement.size());
+}
+
+Relay::~Relay() { sink_.on_delivery(nullptr); }
+
+void Relay::start() {
+  asio::co_spawn(io_, run(), [this](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      spdlog::critical("{} relay stopped on an unexpected error: {}", context(), ex.what());
+    }
+    exit_code_ = exit_failure;
+    io_.stop();
+  });
+  if (config_.slot_status_interval_ms > 0) asio::co_spawn(io_, slot_status_loop(), asio::detached);
+}
+
+void Relay::request_stop() {
+  if (stop_requested_) return;
+  spdlog::info("{} stop requested: finishing in-flight records", context());
+  stop_requested_ = true;
+  wake_.cancel();
+}
+
+std::string Relay::context() const {
+  std::string s = "slot=" + config_.slot_name + " lsn=" + received_lsn_.to_string();
+  if (txn_) s += " xid=" + std::to_string(xid_);
+  return s;
+}
+
+void Relay::set_state(RelayState state, std::string reason) {
+  if (state_ == RelayState::halted) return;  // final
+  state_ = state;
+  state_reason_ = std::move(reason);
+  update_gauges();
+}
+
+void Relay::halt(std::string reason) {
+  if (halt_reason_) return;
+  spdlog::critical("{} halted: {}", context(), reason);
+  halt_reason_ = reason;
+  set_state(RelayState::halted, std::move(reason));
+  metrics_.halted.Set(1);
+  wake_.cancel();
+}
+
+bool Relay::has_room() const {
+  return ledger_.inflight_records() < static_cast<std::uint64_t>(config_.max_inflight_records) &&
+         ledger_.inflight_bytes() < static_cast<std::uint64_t>(config_.max_inflight_bytes);
+}
+
+asio::awaitable<void> Relay::sleep(std::chrono::milliseconds duration) {
+  wake_.expires_after(duration);
+  boost::system::error_code ec;
+  co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+asio::awaitable<void> Relay::run() {
+  auto backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
+  std::mt19937 rng(std::random_device{}());
+  while (!stop_requested_ && !halt_reason_) {
+    set_state(RelayState::connecting);
+    bool streamed_before = sessions_streamed_;
+    bool standby = false;
+    try {
+      co_await session();
+      backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
+    } catch (const Fatal& e) {
+      if (!halt_reason_) halt(e.what());
+    } catch (const PgError& e) {
+      if (e.sqlstate() == sqlstate_object_in_use) {
+        // Another walrelay holds the slot: wait as a standby, take over when it goes.
+        set_state(RelayState::standby, e.what());
+        spdlog::info("slot={} standby: {}", config_.slot_name, e.what());
+        standby = true;
+      } else {
+        set_state(RelayState::reconnecting, e.what());
+        spdlog::error("{} replication connection lost: {}", context(), e.what());
+      }
+    }
+    if (standby) {
+      conn_.close();
+      co_await sleep(std::min<std::chrono::milliseconds>(2000ms, std::chrono::milliseconds(config_.reconnect_backoff_max_ms)));
+      continue;
+    }
+    conn_.close();
+    ledger_.abandon_open();
+    txn_.reset();
+    if (stop_requested_ || halt_reason_) break;
+    metrics_.reconnects.Increment();
+    if (sessions_streamed_ > streamed_before) backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
+    auto jitter = std::uniform_int_distribution<int>(0, static_cast<int>(backoff.count() / 4))(rng);
+    spdlog::info("slot={} reconnecting in {} ms", config_.slot_name, backoff.count() + jitter);
+    co_await sleep(backoff + std::chrono::milliseconds(jitter));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(config_.reconnect_backoff_max_ms));
+  }
+  // Shutdown or halt: let what is in flight land, confirm as far as it goes.
+  co_await drain(nullptr);
+  if (halt_reason_) exit_code_ = slot_lost_ ? exit_failure : exit_halted;
+  else set_state(RelayState::stopped);
+  spdlog::info("slot={} stopped; confirmed_flush_lsn={} exit code {}", config_.slot_name,
+               sent_flushed_lsn_.to_string(), exit_code_);
+  io_.stop();
+}
+
+asio::awaitable<void> Relay::session() {
+  spdlog::info("connecting: {}", config_.conninfo_redacted(true));
+  co_await conn_.connect(config_.conninfo(true), std::chrono::milliseconds(config_.database_connect_timeout_ms));
+  co_await prepare(conn_);
+  sessions_streamed_++;
+  co_await stream(conn_);
+}
+
+asio::awaitable<void> Relay::prepare(PgConnection& conn) {
+  auto ident = co_await conn.query("IDENTIFY_SYSTEM");
+  if (ident.rows.empty()) throw PgError("could not identify the system: empty answer", "");
+  spdlog::info("connected: systemid={} timeline={} xlogpos={} dbname={} server_version={}",
+               ident.at(0, "systemid").value_or("?"), ident.at(0, "timeline").value_or("?"),
+               ident.at(0, "xlogpos").value_or("?"), ident.at(0, "dbname").value_or("?"), conn.server_version());
+
+  std::vector<std::string> problems;
+  auto facts = co_await inspect_server(conn, config_, problems);
+  if (!problems.empty()) {
+    std::string all;
+    for (auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw Fatal(all);
+  }
+
+  if (!facts.publication_exists) {
+    if (config_.publication_autocreate == PublicationAutocreate::disabled)
+      throw Fatal("publication.name: publication " + config_.publication_name +
+                  " does not exist and publication.autocreate.mode=disabled");
+    std::string sql = "CREATE PUBLICATION " + conn.quote_identifier(config_.publication_name) + " FOR TABLE " +
+                      join_tables(config_, conn) + " WITH (publish = 'insert')";
+    spdlog::info("creating publication: {}", sql);
+    co_await conn.query(sql);
+  } else if (!facts.publication_missing_tables.empty()) {
+    std::string missing;
+    for (auto& t : facts.publication_missing_tables) missing += (missing.empty() ? "" : ", ") + t;
+    if (config_.publication_autocreate == PublicationAutocreate::disabled)
+      throw Fatal("publication.name: publication " + config_.publication_name + " does not publish " + missing);
+    // filtered: make the publication cover exactly the configured tables.
+    std::string sql = "ALTER PUBLICATION " + conn.quote_identifier(config_.publication_name) + " SET TABLE " +
+                      join_tables(config_, conn);
+    spdlog::info("updating publication: {}", sql);
+    co_await conn.query(sql);
+  }
+
+  if (!facts.slot_exists) {
+    if (sessions_streamed_ > 0) {
+      slot_lost_ = true;
+      metrics_.slot_invalidated.Set(1);
+      throw Fatal("slot.name: replication slot " + config_.slot_name +
+                  " was dropped while walrelay was using it; recreating it would skip events, so walrelay stops. "
+                  "Recreate it deliberately and restart walrelay.");
+    }
+    // NOEXPORT_SNAPSHOT is the spelling every supported version accepts.
+    std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name) +
+                      " LOGICAL pgoutput NOEXPORT_SNAPSHOT";
+    spdlog::warn("slot={} does not exist: creating it; outbox rows committed before this point are not relayed",
+                 config_.slot_name);
+    auto created = co_await conn.query(sql);
+    spdlog::info("slot={} created at consistent point {}", config_.slot_name,
+                 created.at(0, "consistent_point").value_or("?"));
+  }
+
+  // Highest protocol the server speaks. Streaming and two-phase stay off: the
+  // walsender then sends only committed transactions, in commit order, so an
+  // event of a rolled-back transaction can never reach the sink.
+  int version = conn.server_version();
+  proto_version_ = version >= 160000 ? 4 : version >= 150000 ? 3 : 2;
+  decoder_ = pgoutput::Decoder(proto_version_);
+  std::string cmd = "START_REPLICATION SLOT " + conn.quote_identifier(config_.slot_name) + " LOGICAL 0/0 (" +
+                    "proto_version '" + std::to_string(proto_version_) + "', publication_names " +
+                    conn.quote_literal(conn.quote_identifier(config_.publication_name)) + ", messages 'true'" +
+                    (config_.binary ? ", binary 'true'" : "") + ")";
+  try {
+    co_await conn.start_copy_both(cmd, std::chrono::milliseconds(config_.database_connect_timeout_ms));
+  } catch (const PgError& e) {
+    if (e.sqlstate() == sqlstate_undefined_object) {
+      slot_lost_ = true;
+      metrics_.slot_invalidated.Set(1);
+      throw Fatal(std::string("slot.name: ") + e.what());
+    }
+    if (e.sqlstate() == sqlstate_prerequisite_state) {
+      slot_lost_ = true;
+      metrics_.slot_invalidated.Set(1);
+      throw Fatal(std::string("slot.name: replication slot cannot be used: ") + e.what());
+    }
+    throw;
+  }
+  spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
+  set_state(RelayState::streaming);
+}
+
+asio::awaitable<void> Relay::stream(PgConnection& conn) {
+  const auto status_interval = std::chrono::milliseconds(config_.status_update_interval_ms);
+  const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
+  last_received_ = std::chrono::steady_clock::now();
+  auto next_status = last_received_;
+  bool pinged = false;
+  char* pending = nullptr;  // a message to retry (queue full), kept until handled
+  int pending_len = 0;
+  struct Free {
+    char*& p;
+    ~Free() {
+      if (p) PQfreemem(p);
+    }
+  } free_pending{pending};
+
+  while (!stop_requested_ && !halt_reason_) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= next_status || reply_requested_) {
+      bool ask = !pinged && now - last_received_ > timeout / 3;
+      co_await send_status(conn, ask);
+      pinged = pinged || ask;
+      reply_requested_ = false;
+      next_status = now + status_interval;
+    }
+    if (now - last_received_ > timeout)
+      throw PgError("no message from the server for " + std::to_string(timeout.count()) +
+                        " ms (replication.timeout.ms): connection declared dead", "");
+    if (sink_.fatal_error()) {
+      halt(*sink_.fatal_error());
+      break;
+    }
+
+    // Backpressure: with the in-flight limits reached, stop reading. The
+    // walsender then blocks on a full socket; memory stays bounded.
+    if (!has_room() || pending) {
+      if (!backpressured_) {
+        backpressured_ = true;
+        metrics_.backpressure.Set(1);
+        spdlog::debug("{} backpressure: {} records, {} bytes in flight", context(), ledger_.inflight_records(),
+                      ledger_.inflight_bytes());
+      }
+      sink_.poll();
+      if (pending) {
+        Step step = handle_copy_data({reinterpret_cast<const std::byte*>(pending), static_cast<std::size_t>(pending_len)});
+        if (step != Step::retry) {
+          PQfreemem(pending);
+          pending = nullptr;
+          if (step == Step::stop) break;
+          continue;
+        }
+      }
+      if (!has_room() || pending) {
+        auto until = std::min(next_status, now + (pending ? 10ms : 200ms));
+        co_await sleep(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) + 1ms);
+        // The socket is not read, yet the server is alive as far as we can
+        // tell: silence while we hold back is ours, not the server's.
+        last_received_ = std::max(last_received_, std::chrono::steady_clock::now() - timeout / 2);
+        continue;
+      }
+    }
+    if (backpressured_) {
+      backpressured_ = false;
+      metrics_.backpressure.Set(0);
+    }
+
+    // Read everything libpq has buffered, a bounded batch at a time so the
+    // loop still serves delivery reports and the admin endpoint.
+    int handled = 0;
+    for (; handled < 2048 && has_room(); ++handled) {
+      char* buf = nullptr;
+      int n = conn.try_get_copy_data(&buf);
+      if (n == 0) break;
+      if (n == -1) conn.finish_copy();  // throws with the server's reason
+      last_received_ = std::chrono::steady_clock::now();
+      pinged = false;
+      Step step = handle_copy_data({reinterpret_cast<const std::byte*>(buf), static_cast<std::size_t>(n)});
+      if (step == Step::retry) {
+        pending = buf;
+        pending_len = n;
+        break;
+      }
+      PQfreemem(buf);
+      if (step == Step::stop) break;
+    }
+    if (stop_requested_ || halt_reason_) break;
+    if (handled > 0 || pending) {
+      sink_.poll();
+      if (handled >= 2048) {
+        // Let other handlers run before the next batch.
+        co_await asio::post(io_, asio::use_awaitable);
+      }
+      continue;
+    }
+    auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(next_status - now) + 1ms;
+    if (co_await conn.wait_readable(std::clamp(wait_for, 1ms, 1000ms))) conn.consume_input();
+  }
+  co_await drain(&conn);
+}
+
+asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requested) {
+  auto& msg = status_msg_;
+  Lsn flushed = ledger_.flushed();
+  Lsn written = std::max(received_lsn_, flushed);
+  pgoutput::encode_standby_status_update(msg, written, flushed, flushed, pgoutput::pg_epoch_micros_now(),
+                                         reply_requested);
+  co_await conn.put_copy_data(msg);
+  if (flushed != sent_flushed_lsn_) spdlog::debug("slot={} confirmed_flush_lsn -> {}", config_.slot_name, flushed.to_string());
+  sent_flushed_lsn_ = flushed;
+  metrics_.status_updates.Increment();
+  update_gauges();
+}
+
+asio::awaitable<void> Relay::drain(PgConnection* conn) {
+  if (halt_reason_ || stop_requested_) set_state(halt_reason_ ? RelayState::halted : RelayState::draining,
+                                                 halt_reason_.value_or("shutting down"));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
+  while (ledger_.inflight_records() > 0 && std::chrono::steady_clock::now() < deadline && !sink_.fatal_error()) {
+    sink_.poll();
+    co_await sleep(20ms);
+    if (conn && conn->connected() && std::chrono::steady_clock::now() - last_received_ > 1s) {
+      // keep the walsender from timing us out while we wait
+      try {
+        co_await send_status(*conn, false);
+      } catch (const PgError&) {
+        conn = nullptr;
+      }
+      last_received_ = std::chrono::steady_clock::now();
+    }
+  }
+  if (ledger_.inflight_records() > 0)
+    spdlog::warn("{} {} records still unacknowledged at shutdown; they will be sent again on restart", context(),
+                 ledger_.inflight_records());
+  if (conn && conn->connected()) {
+    try {
+      co_await send_status(*conn, false);
+      spdlog::info("slot={} final status update: confirmed_flush_lsn={}", config_.slot_name,
+                   sent_flushed_lsn_.to_string());
+    } catch (const PgError& e) {
+      spdlog::warn("slot={} could not send the final status update: {}", config_.slot_name, e.what());
+    }
+  }
+}
+
+Relay::Step Relay::handle_copy_data(std::span<const std::byte> data) {
+  auto decoded = pgoutput::decode_replication_message(data);
+  if (!decoded) {
+    metrics_.decode_errors.Increment();
+    halt(std::string("could not decode a replication message: ") + pgoutput::to_string(decoded.error().code) +
+         " at byte " + std::to_string(decoded.error().offset) + " (" + std::string(decoded.error().detail) + ")");
+    return Step::stop;
+  }
+  metrics_.messages_received.Increment();
+  if (auto* ka = std::get_if<pgoutput::PrimaryKeepalive>(&decoded.value())) {
+    server_wal_end_ = std::max(server_wal_end_, ka->wal_end);
+    ledger_.server_position(ka->wal_end);
+    if (ka->reply_requested) reply_requested_ = true;
+    return Step::done;
+  }
+  return handle_message(std::get<pgoutput::XLogData>(decoded.value()));
+}
+
+Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
+  server_wal_end_ = std::max(server_wal_end_, xlog.wal_end);
+  auto decoded = decoder_.decode(xlog.payload);
+  if (!decoded) {
+    metrics_.decode_errors.Increment();
+    halt("could not decode a pgoutput message at " + xlog.wal_start.to_string() + ": " +
+         pgoutput::to_string(decoded.error().code) + " at byte " + std::to_string(decoded.error().offset) + " (" +
+         std::string(decoded.error().detail) + ")");
+    return Step::stop;
+  }
+  Step step = Step::done;
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, pgoutput::Begin>) {
+          txn_ = ledger_.open(m.commit_time, m.final_lsn);
+          xid_ = m.xid;
+          commit_time_ = m.commit_time;
+          txn_lsn_ = m.final_lsn;
+        } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
+          if (txn_) ledger_.commit(*txn_, m.end_lsn);
+          txn_.reset();
+          metrics_.transactions.Increment();
+        } else if constexpr (std::is_same_v<T, pgoutput::Relation>) {
+          bool outbox = mapper_.on_relation(m);
+          spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
+        } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
+          if (mapper_.is_outbox(m.relation_oid)) step = relay_insert(m, xlog.wal_start);
+        } else if constexpr (std::is_same_v<T, pgoutput::StreamStart> || std::is_same_v<T, pgoutput::StreamCommit> ||
+                             std::is_same_v<T, pgoutput::StreamAbort> || std::is_same_v<T, pgoutput::BeginPrepare> ||
+                             std::is_same_v<T, pgoutput::Prepare> || std::is_same_v<T, pgoutput::StreamPrepare>) {
+          // walrelay never asks for streaming or two-phase; receiving them
+          // means the stream is not what the ledger assumes.
+          metrics_.decode_errors.Increment();
+          halt("unexpected streamed or prepared transaction message at " + xlog.wal_start.to_string() +
+               ": walrelay relays committed transactions only");
+          step = Step::stop;
+        }
+        // Update, Delete, Truncate, Type, Origin, logical messages: not outbox events.
+      },
+      decoded.value());
+  if (step != Step::retry) received_lsn_ = std::max(received_lsn_, xlog.wal_start);
+  return step;
+}
+
+Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
+  if (!txn_) {
+    halt("Insert outside a transaction at " + lsn.to_string());
+    return Step::stop;
+  }
+  if (auto error = mapper_.map(insert, commit_time_, record_)) {
+    metrics_.mapping_errors(error->reason).Increment();
+    return dead_letter_row(insert, *error, lsn);
+  }
+  std::size_t bytes = record_.size_bytes();
+  auto table_it = table_index_.find(std::string(record_.table));
+  std::uint16_t table = table_it == table_index_.end() ? 0 : table_it->second;
+  // Counted before submit: a synchronous rejection reports its delivery at once.
+  ledger_.add_record(*txn_, bytes);
+  switch (sink_.submit(record_, make_token(*txn_, table))) {
+    case SubmitStatus::accepted:
+    case SubmitStatus::failed:  // its Delivery has been handled already
+      return halt_reason_ ? Step::stop : Step::done;
+    case SubmitStatus::queue_full:
+      ledger_.ack(*txn_, bytes);  // not taken: undo and try again later
+      return Step::retry;
+  }
+  return Step::done;
+}
+
+Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapError& error, Lsn lsn) {
+  std::string where = "table " + std::string(mapper_.table_name(insert.relation_oid)) + " id " +
+                      mapper_.event_id_of(insert) + " at LSN " + lsn.to_string() + " (xid " + std::to_string(xid_) + ")";
+  if (config_.errors_tolerance == ErrorTolerance::none) {
+    halt("could not map the outbox row of " + where + ": " + error.message +
+         " (errors.tolerance=none; nothing past this row is confirmed)");
+    return Step::stop;
+  }
+  spdlog::error("{} could not map the outbox row of {}: {}; sending it to {}", context(), where, error.message,
+                config_.dlq_topic);
+  scratch_ = mapper_.row_json(insert);
+  dlq_texts_ = {std::string(mapper_.table_name(insert.relation_oid)), lsn.to_string(), error.reason, error.message,
+                mapper_.event_id_of(insert)};
+  std::vector<OutboxRecord::Header> headers;
+  if (config_.dlq_context_headers) {
+    headers.push_back({"__connect.errors.exception.class.name", std::string_view("walrelay.MappingError")});
+    headers.push_back({"__connect.errors.exception.message", dlq_texts_[3]});
+    headers.push_back({"walrelay.error.reason", dlq_texts_[2]});
+    headers.push_back({"walrelay.source.table", dlq_texts_[0]});
+    headers.push_back({"walrelay.source.lsn", dlq_texts_[1]});
+  }
+  headers.push_back({"id", dlq_texts_[4]});
+  std::size_t bytes = scratch_.size();
+  ledger_.add_record(*txn_, bytes);
+  auto status = sink_.submit_dead_letter(config_.dlq_topic, std::nullopt, scratch_, headers, make_token(*txn_, 0), bytes);
+  if (status == SubmitStatus::queue_full) {
+    ledger_.ack(*txn_, bytes);
+    return Step::retry;
+  }
+  return halt_reason_ ? Step::stop : Step::done;
+}
+
+prometheus::Counter& Relay::relayed_counter(std::uint16_t table, std::string_view topic) {
+  auto& by_topic = relayed_counters_.at(table);
+  // Heterogeneous lookup is C++20 for unordered_map only with a custom hash;
+  // topics are few, so a temporary key on a miss path is fine.
+  auto it = by_topic.find(std::string(topic));
+  if (it != by_topic.end()) return *it->second;
+  auto& c = metrics_.events_relayed(table_names_.at(table), topic);
+  by_topic.emplace(std::string(topic), &c);
+  return c;
+}
+
+void Relay::on_delivery(const Delivery& d) {
+  auto txn = token_txn(d.token);
+  if (d.ok) {
+    ledger_.ack(txn, d.bytes);
+    if (d.dead_lettered) {
+      metrics_.dead_lettered(d.error_code.empty() ? "mapping" : d.error_code).Increment();
+    } else {
+      relayed_counter(token_table(d.token), d.topic).Increment();
+      metrics_.bytes_relayed.Increment(static_cast<double>(d.bytes));
+    }
+    if (backpressured_ && has_room()) wake_.cancel();
+    return;
+  }
+  metrics_.delivery_errors(d.error_code).Increment();
+  auto lsn = ledger_.commit_lsn_of(txn);
+  std::string id;
+  for (auto& h : d.headers)
+    if (h.name == "id" && h.value) id = std::string(*h.value);
+  std::string where = "record for topic " + std::string(d.topic) + " (table " +
+                      table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
+                      (lsn ? lsn->to_string() : std::string("?")) + ")";
+  if (d.dead_lettered) {
+    halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
+    return;
+  }
+  if (config_.errors_tolerance == ErrorTolerance::none) {
+    halt("could not deliver the " + where + ": " + d.error_message +
+         " (errors.tolerance=none; nothing past this record is confirmed)");
+    return;
+  }
+  spdlog::error("{} could not deliver the {}: {}; sending it to {}", context(), where, d.error_message,
+                config_.dlq_topic);
+  // The dead-letter copy keeps the original key and headers. A record the
+  // broker refused for its size goes without its value, or it would be
+  // refused again; the headers say where the row is.
+  dlq_texts_ = {std::string(d.topic), d.error_code, d.error_message, std::to_string(d.value ? d.value->size() : 0)};
+  std::vector<OutboxRecord::Header> headers = d.headers;
+  bool drop_value = d.error_code == "msg_size_too_large" || d.error_code == "record_list_too_large" ||
+                    d.error_code == "invalid_record";
+  if (config_.dlq_context_headers) {
+    headers.push_back({"__connect.errors.topic", dlq_texts_[0]});
+    headers.push_back({"__connect.errors.exception.class.name", std::string_view("walrelay.DeliveryError")});
+    headers.push_back({"__connect.errors.exception.message", dlq_texts_[2]});
+    headers.push_back({"walrelay.error.reason", dlq_texts_[1]});
+    if (drop_value) headers.push_back({"walrelay.value.dropped.bytes", dlq_texts_[3]});
+  }
+  // This record's ledger entry stays counted until the copy is acknowledged.
+  auto status = sink_.submit_dead_letter(config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
+                                         d.token, d.bytes);
+  if (status == SubmitStatus::queue_full)
+    halt("could not queue the dead-letter copy of the " + where + ": producer queue full");
+}
+
+void Relay::update_gauges() const {
+  Lsn flushed = ledger_.flushed();
+  metrics_.received_lsn.Set(static_cast<double>(received_lsn_.value));
+  metrics_.flushed_lsn.Set(static_cast<double>(sent_flushed_lsn_.value));
+  metrics_.server_wal_end.Set(static_cast<double>(server_wal_end_.value));
+  auto end = std::max(server_wal_end_, received_lsn_);
+  metrics_.lag_bytes.Set(end.value > sent_flushed_lsn_.value ? static_cast<double>(end.value - sent_flushed_lsn_.value) : 0);
+  auto oldest = ledger_.oldest_unacked_commit_time();
+  metrics_.lag_seconds.Set(oldest ? std::max(0.0, (pgoutput::pg_epoch_micros_now() - *oldest) / 1e6) : 0.0);
+  metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
+  metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
+  metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() ? 1 : 0);
+  (void)flushed;
+}
+
+StatusSnapshot Relay::status() const {
+  update_gauges();
+  StatusSnapshot s;
+  s.slot_name = config_.slot_name;
+  s.state = state_;
+  s.state_reason = state_reason_;
+  s.received_lsn = received_lsn_;
+  s.confirmed_flush_lsn = sent_flushed_lsn_;
+  s.server_wal_end = std::max(server_wal_end_, received_lsn_);
+  s.lag_bytes = s.server_wal_end.value > s.confirmed_flush_lsn.value ? s.server_wal_end.value - s.confirmed_flush_lsn.value : 0;
+  auto oldest = ledger_.oldest_unacked_commit_time();
+  s.lag_seconds = oldest ? std::max(0.0, (pgoutput::pg_epoch_micros_now() - *oldest) / 1e6) : 0.0;
+  s.inflight_records = ledger_.inflight_records();
+  s.inflight_bytes = ledger_.inflight_bytes();
+  s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
+  s.producer_error = sink_.fatal_error().value_or(sink_.health_reason());
+  s.server = server_info_;
+  return s;
+}
+
+asio::awaitable<void> Relay::slot_status_loop() {
+  // The server's own view of the slot on an ordinary connection: catalog
+  // reads only, never the outbox.
+  PgConnection conn(io_);
+  const auto interval = std::chrono::milliseconds(config_.slot_status_interval_ms);
+  // g++ 12 cannot keep an initializer_list's array in a coroutine frame.
+  std::vector<std::string> params;
+  params.push_back(config_.slot_name);
+  while (!stop_requested_ && !halt_reason_) {
+    try {
+      if (!conn.connected())
+        co_await conn.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
+      auto rows = co_await conn.query(
+          "SELECT wal_status, safe_wal_size, active_pid, confirmed_flush_lsn, restart_lsn "
+          "FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+          params, 10s);
+      if (rows.rows.empty()) {
+        server_info_.reset();
+        if (state_ == RelayState::streaming)
+          spdlog::warn("slot={} is not in pg_replication_slots", config_.slot_name);
+      } else {
+        ServerSlotInfo info;
+        info.wal_status = rows.at(0, "wal_status").value_or("");
+        if (auto& v = rows.at(0, "safe_wal_size")) info.safe_wal_size = std::stoll(*v);
+        if (auto& v = rows.at(0, "active_pid")) info.active_pid = std::stoi(*v);
+        if (auto& v = rows.at(0, "confirmed_flush_lsn")) info.confirmed_flush_lsn = Lsn::parse(*v);
+        if (auto& v = rows.at(0, "restart_lsn")) info.restart_lsn = Lsn::parse(*v);
+        info.observed_at_unix_ms = unix_ms_now();
+        if (info.wal_status == "lost" && !halt_reason_) {
+          slot_lost_ = true;
+          metrics_.slot_invalidated.Set(1);
+          halt("slot.name: replication slot " + config_.slot_name +
+               " was invalidated (wal_status lost: max_slot_wal_keep_size exceeded); events it held are gone");
+        }
+        server_info_ = std::move(info);
+      }
+    } catch (const PgError& e) {
+      spdlog::warn("slot={} could not read pg_replication_slots: {}", config_.slot_name, e.what());
+      conn.close();
+    }
+    asio::steady_timer timer(io_, interval);
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+asio::awaitable<std::vector<std::string>> Relay::check(asio::io_context& io, const Config& config, Sink& sink) {
+  std::vector<std::string> problems;
+  PgConnection conn(io);
+  try {
+    co_await conn.connect(config.conninfo(true), std::chrono::milliseconds(config.database_connect_timeout_ms));
+    co_await conn.query("IDENTIFY_SYSTEM");
+    auto facts = co_await inspect_server(conn, config, problems);
+    if (!facts.publication_exists && config.publication_autocreate == PublicationAutocreate::disabled)
+      problems.push_back("publication.name: publication " + config.publication_name +
+                         " does not exist and publication.autocreate.mode=disabled");
+    for (auto& t : facts.publication_missing_tables)
+      if (config.publication_autocreate == PublicationAutocreate::disabled)
+        problems.push_back("publication.name: publication " + config.publication_name + " does not publish " + t);
+    if (!facts.slot_exists) spdlog::info("slot {} does not exist yet: walrelay will create it", config.slot_name);
+    else if (facts.slot_active_pid)
+      spdlog::info("slot {} is active for PID {}: walrelay would wait as a standby", config.slot_name, *facts.slot_active_pid);
+  } catch (const PgError& e) {
+    problems.push_back(std::string("database: ") + e.what());
+  }
+  try {
+    sink.check_connectivity(config.database_connect_timeout_ms);
+  } catch (const std::exception& e) {
+    problems.push_back(std::string("kafka.bootstrap.servers: ") + e.what());
+  }
+  co_return problems;
+}
+
+}  // namespace walrelay

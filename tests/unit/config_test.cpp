@@ -1,0 +1,98 @@
+#include <catch2/catch.hpp>
+
+#include "walrelay/config.hpp"
+
+using namespace walrelay;
+
+namespace {
+Config parse(const std::string& text, std::vector<std::string> env = {}) {
+  return parse_config("kafka.bootstrap.servers=127.0.0.1:9092\n" + text, "test.properties", env);
+}
+std::string error_key(const std::string& text, std::vector<std::string> env = {}) {
+  try {
+    parse(text, env);
+  } catch (const ConfigError& e) {
+    return e.key();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("config: Debezium's defaults", "[config]") {
+  auto c = parse("");
+  CHECK(c.table_include_list.size() == 1);
+  CHECK(c.table_include_list[0].qualified() == "public.outbox");
+  CHECK(c.field_event_id == "id");
+  CHECK(c.field_event_key == "aggregateid");
+  CHECK(c.field_event_payload == "payload");
+  CHECK(c.route_by_field == "aggregatetype");
+  CHECK(c.route_topic_replacement == "outbox.event.${routedByValue}");
+  CHECK(c.slot_name == "walrelay");
+  CHECK(c.admin_listen == "127.0.0.1:8080");
+  CHECK(c.kafka.at("enable.idempotence") == "true");
+  CHECK(c.kafka.at("acks") == "all");
+  CHECK(c.kafka.at("partitioner") == "murmur2_random");
+}
+
+TEST_CASE("config: keys, lists and comments", "[config]") {
+  auto c = parse(
+      "# comment\n! also a comment\n\n"
+      "table.include.list = app.outbox, billing.events\n"
+      "table.fields.additional.placement=type:header:eventType,tenant:header\n"
+      "database.port=5433\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=dlq\n"
+      "kafka.linger.ms=20\n");
+  REQUIRE(c.table_include_list.size() == 2);
+  CHECK(c.table_include_list[1].schema == "billing");
+  REQUIRE(c.additional_placement.size() == 2);
+  CHECK(c.additional_placement[0].alias == "eventType");
+  CHECK(c.additional_placement[1].alias == "tenant");
+  CHECK(c.database_port == 5433);
+  CHECK(c.errors_tolerance == ErrorTolerance::all);
+  CHECK(c.kafka.at("linger.ms") == "20");
+}
+
+TEST_CASE("config: bad input names the key", "[config]") {
+  CHECK(error_key("no.such.key=1\n") == "no.such.key");
+  CHECK(error_key("slot.name=a\nslot.name=b\n") == "slot.name");
+  CHECK(error_key("database.port=http\n") == "database.port");
+  CHECK(error_key("database.port=70000\n") == "database.port");
+  CHECK(error_key("slot.name=Bad-Name\n") == "slot.name");
+  CHECK(error_key("errors.tolerance=some\n") == "errors.tolerance");
+  CHECK(error_key("errors.tolerance=all\n") == "errors.deadletterqueue.topic.name");
+  CHECK(error_key("kafka.acks=1\n") == "kafka.acks");
+  CHECK(error_key("kafka.enable.idempotence=false\n") == "kafka.enable.idempotence");
+  CHECK(error_key("table.fields.additional.placement=type:envelope\n") == "table.fields.additional.placement");
+  CHECK(error_key("admin.listen=8080\n") == "admin.listen");
+  CHECK(error_key("log.format=xml\n") == "log.format");
+  CHECK(error_key("publication.autocreate.mode=all_tables\n") == "publication.autocreate.mode");
+  CHECK(error_key("max.inflight.records=0\n") == "max.inflight.records");
+  CHECK(error_key("just a line\n") == "");
+  CHECK_THROWS_AS(parse_config("", "x", {}), ConfigError);  // bootstrap servers required
+}
+
+TEST_CASE("config: the environment wins over the file", "[config]") {
+  auto c = parse("database.hostname=file-host\n",
+                 {"WALRELAY_DATABASE_HOSTNAME=env-host", "WALRELAY_KAFKA_CLIENT_ID=relay-7", "WALRELAY_TEST_X=1",
+                  "PATH=/bin"});
+  CHECK(c.database_hostname == "env-host");
+  CHECK(c.kafka.at("client.id") == "relay-7");
+  CHECK(c.origin.at("database.hostname") == "environment WALRELAY_DATABASE_HOSTNAME");
+  CHECK(error_key("", {"WALRELAY_DATABASE_PORT=x"}) == "database.port");
+}
+
+TEST_CASE("config: secrets never appear in descriptions or redacted conninfo", "[config]") {
+  auto c = parse("database.password=s3cr3t-pw\nadmin.token=tok-123\nkafka.sasl.password=kpw\n");
+  CHECK(c.conninfo(true).find("s3cr3t-pw") != std::string::npos);
+  CHECK(c.conninfo_redacted(true).find("s3cr3t-pw") == std::string::npos);
+  auto d = c.describe();
+  CHECK(d.find("s3cr3t-pw") == std::string::npos);
+  CHECK(d.find("tok-123") == std::string::npos);
+  CHECK(d.find("kpw") == std::string::npos);
+  CHECK(d.find("database.password=********") != std::string::npos);
+}
+
+TEST_CASE("config: conninfo quotes values", "[config]") {
+  auto c = parse("database.password=it's\\x\n");
+  CHECK(c.conninfo(false).find("password='it\\'s\\\\x'") != std::string::npos);
+  CHECK(c.conninfo(true).find("replication=database") != std::string::npos);
+}

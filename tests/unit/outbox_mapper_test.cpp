@@ -1,0 +1,194 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <optional>
+
+#include "walrelay/outbox_mapper.hpp"
+
+using namespace walrelay;
+
+namespace {
+
+// Builds pgoutput messages byte by byte, as the walsender writes them.
+struct Writer {
+  std::vector<std::byte> b;
+  Writer& u8(std::uint8_t v) { b.push_back(std::byte{v}); return *this; }
+  Writer& u16(std::uint16_t v) { return u8(v >> 8).u8(v & 0xff); }
+  Writer& u32(std::uint32_t v) { return u16(v >> 16).u16(v & 0xffff); }
+  Writer& str(std::string_view s) {
+    for (char c : s) u8(static_cast<std::uint8_t>(c));
+    return u8(0);
+  }
+  Writer& raw(std::string_view s) {
+    for (char c : s) u8(static_cast<std::uint8_t>(c));
+    return *this;
+  }
+};
+
+struct Col { std::string name; std::uint32_t type; };
+using Val = std::optional<std::string>;
+
+std::vector<std::byte> relation(std::uint32_t oid, std::string ns, std::string rel, const std::vector<Col>& cols) {
+  Writer w;
+  w.u8('R').u32(oid).str(ns).str(rel).u8('d').u16(static_cast<std::uint16_t>(cols.size()));
+  for (auto& c : cols) w.u8(0).str(c.name).u32(c.type).u32(0xffffffff);
+  return w.b;
+}
+
+std::vector<std::byte> insert(std::uint32_t oid, const std::vector<Val>& vals, char kind = 't') {
+  Writer w;
+  w.u8('I').u32(oid).u8('N').u16(static_cast<std::uint16_t>(vals.size()));
+  for (auto& v : vals) {
+    if (!v) { w.u8('n'); continue; }
+    w.u8(static_cast<std::uint8_t>(kind)).u32(static_cast<std::uint32_t>(v->size())).raw(*v);
+  }
+  return w.b;
+}
+
+template <class T>
+T decode_as(const std::vector<std::byte>& bytes) {
+  auto r = pgoutput::decode(bytes, pgoutput::DecodeContext{});
+  REQUIRE(r.has_value());
+  return std::get<T>(r.value());
+}
+
+const std::vector<Col> outbox_cols = {{"id", pgtype::uuid},          {"aggregatetype", pgtype::text},
+                                      {"aggregateid", pgtype::text}, {"type", pgtype::text},
+                                      {"payload", pgtype::jsonb},    {"created_at", pgtype::timestamptz}};
+
+Config base_config() {
+  return parse_config("kafka.bootstrap.servers=x:1\n", "t", {});
+}
+
+}  // namespace
+
+TEST_CASE("mapper: Debezium's routing and key from a default outbox row", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  auto rel_bytes = relation(1234, "public", "outbox", outbox_cols);
+  CHECK(m.on_relation(decode_as<pgoutput::Relation>(rel_bytes)));
+  CHECK(m.is_outbox(1234));
+  auto ins_bytes = insert(1234, {"6f1c0b4e-1c7e-4b7e-9a3e-2d9b1f6d0a11", "Order", "order-42", "OrderCreated",
+                                 R"({"total": 12})", "2026-11-30 04:51:07.123456+00"});
+  OutboxRecord rec;
+  auto err = m.map(decode_as<pgoutput::Insert>(ins_bytes), 0, rec);
+  REQUIRE_FALSE(err);
+  CHECK(rec.topic == "outbox.event.Order");
+  CHECK(rec.key == std::optional<std::string_view>("order-42"));
+  CHECK(rec.value == std::optional<std::string_view>(R"({"total": 12})"));
+  REQUIRE(rec.headers.size() == 1);
+  CHECK(rec.headers[0].name == "id");
+  CHECK(rec.headers[0].value == std::optional<std::string_view>("6f1c0b4e-1c7e-4b7e-9a3e-2d9b1f6d0a11"));
+  CHECK(rec.timestamp_ms == 946684800000LL);  // commit time 0 = 2000-01-01
+  CHECK(rec.event_type == "OrderCreated");
+}
+
+TEST_CASE("mapper: timestamp column, additional headers, constant topic, tombstones", "[mapper]") {
+  Config cfg = parse_config(
+      "kafka.bootstrap.servers=x:1\ntable.field.event.timestamp=created_at\n"
+      "table.fields.additional.placement=type:header:eventType,aggregatetype:header\n"
+      "route.topic.replacement=all-events\nroute.tombstone.on.empty.payload=true\n",
+      "t", {});
+  OutboxMapper m(cfg);
+  auto rel_bytes = relation(7, "public", "outbox", outbox_cols);
+  m.on_relation(decode_as<pgoutput::Relation>(rel_bytes));
+  OutboxRecord rec;
+  auto ins = insert(7, {"id-1", "Order", "k", "Shipped", "", "2026-11-30 04:51:07.5+05:30"});
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+  CHECK(rec.topic == "all-events");
+  CHECK_FALSE(rec.value.has_value());  // empty payload -> tombstone
+  // 2026-11-30 04:51:07.5 at +05:30 = 2026-11-29 23:21:07.5 UTC
+  CHECK(rec.timestamp_ms == 1795994467500LL);
+  REQUIRE(rec.headers.size() == 3);
+  CHECK(rec.headers[1].name == "eventType");
+  CHECK(rec.headers[1].value == std::optional<std::string_view>("Shipped"));
+  CHECK(rec.headers[2].name == "aggregatetype");
+}
+
+TEST_CASE("mapper: bytea payloads are relayed as raw bytes", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  auto cols = outbox_cols;
+  cols[4].type = pgtype::bytea;
+  auto rel_bytes = relation(8, "public", "outbox", cols);
+  m.on_relation(decode_as<pgoutput::Relation>(rel_bytes));
+  OutboxRecord rec;
+  auto ins = insert(8, {"1", "A", "k", "t", "\\x00ff41", "2026-01-01 00:00:00+00"});
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+  REQUIRE(rec.value);
+  CHECK(rec.value->size() == 3);
+  CHECK(std::memcmp(rec.value->data(), "\x00\xff" "A", 3) == 0);
+}
+
+TEST_CASE("mapper: rows that cannot be mapped say why", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  auto rel_bytes = relation(9, "public", "outbox", outbox_cols);
+  m.on_relation(decode_as<pgoutput::Relation>(rel_bytes));
+  OutboxRecord rec;
+  auto null_key = insert(9, {"1", "A", std::nullopt, "t", "{}", "2026-01-01 00:00:00+00"});
+  auto e = m.map(decode_as<pgoutput::Insert>(null_key), 0, rec);
+  REQUIRE(e);
+  CHECK(e->reason == "null_value");
+  CHECK(e->message.find("aggregateid") != std::string::npos);
+
+  auto null_route = insert(9, {"1", std::nullopt, "k", "t", "{}", "2026-01-01 00:00:00+00"});
+  e = m.map(decode_as<pgoutput::Insert>(null_route), 0, rec);
+  REQUIRE(e);
+  CHECK(e->message.find("aggregatetype") != std::string::npos);
+
+  // A table without the payload column.
+  auto other = relation(10, "public", "outbox", {{"id", pgtype::int8}, {"aggregatetype", pgtype::text},
+                                                 {"aggregateid", pgtype::text}});
+  m.on_relation(decode_as<pgoutput::Relation>(other));
+  auto row = insert(10, {"1", "A", "k"});
+  e = m.map(decode_as<pgoutput::Insert>(row), 0, rec);
+  REQUIRE(e);
+  CHECK(e->reason == "missing_column");
+  CHECK(e->message.find("payload") != std::string::npos);
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(row)) == R"({"id":"1","aggregatetype":"A","aggregateid":"k"})");
+}
+
+TEST_CASE("mapper: ALTER TABLE mid-stream: a new Relation message remaps columns", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  auto r1 = relation(11, "public", "outbox", outbox_cols);
+  m.on_relation(decode_as<pgoutput::Relation>(r1));
+  auto cols = outbox_cols;
+  cols.insert(cols.begin(), Col{"tenant", pgtype::text});  // position shifts
+  auto r2 = relation(11, "public", "outbox", cols);
+  m.on_relation(decode_as<pgoutput::Relation>(r2));
+  OutboxRecord rec;
+  auto ins = insert(11, {"t1", "id-9", "Cart", "c-1", "x", "{}", "2026-01-01 00:00:00+00"});
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+  CHECK(rec.topic == "outbox.event.Cart");
+  CHECK(rec.key == std::optional<std::string_view>("c-1"));
+}
+
+TEST_CASE("mapper: binary mode gives PostgreSQL's text forms", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  std::vector<Col> cols = {{"id", pgtype::int8}, {"aggregatetype", pgtype::text}, {"aggregateid", pgtype::uuid},
+                           {"type", pgtype::text}, {"payload", pgtype::jsonb}};
+  auto r = relation(12, "public", "outbox", cols);
+  m.on_relation(decode_as<pgoutput::Relation>(r));
+  std::string id("\x00\x00\x00\x00\x00\x00\x01\x02", 8);
+  std::string uuid("\x6f\x1c\x0b\x4e\x1c\x7e\x4b\x7e\x9a\x3e\x2d\x9b\x1f\x6d\x0a\x11", 16);
+  std::string jsonb = std::string("\x01", 1) + R"({"a": 1})";
+  auto ins = insert(12, {id, "Order", uuid, "t", jsonb}, 'b');
+  OutboxRecord rec;
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+  CHECK(rec.headers[0].value == std::optional<std::string_view>("258"));
+  CHECK(rec.key == std::optional<std::string_view>("6f1c0b4e-1c7e-4b7e-9a3e-2d9b1f6d0a11"));
+  CHECK(rec.value == std::optional<std::string_view>(R"({"a": 1})"));
+}
+
+TEST_CASE("mapper: tables outside table.include.list are not outbox tables", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  auto r = relation(13, "public", "orders", outbox_cols);
+  CHECK_FALSE(m.on_relation(decode_as<pgoutput::Relation>(r)));
+  CHECK_FALSE(m.is_outbox(13));
+  auto other_schema = relation(14, "app", "outbox", outbox_cols);
+  CHECK_FALSE(m.on_relation(decode_as<pgoutput::Relation>(other_schema)));
+}
