@@ -5,18 +5,21 @@
 #   - If $CONFIG_FILE (default /etc/walrelay/walrelay.properties) exists, it is
 #     used as it is: mount a ConfigMap or a file there.
 #   - Otherwise a file is rendered at $RENDERED_CONFIG_FILE (default
-#     /tmp/walrelay/walrelay.properties) from the WALRELAY_* variables, so that
-#     the configuration in use can be read inside the container. walrelay reads
-#     WALRELAY_* itself and they win over the file, so the file is only a
-#     record: secrets and values a properties line cannot hold as they are
-#     (line breaks, leading or trailing blanks, backslashes) are left to the
-#     environment and appear as a comment. With no WALRELAY_* at all the file
-#     holds only admin.listen, which is valid: every other key has a default.
+#     /tmp/walrelay/walrelay.properties) so that one exists and the settings
+#     in use can be read inside the container. walrelay reads the WALRELAY_*
+#     variables itself and they win over the file, so the file records them
+#     as comments only (secrets masked): a comment can never fail to parse,
+#     whereas a variable walrelay ignores (WALRELAY_CONFIG, test variables)
+#     written as a key would be an unknown key. The one real line is
+#     admin.listen=0.0.0.0:8080 unless WALRELAY_ADMIN_LISTEN is set: on
+#     loopback the admin port could not be published. Every key but
+#     kafka.bootstrap.servers has a default; without WALRELAY_KAFKA_BOOTSTRAP_SERVERS
+#     walrelay exits 2 naming it.
 #   - Arguments starting with "-" are passed to walrelay (e.g. --check); any
 #     other first argument is run instead of walrelay (e.g. bash).
 #
-# The variables of this script deliberately do not start with WALRELAY_:
-# walrelay treats those as configuration keys.
+# The variables of this script deliberately do not start with WALRELAY_, the
+# prefix of walrelay's own configuration variables.
 set -euo pipefail
 
 config_file=${CONFIG_FILE:-/etc/walrelay/walrelay.properties}
@@ -35,19 +38,13 @@ key_of() {
   printf '%s' "${name//_/.}"
 }
 
-# True when a key's value must never be written to a file.
+# True when a key's value must never be written to a file (the same words
+# walrelay masks in its own logs).
 is_secret() {
   case $1 in
-    *password*|*secret*|*token*|*.key.pem|*sasl.jaas.config|*sasl.oauthbearer.config) return 0 ;;
+    *password*|*token*|*secret*|*sasl.jaas*|*ssl.key.pem*|*ssl_key*|*oauthbearer.config*) return 0 ;;
     *) return 1 ;;
   esac
-}
-
-# True when a value survives a `key=value` line unchanged.
-is_plain() {
-  local v=$1
-  [[ $v != *$'\n'* && $v != *$'\r'* && $v != *\\* ]] || return 1
-  [[ $v == "${v#[[:space:]]}" && $v == "${v%[[:space:]]}" ]] || return 1
 }
 
 render() {
@@ -58,24 +55,21 @@ render() {
     exit 2
   fi
   {
-    echo "# Rendered by the container entry point from WALRELAY_* variables at $(date -u +%Y-%m-%dT%H:%M:%SZ)."
-    echo "# walrelay reads the same variables and they take precedence over this file."
-    local have_listen=0
+    echo "# Rendered by the container entry point at $(date -u +%Y-%m-%dT%H:%M:%SZ)."
+    echo "# walrelay reads these WALRELAY_* variables itself; they take precedence over this file."
     while IFS= read -r name; do
       [[ $name == WALRELAY_* ]] || continue
       key=$(key_of "$name")
       value=${!name}
-      [[ $key == admin.listen ]] && have_listen=1
       if is_secret "$key"; then
-        echo "# $key: set from \$$name (not written here)"
-      elif ! is_plain "$value"; then
-        echo "# $key: set from \$$name (value not representable on one line)"
+        echo "#   $name (${key}): ********"
+      elif [[ $value == *$'\n'* || $value == *$'\r'* ]]; then
+        echo "#   $name (${key}): (multi-line value)"
       else
-        printf '%s=%s\n' "$key" "$value"
+        echo "#   $name (${key}): $value"
       fi
     done < <(compgen -e | LC_ALL=C sort)
-    if ((have_listen == 0)); then
-      echo "# the admin endpoint listens on every interface inside the container"
+    if [[ -z ${WALRELAY_ADMIN_LISTEN:-} ]]; then
       echo "admin.listen=0.0.0.0:8080"
     fi
   } > "$tmp"
