@@ -494,7 +494,7 @@ void store_be64(std::byte* p, std::uint64_t v) noexcept {
 
 }  // namespace
 
-const char* to_string(ErrorCode code) {
+const char* to_string(ErrorCode code) noexcept {
   switch (code) {
     case ErrorCode::truncated: return "truncated";
     case ErrorCode::trailing_bytes: return "trailing_bytes";
@@ -555,7 +555,7 @@ std::string Lsn::to_string() const {
   return out;
 }
 
-Result<ReplicationMessage> decode_replication_message(Bytes copy_data) {
+Result<ReplicationMessage> decode_replication_message(Bytes copy_data) noexcept {
   Reader r(copy_data);
   const auto t = static_cast<char>(r.u8("could not read replication message: empty"));
   if (!r.ok()) return r.error();
@@ -584,7 +584,7 @@ Result<ReplicationMessage> decode_replication_message(Bytes copy_data) {
 }
 
 void encode_standby_status_update(std::span<std::byte, standby_status_update_size> out, Lsn written, Lsn flushed,
-                                  Lsn applied, std::int64_t client_time_us, bool reply_requested) {
+                                  Lsn applied, std::int64_t client_time_us, bool reply_requested) noexcept {
   out[0] = static_cast<std::byte>(tag::standby_status_update);
   store_be64(out.data() + 1, written.value);
   store_be64(out.data() + 9, flushed.value);
@@ -593,7 +593,7 @@ void encode_standby_status_update(std::span<std::byte, standby_status_update_siz
   out[33] = static_cast<std::byte>(reply_requested ? 1 : 0);
 }
 
-std::int64_t pg_epoch_micros_now() {
+std::int64_t pg_epoch_micros_now() noexcept {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   return std::chrono::duration_cast<std::chrono::microseconds>(now).count() - unix_to_pg_epoch_micros;
 }
@@ -641,7 +641,7 @@ void decode_into(Reader& r, const DecodeContext& ctx, Message& out) noexcept {
 
 // The message is built in place inside the result (one return object, so no
 // copies of the variant on the success path).
-Result<Message> decode(Bytes pgoutput_message, const DecodeContext& ctx) {
+Result<Message> decode(Bytes pgoutput_message, const DecodeContext& ctx) noexcept {
   Result<Message> result{Message{}};
   Reader r(pgoutput_message);
   decode_into(r, ctx, result.value());

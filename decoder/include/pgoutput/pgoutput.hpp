@@ -84,7 +84,7 @@ struct Error {
 };
 
 // Name of an error code, e.g. "truncated".
-const char* to_string(ErrorCode code);
+const char* to_string(ErrorCode code) noexcept;
 
 // Holds a T or an Error. Never throws: value() on an error (or error() on a
 // value) is a programming error and calls std::abort().
@@ -160,17 +160,17 @@ struct PrimaryKeepalive {
 using ReplicationMessage = std::variant<XLogData, PrimaryKeepalive>;
 
 // Decodes the contents of one CopyData message from the server.
-Result<ReplicationMessage> decode_replication_message(Bytes copy_data);
+Result<ReplicationMessage> decode_replication_message(Bytes copy_data) noexcept;
 
 constexpr std::size_t standby_status_update_size = 34;
 
 // Writes an 'r' standby status update: written, flushed, applied LSNs, client
 // time (microseconds since 2000-01-01) and the reply-requested flag.
 void encode_standby_status_update(std::span<std::byte, standby_status_update_size> out, Lsn written, Lsn flushed,
-                                  Lsn applied, std::int64_t client_time_us, bool reply_requested);
+                                  Lsn applied, std::int64_t client_time_us, bool reply_requested) noexcept;
 
 // Now, in microseconds since the PostgreSQL epoch (2000-01-01 00:00:00 UTC). Reads the clock.
-std::int64_t pg_epoch_micros_now();
+std::int64_t pg_epoch_micros_now() noexcept;
 
 // ---------------------------------------------------------------------------
 // Tuple data
@@ -550,7 +550,7 @@ struct DecodeContext {
 };
 
 // Decodes one pgoutput message (the XLogData payload). Does not allocate.
-Result<Message> decode(Bytes pgoutput_message, const DecodeContext& ctx);
+Result<Message> decode(Bytes pgoutput_message, const DecodeContext& ctx) noexcept;
 
 // Decodes messages in order, tracking Stream Start / Stream Stop itself. No I/O.
 class Decoder {
