@@ -53,7 +53,7 @@ TEST_CASE("protocol version out of range", "[errors]") {
   expect_error(ins, DecodeContext{1, true, {}}, ErrorCode::unsupported_in_context, 0);
 }
 
-TEST_CASE("begin and commit decode; commit flags must be zero", "[errors]") {
+TEST_CASE("begin and commit decode, commit flags must be zero", "[errors]") {
   Builder begin;
   begin.ch('B').u64(0x16B374D848).i64(123456).u32(777);
   auto r = decode(begin.span(), v1);
