@@ -11,6 +11,7 @@ check=$REPO/deploy/docker/healthcheck.sh
 # accept and never answer) and stores its port in the variable named $2.
 # Killed at exit.
 pids=()
+p200='' p503='' phang=''
 serve() {
   local mode=$1 portfile=$tmp/port.$1
   python3 - "$mode" "$portfile" >/dev/null 2>&1 <<'PY' &

@@ -25,8 +25,9 @@ if systemd-analyze security --help 2>&1 | grep -q -- '--offline'; then
   ok "systemd-analyze security: exposure $score"
 fi
 
-grep -qE '^RestartPreventExitStatus=.*\b2\b' "$unit" && grep -qE '^RestartPreventExitStatus=.*\b3\b' "$unit" \
-  || fail "RestartPreventExitStatus must hold 2 and 3"
+if ! grep -qE '^RestartPreventExitStatus=.*\b2\b' "$unit" || ! grep -qE '^RestartPreventExitStatus=.*\b3\b' "$unit"; then
+  fail "RestartPreventExitStatus must hold 2 and 3"
+fi
 ok "exit 2 and 3 are not restarted"
 contains "$unit" "Restart=on-failure"
 contains "$unit" "ExecStart=/usr/bin/walrelay --config /etc/walrelay/walrelay.properties"
