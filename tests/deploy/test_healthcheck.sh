@@ -77,3 +77,23 @@ printf 'admin.listen=0.0.0.0:%s\n' "$p503" > "$tmp/run/walrelay.properties"
 printf 'admin.listen=0.0.0.0:%s\n' "$p200" > "$tmp/run/walrelay.properties"
 hc || fail "admin.listen not read from the rendered file"
 ok "port from the rendered file"
+
+# With a real binary: the script passes against walrelay's own /healthz while
+# it is still trying to connect (nothing reachable), and /readyz says why not.
+if [[ -n ${WALRELAY_DEPLOY_BINARY:-} ]]; then
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  env -i PATH=/usr/bin:/bin WALRELAY_DATABASE_HOSTNAME=127.0.0.1 WALRELAY_DATABASE_PORT=1 \
+    WALRELAY_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:1 WALRELAY_ADMIN_LISTEN="127.0.0.1:$port" \
+    "$WALRELAY_DEPLOY_BINARY" --config /dev/null >"$tmp/walrelay.log" 2>&1 &
+  pids+=($!)
+  healthy=0
+  for _ in $(seq 1 50); do
+    if hc WALRELAY_ADMIN_LISTEN="0.0.0.0:$port" 2>/dev/null; then healthy=1; break; fi
+    sleep 0.1
+  done
+  ((healthy)) || fail "healthcheck against the real walrelay failed: $(tail -5 "$tmp/walrelay.log")"
+  ok "real walrelay /healthz"
+  ready=$(timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"; printf "GET /readyz HTTP/1.0\r\n\r\n" >&3; cat <&3' _ "$port" || true)
+  grep -q '^HTTP/1.[01] 503' <<<"$ready" || fail "/readyz while nothing is reachable: $ready"
+  ok "real walrelay /readyz 503: $(tail -n 1 <<<"$ready")"
+fi
