@@ -93,6 +93,7 @@ if [[ -n ${WALRELAY_DEPLOY_BINARY:-} ]]; then
   done
   ((healthy)) || fail "healthcheck against the real walrelay failed: $(tail -5 "$tmp/walrelay.log")"
   ok "real walrelay /healthz"
+  # shellcheck disable=SC2016  # expanded by the inner bash
   ready=$(timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"; printf "GET /readyz HTTP/1.0\r\n\r\n" >&3; cat <&3' _ "$port" || true)
   grep -q '^HTTP/1.[01] 503' <<<"$ready" || fail "/readyz while nothing is reachable: $ready"
   ok "real walrelay /readyz 503: $(tail -n 1 <<<"$ready")"
