@@ -477,6 +477,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 void Core::start() {
   if (running_) throw std::runtime_error("admin server already started");
+  if (options_.request_timeout_ms <= 0) {
+    throw std::runtime_error(fmt::format("could not start admin endpoint {}: request timeout must be positive, not {} ms",
+                                         options_.listen, options_.request_timeout_ms));
+  }
+  if (options_.max_header_bytes == 0) {
+    throw std::runtime_error(fmt::format("could not start admin endpoint {}: max header bytes must be positive",
+                                         options_.listen));
+  }
   const tcp::endpoint endpoint = parse_listen(options_.listen);
   auto fail = [this](std::string_view what, const error_code& ec) {
     error_code ignored;

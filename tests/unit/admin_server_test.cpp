@@ -438,6 +438,14 @@ TEST_CASE("keep-alive serves several requests on one connection", "[admin]") {
     CHECK(reply.response.result() == http::status::ok);
     CHECK(reply.response.keep_alive());
   }
+  // HEAD sends no body, so the next response on the connection parses cleanly.
+  auto head = client.request(get("/slot", "", "HEAD"), true);
+  REQUIRE_FALSE(head.ec);
+  CHECK(head.response.result() == http::status::ok);
+  auto after_head = client.request(get("/healthz"));
+  REQUIRE_FALSE(after_head.ec);
+  CHECK(after_head.response.body() == "ok\n");
+
   // Two pipelined requests in one write.
   REQUIRE_FALSE(client.send(get("/healthz") + get("/readyz")));
   auto first = client.read();
@@ -693,6 +701,17 @@ TEST_CASE("listen addresses", "[admin]") {
         CHECK(std::string(e.what()).find(listen) != std::string::npos);
       }
     }
+  }
+
+  SECTION("limits that would refuse every request are refused") {
+    auto options = test_options();
+    options.request_timeout_ms = 0;
+    walrelay::AdminServer no_time(io, options, status, metrics);
+    CHECK_THROWS_WITH(no_time.start(), Catch::Contains("request timeout"));
+    options = test_options();
+    options.max_header_bytes = 0;
+    walrelay::AdminServer no_header(io, options, status, metrics);
+    CHECK_THROWS_WITH(no_header.start(), Catch::Contains("header"));
   }
 
   SECTION("a port in use is an error naming the address") {
