@@ -347,6 +347,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
+  // Reads the next request under a fresh parser and deadline.
   void do_read() {
     const AdminOptions& options = core_->options();
     parser_.emplace();
@@ -357,6 +358,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                      [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_read(ec); });
   }
 
+  // Serves a complete request, or maps the read error to a response or close.
   void on_read(const error_code& ec) {
     if (ec == net::error::operation_aborted || !core_->running()) return;
     if (ec) {
@@ -410,11 +412,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return response;
   }
 
+  // Sends the response with Connection: close, then closes.
   void write_and_close(http::response<http::string_body> response) {
     response.keep_alive(false);
     write(std::move(response));
   }
 
+  // Adds the common headers and writes the response under the deadline.
   void write(http::response<http::string_body> response) {
     response.set(http::field::server, "walrelay");
     response.set(http::field::cache_control, "no-store");
@@ -425,6 +429,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_write(ec); });
   }
 
+  // After a response: read the next request or close.
   void on_write(const error_code& ec) {
     if (ec == net::error::operation_aborted || !core_->running()) return;
     if (ec) {
@@ -452,6 +457,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     do_linger();
   }
 
+  // One discarding read of close_gracefully().
   void do_linger() {
     stream_.async_read_some(net::buffer(linger_buffer_),
                             [self = shared_from_this()](const error_code& ec, std::size_t n) {
@@ -475,6 +481,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool registered_ = false;                                               // self_ is valid
 };
 
+// Parses the address, binds, listens and starts accepting.
 void Core::start() {
   if (running_) throw std::runtime_error("admin server already started");
   if (options_.request_timeout_ms <= 0) {
@@ -510,6 +517,7 @@ void Core::start() {
   do_accept();
 }
 
+// Stops accepting and closes every live connection.
 void Core::stop() {
   if (!running_) return;
   running_ = false;
@@ -525,12 +533,14 @@ void Core::stop() {
   spdlog::debug("admin endpoint stopped; closed {} connection(s)", live.size());
 }
 
+// Waits for the next connection.
 void Core::do_accept() {
   acceptor_.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
     self->on_accept(ec, std::move(socket));
   });
 }
 
+// Starts a connection, or closes it at once beyond max_connections.
 void Core::on_accept(const error_code& ec, tcp::socket socket) {
   if (!running_ || ec == net::error::operation_aborted) return;
   if (ec) {
@@ -554,6 +564,7 @@ void Core::on_accept(const error_code& ec, tcp::socket socket) {
   do_accept();
 }
 
+// Routes one request: token check, path, method, then the endpoint.
 http::response<http::string_body> Core::handle(const http::request<http::string_body>& request) {
   const std::string_view target = to_std(request.target());
   const std::string_view path = target.substr(0, target.find('?'));
