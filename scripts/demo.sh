@@ -20,8 +20,9 @@ cmake --build "$repo/build" -j"$(nproc)" --target walrelay >/dev/null
 started_services=0
 if [[ -z "${WALRELAY_DATABASE_HOSTNAME:-}" || -z "${WALRELAY_KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then
   echo "==> no WALRELAY_DATABASE_HOSTNAME / WALRELAY_KAFKA_BOOTSTRAP_SERVERS: starting a local PostgreSQL 15 and Kafka" >&2
+  # Leave running what was already running (a developer's services).
+  "$repo/scripts/services.sh" status >/dev/null 2>&1 || started_services=1
   "$repo/scripts/services.sh" start 2>/dev/null
-  started_services=1
   eval "$("$repo/scripts/services.sh" env)"
   export WALRELAY_DATABASE_HOSTNAME=$WALRELAY_TEST_PGHOST WALRELAY_DATABASE_PORT=$WALRELAY_TEST_PGPORT
   export WALRELAY_DATABASE_USER=$WALRELAY_TEST_PGUSER WALRELAY_DATABASE_DBNAME=$WALRELAY_TEST_PGDATABASE

@@ -77,6 +77,7 @@ kafka_classpath() { echo "$("$here/kafka-jars.sh")/libs/*"; }
 
 kafka_launch() {
   local d="$RUN_DIR/kafka"
+  if [[ -f "$d/pid" ]] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
   local cp; cp=$(kafka_classpath)
   local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
     "-Dlog4j.configuration=file:$d/log4j.properties" -Dkafka.logs.dir="$d")
@@ -183,6 +184,9 @@ case "${1:-}" in
   kafka-start) kafka_launch ;;
   pg-restart) as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg/data" -m "${2:-fast}" -w -t 60 restart -l "$RUN_DIR/pg/postgres.log" >/dev/null ;;
   env) cat "$RUN_DIR/env" ;;
+  status)  # exit 0 when both services run
+    [[ -f "$RUN_DIR/pg/port" ]] && as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg/data" status >/dev/null 2>&1 \
+      && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;
-  *) echo "usage: $0 start|stop [pg|kafka|all] | env | kafka-stop | kafka-start | pg-restart [fast|immediate] | clean" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop [pg|kafka|all] | env | status | kafka-stop | kafka-start | pg-restart [fast|immediate] | clean" >&2; exit 2 ;;
 esac

@@ -12,6 +12,7 @@ packages=(
   clang-14 libclang-rt-14-dev
   postgresql-15 postgresql-contrib-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl
+  systemd prometheus shellcheck python3-yaml binutils
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -237,7 +237,9 @@ asio::awaitable<void> Relay::run() {
   }
   // Shutdown or halt: let what is in flight land, confirm as far as it goes.
   co_await drain(nullptr);
-  if (halt_reason_) exit_code_ = slot_lost_ ? exit_failure : exit_halted;
+  // A lost slot is a halt too: a restart would create a new slot and skip
+  // events, so it must not look like a crash a supervisor retries.
+  if (halt_reason_) exit_code_ = exit_halted;
   else set_state(RelayState::stopped);
   spdlog::info("slot={} stopped; confirmed_flush_lsn={} exit code {}", config_.slot_name,
                sent_flushed_lsn_.to_string(), exit_code_);

@@ -1,0 +1,351 @@
+#include "harness.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <simdjson.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace it {
+namespace {
+
+std::string run_capture(const std::string& cmd, int* status = nullptr) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("could not run " + cmd);
+  std::array<char, 65536> buf;
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int st = pclose(p);
+  if (status) *status = st;
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+const Services& Services::get() {
+  static Services s = [] {
+    Services out;
+    int status = 0;
+    std::string env = run_capture(std::string(WALRELAY_SERVICES) + " env", &status);
+    if (status != 0) throw std::runtime_error("services are not running: run scripts/services.sh start");
+    std::regex line(R"(export (\w+)='?([^'\n]*)'?)");
+    std::map<std::string, std::string> vars;
+    for (std::sregex_iterator i(env.begin(), env.end(), line), e; i != e; ++i) vars[(*i)[1]] = (*i)[2];
+    out.pg_host = vars["WALRELAY_TEST_PGHOST"];
+    out.pg_port = vars["WALRELAY_TEST_PGPORT"];
+    out.pg_user = vars["WALRELAY_TEST_PGUSER"];
+    out.pg_database = vars["WALRELAY_TEST_PGDATABASE"];
+    out.pg_data = vars["WALRELAY_TEST_PGDATA"];
+    out.kafka = vars["WALRELAY_TEST_KAFKA"];
+    out.scripts = vars["WALRELAY_TEST_SCRIPTS"];
+    if (out.pg_port.empty() || out.kafka.empty()) throw std::runtime_error("services env incomplete:\n" + env);
+    return out;
+  }();
+  return s;
+}
+
+void Services::control(const std::string& args) {
+  int status = 0;
+  std::string out = run_capture(std::string(WALRELAY_SERVICES) + " " + args + " 2>&1", &status);
+  if (status != 0) throw std::runtime_error("services.sh " + args + " failed:\n" + out);
+}
+
+std::string unique_name(const std::string& prefix) {
+  static std::mt19937_64 rng(std::random_device{}());
+  static const char* alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::string s = prefix + "_";
+  for (int i = 0; i < 8; ++i) s += alphabet[rng() % 36];
+  return s;
+}
+
+Db::Db() {
+  const auto& s = Services::get();
+  std::string conninfo = "host=" + s.pg_host + " port=" + s.pg_port + " user=" + s.pg_user + " dbname=" + s.pg_database;
+  conn_ = PQconnectdb(conninfo.c_str());
+  if (PQstatus(conn_) != CONNECTION_OK) throw std::runtime_error(std::string("could not connect: ") + PQerrorMessage(conn_));
+}
+
+Db::~Db() { PQfinish(conn_); }
+
+std::vector<std::vector<std::optional<std::string>>> Db::exec(const std::string& sql) {
+  if (!PQsendQuery(conn_, sql.c_str())) throw std::runtime_error(PQerrorMessage(conn_));
+  std::vector<std::vector<std::optional<std::string>>> rows;
+  std::string error;
+  while (PGresult* r = PQgetResult(conn_)) {
+    auto st = PQresultStatus(r);
+    if (st == PGRES_FATAL_ERROR) error = PQresultErrorMessage(r);
+    if (st == PGRES_TUPLES_OK) {
+      rows.clear();
+      for (int t = 0; t < PQntuples(r); ++t) {
+        auto& row = rows.emplace_back();
+        for (int f = 0; f < PQnfields(r); ++f)
+          row.push_back(PQgetisnull(r, t, f) ? std::nullopt : std::optional<std::string>(PQgetvalue(r, t, f)));
+      }
+    }
+    PQclear(r);
+  }
+  if (!error.empty()) throw std::runtime_error("SQL failed: " + error + "\n" + sql.substr(0, 300));
+  return rows;
+}
+
+std::string Db::scalar(const std::string& sql) {
+  auto rows = exec(sql);
+  if (rows.empty() || rows[0].empty() || !rows[0][0]) return "";
+  return *rows[0][0];
+}
+
+std::uint64_t parse_lsn(const std::string& text) {
+  auto slash = text.find('/');
+  if (slash == std::string::npos) return 0;
+  return (std::stoull(text.substr(0, slash), nullptr, 16) << 32) | std::stoull(text.substr(slash + 1), nullptr, 16);
+}
+
+std::uint64_t Db::confirmed_flush(const std::string& slot) {
+  return parse_lsn(scalar("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '" + slot + "'"));
+}
+
+std::uint64_t Db::current_wal_lsn() { return parse_lsn(scalar("SELECT pg_current_wal_lsn()")); }
+
+std::optional<std::string> KafkaRecord::header(const std::string& name) const {
+  for (auto& [k, v] : headers)
+    if (k == name) return v;
+  return std::nullopt;
+}
+
+namespace {
+std::vector<KafkaRecord> consume_once(const std::string& topic) {
+  std::string cmd = "kcat -b " + Services::get().kafka + " -C -t '" + topic +
+                    "' -o beginning -e -q -J -m 10 -X topic.metadata.refresh.interval.ms=1000 2>/dev/null";
+  std::string out = run_capture(cmd);
+  std::vector<KafkaRecord> recs;
+  simdjson::ondemand::parser parser;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    simdjson::padded_string json(line);
+    auto doc = parser.iterate(json);
+    KafkaRecord r;
+    r.topic = std::string(std::string_view(doc["topic"].get_string().value()));
+    r.partition = static_cast<int>(doc["partition"].get_int64().value());
+    r.offset = doc["offset"].get_int64().value();
+    r.timestamp_ms = doc["ts"].get_int64().value();
+    auto headers = doc["headers"];
+    if (!headers.is_null()) {
+      std::vector<std::string> flat;
+      for (auto h : headers.get_array()) flat.emplace_back(std::string_view(h.get_string().value()));
+      for (std::size_t i = 0; i + 1 < flat.size(); i += 2) r.headers.emplace_back(flat[i], flat[i + 1]);
+    }
+    auto key = doc["key"];
+    if (!key.is_null()) r.key = std::string(std::string_view(key.get_string().value()));
+    auto payload = doc["payload"];
+    if (!payload.is_null()) r.value = std::string(std::string_view(payload.get_string().value()));
+    recs.push_back(std::move(r));
+  }
+  return recs;
+}
+}  // namespace
+
+std::vector<KafkaRecord> consume(const std::string& topic, std::size_t expected, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<KafkaRecord> recs;
+  for (;;) {
+    recs = consume_once(topic);
+    if (recs.size() >= expected || std::chrono::steady_clock::now() > deadline) return recs;
+    std::this_thread::sleep_for(200ms);
+  }
+}
+
+std::vector<std::optional<std::string>> consume_values_raw(const std::string& topic, std::size_t expected,
+                                                           std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::optional<std::string>> values;
+  for (;;) {
+    // %R: payload length as a big-endian int32 (-1 for NULL), then the bytes.
+    std::string out = run_capture("kcat -b " + Services::get().kafka + " -C -t '" + topic +
+                                  "' -o beginning -e -q -f '%R%s' 2>/dev/null");
+    values.clear();
+    std::size_t p = 0;
+    while (p + 4 <= out.size()) {
+      auto b = [&](std::size_t i) { return static_cast<std::uint32_t>(static_cast<unsigned char>(out[p + i])); };
+      auto len = static_cast<std::int32_t>((b(0) << 24) | (b(1) << 16) | (b(2) << 8) | b(3));
+      p += 4;
+      if (len < 0) {
+        values.push_back(std::nullopt);
+        continue;
+      }
+      values.push_back(out.substr(p, static_cast<std::size_t>(len)));
+      p += static_cast<std::size_t>(len);
+    }
+    if (values.size() >= expected || std::chrono::steady_clock::now() > deadline) return values;
+    std::this_thread::sleep_for(200ms);
+  }
+}
+
+std::size_t topic_count(const std::string& topic) { return consume_once(topic).size(); }
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout, std::chrono::milliseconds every) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(every);
+  }
+  return cond();
+}
+
+HttpResponse http_get(int port, const std::string& path, const std::string& bearer) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  HttpResponse resp;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return resp;
+  }
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (!bearer.empty()) req += "Authorization: Bearer " + bearer + "\r\n";
+  req += "\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string raw;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) raw.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  if (raw.size() > 12 && raw.rfind("HTTP/1.1 ", 0) == 0) resp.status = std::stoi(raw.substr(9, 3));
+  auto body = raw.find("\r\n\r\n");
+  if (body != std::string::npos) resp.body = raw.substr(body + 4);
+  return resp;
+}
+
+std::string base_config(const std::string& slot) {
+  const auto& s = Services::get();
+  return "database.hostname=" + s.pg_host + "\ndatabase.port=" + s.pg_port + "\ndatabase.user=" + s.pg_user +
+         "\ndatabase.dbname=" + s.pg_database + "\nkafka.bootstrap.servers=" + s.kafka + "\nslot.name=" + slot +
+         "\npublication.name=" + slot + "\nadmin.listen=127.0.0.1:0\nlog.level=debug\nslot.status.interval.ms=1000\n";
+}
+
+void create_outbox(Db& db, const std::string& table, const std::string& id_type, const std::string& payload_type) {
+  std::string id_default = id_type == "uuid" ? " DEFAULT gen_random_uuid()" : " GENERATED ALWAYS AS IDENTITY";
+  db.exec("CREATE TABLE " + table + " (id " + id_type + " PRIMARY KEY" + id_default +
+          ", aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload " + payload_type +
+          ", created_at timestamptz NOT NULL DEFAULT now())");
+}
+
+Walrelay::Walrelay(const std::string& config, std::map<std::string, std::string> env) : env_(std::move(env)) {
+  char tmpl[] = "/tmp/walrelay-test-XXXXXX";
+  dir_ = mkdtemp(tmpl);
+  config_path_ = dir_ + "/walrelay.properties";
+  log_path_ = dir_ + "/walrelay.log";
+  std::ofstream(config_path_) << config;
+}
+
+Walrelay::~Walrelay() {
+  if (pid_ > 0 && exit_code_ < 0) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    waitpid(pid_, &st, 0);
+  }
+}
+
+void Walrelay::start() {
+  exit_code_ = -1;
+  admin_port_ = 0;
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (kv.rfind("WALRELAY_", 0) == 0) continue;  // only what the test says
+    envs.push_back(kv);
+  }
+  for (auto& [k, v] : env_) envs.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  std::string bin = WALRELAY_BINARY;
+  std::string arg_config = "--config";
+  std::vector<char*> argv{bin.data(), arg_config.data(), config_path_.data(), nullptr};
+  if (posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), envp.data()) != 0)
+    throw std::runtime_error("could not start walrelay");
+  posix_spawn_file_actions_destroy(&fa);
+}
+
+bool Walrelay::running() {
+  if (pid_ <= 0 || exit_code_ >= 0) return false;
+  int st;
+  pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return false;
+  }
+  return true;
+}
+
+void Walrelay::signal(int sig) {
+  if (pid_ > 0 && exit_code_ < 0) ::kill(pid_, sig);
+}
+
+int Walrelay::wait_exit(std::chrono::milliseconds timeout) {
+  eventually([&] { return !running(); }, timeout, 20ms);
+  return exit_code_;
+}
+
+void Walrelay::wait_streaming(std::chrono::milliseconds timeout) {
+  if (!eventually([&] { return log().find("streaming: START_REPLICATION") != std::string::npos || !running(); },
+                  timeout))
+    throw std::runtime_error("walrelay did not start streaming in time; log:\n" + log());
+  if (!running()) throw std::runtime_error("walrelay exited; log:\n" + log());
+}
+
+std::string Walrelay::log() const { return read_file(log_path_); }
+
+int Walrelay::admin_port() {
+  if (admin_port_) return admin_port_;
+  // The line is near the top; a debug log grows large, and std::regex is
+  // slow on long input, so look at the head only.
+  std::regex re(R"(admin endpoint listening on [^ \n]*:(\d+))");
+  eventually([&] {
+    std::smatch m;
+    std::string head = log().substr(0, 16384);
+    if (std::regex_search(head, m, re)) admin_port_ = std::stoi(m[1]);
+    return admin_port_ != 0;
+  }, 10s);
+  return admin_port_;
+}
+
+HttpResponse Walrelay::get(const std::string& path, const std::string& bearer) {
+  return http_get(admin_port(), path, bearer);
+}
+
+}  // namespace it

@@ -1,0 +1,121 @@
+// Test harness for integration and fault tests: the real PostgreSQL and Kafka
+// started by scripts/services.sh, walrelay run as a child process, and Kafka
+// read back with kcat, a client independent of walrelay's own code.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <libpq-fe.h>
+#include <sys/types.h>
+
+namespace it {
+
+using namespace std::chrono_literals;
+
+// Connection facts of the services (from `scripts/services.sh env`).
+struct Services {
+  std::string pg_host, pg_port, pg_user, pg_database, pg_data, kafka, scripts;
+  static const Services& get();
+  // Runs `scripts/services.sh <args>`; throws on failure.
+  static void control(const std::string& args);
+};
+
+// A lower-case name unique to this test run: prefix_<random>.
+std::string unique_name(const std::string& prefix);
+
+// A plain libpq connection for test set-up and server-side truth.
+class Db {
+ public:
+  Db();
+  ~Db();
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+  // Runs SQL (several statements allowed); throws with the server's message.
+  std::vector<std::vector<std::optional<std::string>>> exec(const std::string& sql);
+  // First column of the first row, or "" when none / NULL.
+  std::string scalar(const std::string& sql);
+  // The slot's confirmed_flush_lsn as a number (0 when absent).
+  std::uint64_t confirmed_flush(const std::string& slot);
+  std::uint64_t current_wal_lsn();
+
+ private:
+  PGconn* conn_;
+};
+
+std::uint64_t parse_lsn(const std::string& text);
+
+struct KafkaRecord {
+  std::string topic;
+  int partition = -1;
+  std::int64_t offset = -1;
+  std::int64_t timestamp_ms = 0;
+  std::optional<std::string> key;
+  std::optional<std::string> value;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::optional<std::string> header(const std::string& name) const;
+};
+
+// Reads a topic from the beginning with kcat until at least `expected`
+// records are there or the timeout passes; returns all it read.
+std::vector<KafkaRecord> consume(const std::string& topic, std::size_t expected,
+                                 std::chrono::milliseconds timeout = 60s);
+// Same, but only the payload bytes exactly as stored (binary-safe).
+std::vector<std::optional<std::string>> consume_values_raw(const std::string& topic, std::size_t expected,
+                                                           std::chrono::milliseconds timeout = 60s);
+// Number of records in a topic (sum of high watermarks), with kcat -Q style lookups.
+std::size_t topic_count(const std::string& topic);
+
+// Polls cond until true or timeout; true if it became true.
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds every = 50ms);
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+HttpResponse http_get(int port, const std::string& path, const std::string& bearer = {});
+
+// walrelay as a child process with its own configuration file and log.
+class Walrelay {
+ public:
+  // config: key=value lines added after the harness's own (database, kafka,
+  // admin.listen=127.0.0.1:0, log.level=debug). env: extra environment.
+  explicit Walrelay(const std::string& config, std::map<std::string, std::string> env = {});
+  ~Walrelay();
+  Walrelay(const Walrelay&) = delete;
+  Walrelay& operator=(const Walrelay&) = delete;
+
+  void start();
+  bool running();
+  void signal(int sig);
+  // Waits for exit; the exit code, or -1 on timeout, 128+N if killed by signal N.
+  int wait_exit(std::chrono::milliseconds timeout = 60s);
+  // Waits until the log says "streaming:" (START_REPLICATION accepted).
+  void wait_streaming(std::chrono::milliseconds timeout = 30s);
+  std::string log() const;
+  int admin_port();
+  HttpResponse get(const std::string& path, const std::string& bearer = {});
+  const std::string& config_path() const { return config_path_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  std::string dir_, config_path_, log_path_;
+  std::map<std::string, std::string> env_;
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  int admin_port_ = 0;
+};
+
+// The harness's base configuration for a walrelay on the test services.
+std::string base_config(const std::string& slot);
+
+// Creates an outbox table with Debezium's default columns.
+void create_outbox(Db& db, const std::string& table, const std::string& id_type = "uuid",
+                   const std::string& payload_type = "jsonb");
+
+}  // namespace it
