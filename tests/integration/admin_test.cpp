@@ -1,0 +1,163 @@
+// The admin endpoint during a real run, checked against the server's truth
+// (pg_replication_slots, pg_current_wal_lsn) and against what kcat reads.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <regex>
+#include <thread>
+
+#include <simdjson.h>
+
+#include "harness.hpp"
+
+using namespace it;
+
+namespace {
+
+double metric(const std::string& text, const std::string& name_with_labels) {
+  // Lines look like: name{labels} value
+  std::istringstream in(text);
+  std::string line;
+  double sum = 0;
+  bool found = false;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.rfind(name_with_labels, 0) != 0) continue;
+    auto rest = line.substr(name_with_labels.size());
+    if (!rest.empty() && rest[0] != ' ' && rest[0] != '{') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+    found = true;
+  }
+  return found ? sum : -1;
+}
+
+struct SlotJson {
+  std::string state, confirmed, server_wal_end, received;
+  std::uint64_t lag_bytes = 0;
+  double lag_seconds = 0;
+  std::uint64_t inflight = 0;
+  bool has_server = false;
+  std::string wal_status;
+};
+
+SlotJson parse_slot(const std::string& body) {
+  simdjson::ondemand::parser parser;
+  simdjson::padded_string json(body);
+  auto doc = parser.iterate(json);
+  SlotJson s;
+  s.state = std::string(std::string_view(doc["state"].get_string().value()));
+  s.received = std::string(std::string_view(doc["received_lsn"].get_string().value()));
+  s.confirmed = std::string(std::string_view(doc["confirmed_flush_lsn"].get_string().value()));
+  s.server_wal_end = std::string(std::string_view(doc["server_wal_end"].get_string().value()));
+  s.lag_bytes = doc["lag_bytes"].get_uint64().value();
+  s.lag_seconds = doc["lag_seconds"].get_double().value();
+  s.inflight = doc["inflight_records"].get_uint64().value();
+  auto server = doc["server"];
+  if (!server.is_null()) {
+    s.has_server = true;
+    s.wal_status = std::string(std::string_view(server["wal_status"].get_string().value()));
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[admin]") {
+  Db db;
+  std::string slot = unique_name("adm");
+  std::string table = "public." + slot + "_outbox";
+  create_outbox(db, table);
+  Walrelay relay(base_config(slot) + "table.include.list=" + table + "\nroute.topic.replacement=" + slot +
+                 ".events\nadmin.token=s3cret-token\n");
+  relay.start();
+  relay.wait_streaming();
+
+  // Auth: everything but /healthz needs the token.
+  CHECK(relay.get("/healthz").status == 200);
+  CHECK(relay.get("/metrics").status == 401);
+  CHECK(relay.get("/slot").status == 401);
+  CHECK(relay.get("/slot", "wrong").status == 401);
+  CHECK(relay.get("/readyz", "s3cret-token").status == 200);
+
+  for (int i = 0; i < 20; ++i)
+    db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) SELECT 'A', 'k' || g, 't', "
+            "jsonb_build_object('g', g) FROM generate_series(1, 50) g");
+  auto recs = consume(slot + ".events", 1000, 60s);
+  REQUIRE(recs.size() == 1000);
+
+  // The slot: walrelay's view equals the server's once the status update lands.
+  auto wal = db.current_wal_lsn();
+  REQUIRE(eventually([&] { return db.confirmed_flush(slot) >= wal; }, 15s));
+  SlotJson s;
+  REQUIRE(eventually([&] {
+    auto r = relay.get("/slot", "s3cret-token");
+    if (r.status != 200) return false;
+    s = parse_slot(r.body);
+    return parse_lsn(s.confirmed) == db.confirmed_flush(slot) && s.has_server;
+  }, 15s));
+  CHECK(s.state == "streaming");
+  CHECK(s.inflight == 0);
+  CHECK(s.lag_seconds == 0);
+  CHECK(s.wal_status == "reserved");
+  // lag_bytes = server WAL end (as walrelay last heard it) - confirmed flush,
+  // and walrelay's server_wal_end never exceeds the server's real WAL end.
+  CHECK(parse_lsn(s.server_wal_end) <= db.current_wal_lsn());
+  CHECK(s.lag_bytes == parse_lsn(s.server_wal_end) - parse_lsn(s.confirmed));
+  CHECK(s.lag_bytes <= db.current_wal_lsn() - db.confirmed_flush(slot) + 1024 * 1024);
+
+  // /metrics: events relayed equals what kcat read; LSN gauges match /slot.
+  auto m = relay.get("/metrics", "s3cret-token");
+  REQUIRE(m.status == 200);
+  CHECK(metric(m.body, "walrelay_events_relayed_total") == 1000);
+  CHECK(metric(m.body, "walrelay_transactions_total") >= 20);
+  CHECK(metric(m.body, "walrelay_inflight_records") == 0);
+  CHECK(metric(m.body, "walrelay_ready") == 1);
+  CHECK(metric(m.body, "walrelay_halted") == 0);
+  CHECK(metric(m.body, "walrelay_status_updates_total") > 0);
+  CHECK(metric(m.body, "process_resident_memory_bytes") > 0);
+  CHECK(metric(m.body, "walrelay_flushed_lsn") == static_cast<double>(parse_lsn(s.confirmed)));
+
+  // The token appears nowhere in what walrelay printed or serves.
+  CHECK(relay.log().find("s3cret-token") == std::string::npos);
+  CHECK(m.body.find("s3cret-token") == std::string::npos);
+
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}
+
+TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[admin][broker]") {
+  Db db;
+  std::string slot = unique_name("adm");
+  std::string table = "public." + slot + "_outbox";
+  create_outbox(db, table);
+  Walrelay relay(base_config(slot) + "table.include.list=" + table + "\nroute.topic.replacement=" + slot + ".events\n");
+  relay.start();
+  relay.wait_streaming();
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k', 't', '{}')");
+  REQUIRE(consume(slot + ".events", 1).size() == 1);
+  REQUIRE(relay.get("/readyz").status == 200);
+
+  Services::control("kafka-stop");
+  struct Restart {
+    ~Restart() { try { Services::control("kafka-start"); } catch (...) {} }
+  } restart_broker;
+  HttpResponse ready;
+  REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).status == 503; }, 30s));
+  CHECK(ready.body.find("broker unreachable") != std::string::npos);
+  CHECK(relay.get("/healthz").status == 200);  // alive, just not ready
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k2', 't', '{}')");
+  SlotJson s;
+  REQUIRE(eventually([&] {
+    s = parse_slot(relay.get("/slot").body);
+    return s.inflight == 1 && s.lag_seconds > 1.0 && s.lag_bytes > 0;
+  }, 20s));
+  CHECK(parse_lsn(s.confirmed) == db.confirmed_flush(slot));
+
+  Services::control("kafka-start");
+  REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 60s));
+  REQUIRE(consume(slot + ".events", 2, 60s).size() == 2);
+  REQUIRE(eventually([&] {
+    s = parse_slot(relay.get("/slot").body);
+    return s.inflight == 0 && s.lag_seconds == 0;
+  }, 30s));
+}
