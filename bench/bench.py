@@ -1,0 +1,703 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark: walrelay against pg_recvlogical, Debezium's embedded
+engine and a polling relay, on one PostgreSQL, one Kafka and one workload.
+
+Started by bench/run.sh, which starts the services, builds what is needed and
+passes their coordinates. Each contender gets a fresh outbox, its own slot and
+publication (created before the rows are inserted, so the WAL is there before
+the contender starts) and its own topics. Results go to --out as JSON and CSV.
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+TYPES = ["Order", "Customer", "Invoice", "Shipment"]
+PARTITIONS = 3
+SAMPLE_S = 0.02          # monitor period
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+SCHEMA_SQL = """
+DROP TABLE IF EXISTS outbox;
+CREATE TABLE outbox (
+  id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+  seq bigserial UNIQUE,
+  aggregatetype text NOT NULL,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now()
+) WITH (autovacuum_enabled = false);
+
+-- n rows in transactions of tx rows; payload text ~200 bytes; 4 aggregate
+-- types, 10,000 aggregates (an aggregate always has the same type).
+CREATE OR REPLACE PROCEDURE bench_fill(n int, tx int) LANGUAGE plpgsql AS $$
+DECLARE i int := 0;
+BEGIN
+  WHILE i < n LOOP
+    INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+    SELECT (ARRAY['Order','Customer','Invoice','Shipment'])[g % 4 + 1], 'agg-' || (g % 10000), 'Created',
+           jsonb_build_object('eventNo', g, 'aggregate', 'agg-' || (g % 10000), 'amount', g % 1000,
+                              'currency', 'EUR', 'pad', repeat('x', 120))
+    FROM generate_series(i, least(i + tx, n) - 1) g;
+    COMMIT;
+    i := i + tx;
+  END LOOP;
+END $$;
+
+-- One-row transactions at `rate` per second for `seconds`; the payload
+-- carries the insert time (clock_timestamp, microseconds since the epoch),
+-- taken just before the row's COMMIT.
+CREATE OR REPLACE PROCEDURE bench_paced(rate int, seconds int) LANGUAGE plpgsql AS $$
+DECLARE
+  t0 timestamptz := clock_timestamp();
+  i int := 0;
+  total int := rate * seconds;
+  ahead float8;
+BEGIN
+  WHILE i < total LOOP
+    INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+    VALUES ((ARRAY['Order','Customer','Invoice','Shipment'])[i % 4 + 1], 'agg-' || (i % 10000), 'Created',
+            jsonb_build_object('ts', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 'eventNo', i,
+                               'pad', repeat('x', 120)));
+    COMMIT;
+    i := i + 1;
+    ahead := extract(epoch FROM (t0 + make_interval(secs => i::float8 / rate) - clock_timestamp()));
+    IF ahead > 0.001 THEN PERFORM pg_sleep(ahead); END IF;
+  END LOOP;
+END $$;
+"""
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def lsn_int(s):
+    hi, lo = s.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def proc_cpu_s(pid):
+    """utime+stime of a process (all its threads), in seconds; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_hwm_kb(pid):
+    """Peak resident set (VmHWM) in KiB; None when gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class Env:
+    def __init__(self, args):
+        self.args = args
+        self.pg_dsn = f"host=127.0.0.1 port={args.pgport} user=postgres dbname=postgres"
+        self.kafka = args.kafka
+        self.pg = psycopg.connect(self.pg_dsn, autocommit=True)
+        self.mon = psycopg.connect(self.pg_dsn, autocommit=True, application_name="bench-monitor")
+        self.admin = AdminClient({"bootstrap.servers": self.kafka})
+        self.warm_up()
+
+    def warm_up(self):
+        """A first idempotent producer waits for the broker to load its coordinators
+        (about a second on a fresh broker): pay that here, not in a contender's start-up."""
+        from confluent_kafka import Producer
+        p = Producer({"bootstrap.servers": self.kafka, "enable.idempotence": True, "acks": "all"})
+        p.produce("bench_warmup", b"x")
+        p.flush(60)
+
+    def q(self, sql, params=None, conn=None):
+        cur = (conn or self.pg).execute(sql, params)
+        return cur.fetchall() if cur.description else None
+
+    def one(self, sql, params=None, conn=None):
+        rows = self.q(sql, params, conn)
+        return rows[0][0] if rows else None
+
+    # --- database -----------------------------------------------------------
+    def reset_outbox(self):
+        for (slot,) in self.q("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'bench%'"):
+            self.drop_slot(slot)
+        for (pub,) in self.q("SELECT pubname FROM pg_publication WHERE pubname LIKE 'bench%'"):
+            self.q(f'DROP PUBLICATION "{pub}"')
+        self.q(SCHEMA_SQL)
+        self.q("CHECKPOINT")
+
+    def drop_slot(self, slot):
+        for _ in range(100):
+            pid = self.one("SELECT active_pid FROM pg_replication_slots WHERE slot_name=%s", (slot,))
+            if pid is None:
+                break
+            self.q("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(0.1)
+        self.q("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name=%s", (slot,))
+
+    def create_slot_and_publication(self, name):
+        self.q(f'CREATE PUBLICATION "{name}" FOR TABLE public.outbox WITH (publish = \'insert\')')
+        return self.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+
+    def fill(self, n, tx):
+        t0 = time.monotonic()
+        self.q("CALL bench_fill(%s, %s)", (n, tx))
+        end_lsn = self.one("SELECT pg_current_wal_insert_lsn()::text")
+        self.q("ANALYZE outbox")
+        log(f"inserted {n} rows in {tx}-row transactions in {time.monotonic() - t0:.1f} s; end LSN {end_lsn}")
+        return end_lsn
+
+    def pg_load_begin(self):
+        self.q("SELECT pg_stat_statements_reset()")
+        self.q("SELECT pg_stat_clear_snapshot()")
+        return self.table_stats()
+
+    def table_stats(self):
+        self.q("SELECT pg_stat_clear_snapshot()")
+        r = self.q("SELECT coalesce(seq_scan,0), coalesce(idx_scan,0), n_tup_ins, n_tup_upd, n_tup_del "
+                   "FROM pg_stat_user_tables WHERE relname='outbox'")
+        return dict(zip(["seq_scan", "idx_scan", "n_tup_ins", "n_tup_upd", "n_tup_del"], r[0])) if r else {}
+
+    def pg_load_end(self, before):
+        time.sleep(0.6)  # the stats collector's flush interval (PG15 flushes at most every 1 s when busy)
+        after = self.table_stats()
+        stmts = self.q(
+            "SELECT calls, round(total_exec_time::numeric, 1)::float8, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) "
+            "FROM pg_stat_statements WHERE query ILIKE '%outbox%' "
+            "AND query NOT ILIKE '%pg_stat%' AND query NOT ILIKE '%bench_fill%' AND query NOT ILIKE '%ANALYZE%' "
+            "ORDER BY total_exec_time DESC LIMIT 10")
+        all_calls = self.one(
+            "SELECT coalesce(sum(calls),0)::bigint FROM pg_stat_statements s JOIN pg_roles r ON r.oid=s.userid "
+            "WHERE query NOT ILIKE '%pg_stat%' AND query NOT ILIKE '%pg_replication_slots%' "
+            "AND query NOT ILIKE '%pg_current_wal%'")
+        return {
+            "outbox_statements": [{"calls": c, "total_exec_ms": t, "rows": r, "query": q} for c, t, r, q in stmts],
+            "outbox_statement_calls": sum(s[0] for s in stmts),
+            "outbox_statement_exec_ms": round(sum(s[1] for s in stmts), 1),
+            "other_statement_calls": int(all_calls),
+            "outbox_table": {k: after.get(k, 0) - before.get(k, 0) for k in after},
+        }
+
+    # --- kafka --------------------------------------------------------------
+    def topics(self, prefix):
+        return [f"{prefix}.{t}" for t in TYPES]
+
+    def create_topics(self, prefix, log_append_time=False):
+        cfg = {"message.timestamp.type": "LogAppendTime"} if log_append_time else {}
+        fs = self.admin.create_topics([NewTopic(t, PARTITIONS, 1, config=cfg) for t in self.topics(prefix)])
+        for t, f in fs.items():
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001 - an existing topic is fine
+                if "TOPIC_ALREADY_EXISTS" not in str(e):
+                    raise
+        # wait until the metadata shows the partitions with leaders
+        for _ in range(100):
+            md = self.admin.list_topics(timeout=5)
+            if all(t in md.topics and len(md.topics[t].partitions) == PARTITIONS for t in self.topics(prefix)):
+                return
+            time.sleep(0.1)
+
+    def delete_topics(self, prefix):
+        fs = self.admin.delete_topics(self.topics(prefix))
+        for f in fs.values():
+            try:
+                f.result()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def topic_count(self, prefix):
+        req = {TopicPartition(t, p): OffsetSpec.latest() for t in self.topics(prefix) for p in range(PARTITIONS)}
+        fs = self.admin.list_offsets(req, request_timeout=5)
+        return sum(f.result().offset for f in fs.values())
+
+
+class Run:
+    """One contender process watched until every event is in Kafka (or the slot is drained)."""
+
+    def __init__(self, env, name, cmd, n, prefix=None, slot=None, end_lsn=None, pg_app=None, cwd=None,
+                 extra_env=None, timeout_s=1800, stderr_path=None):
+        self.env, self.name, self.cmd, self.n = env, name, cmd, n
+        self.prefix, self.slot, self.end_lsn, self.pg_app = prefix, slot, end_lsn, pg_app
+        self.cwd, self.extra_env, self.timeout_s, self.stderr_path = cwd, extra_env, timeout_s, stderr_path
+
+    def go(self):
+        env = self.env
+        stderr = open(self.stderr_path, "w") if self.stderr_path else subprocess.DEVNULL
+        penv = dict(os.environ, **(self.extra_env or {}))
+        t_launch = time.monotonic()
+        proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.cwd, env=penv)
+        t_first = t_last = t_confirm = None
+        cpu = hwm = None
+        pg_pid = None
+        pg_cpu0 = pg_cpu = None
+        count = 0
+        end = lsn_int(self.end_lsn) if self.end_lsn else None
+        exited = None
+        while True:
+            now = time.monotonic()
+            if now - t_launch > self.timeout_s:
+                log(f"{self.name}: timeout after {self.timeout_s} s with {count}/{self.n} events")
+                break
+            c = proc_cpu_s(proc.pid)
+            h = proc_hwm_kb(proc.pid)
+            if c is not None and proc.poll() is None:
+                cpu, hwm = c, h
+            # the walsender (slot) or the relay's backend (application_name)
+            if pg_pid is None:
+                if self.slot:
+                    pg_pid = env.one("SELECT active_pid FROM pg_replication_slots WHERE slot_name=%s", (self.slot,),
+                                     conn=env.mon)
+                elif self.pg_app:
+                    pg_pid = env.one("SELECT pid FROM pg_stat_activity WHERE application_name=%s LIMIT 1",
+                                     (self.pg_app,), conn=env.mon)
+                if pg_pid is not None:
+                    pg_cpu0 = proc_cpu_s(pg_pid)
+            if pg_pid is not None:
+                v = proc_cpu_s(pg_pid)
+                if v is not None:
+                    pg_cpu = v
+            if self.prefix:
+                try:
+                    count = env.topic_count(self.prefix)
+                except Exception:  # noqa: BLE001 - metadata not there yet
+                    count = 0
+                if count > 0 and t_first is None:
+                    t_first = time.monotonic()
+                if count >= self.n and t_last is None:
+                    t_last = time.monotonic()
+            if self.slot and end is not None and t_confirm is None:
+                lsn = env.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name=%s",
+                              (self.slot,), conn=env.mon)
+                if lsn and lsn_int(lsn) >= end:
+                    t_confirm = time.monotonic()
+            exited = proc.poll()
+            if exited is not None:
+                if self.prefix is None and t_last is None:
+                    t_last = time.monotonic()  # pg_recvlogical: exit at --endpos
+                break
+            done_kafka = self.prefix is None or t_last is not None
+            done_slot = not self.slot or t_confirm is not None or (t_last is not None and now - t_last > 10)
+            if done_kafka and done_slot:
+                break
+            time.sleep(SAMPLE_S)
+        if exited is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.prefix:
+            count = env.topic_count(self.prefix)
+        r = {
+            "contender": self.name,
+            "events": self.n,
+            "events_in_kafka": count if self.prefix else None,
+            "exit_code": exited,
+            "startup_s": round(t_first - t_launch, 3) if t_first else None,
+            "first_to_last_s": round(t_last - t_first, 3) if (t_first and t_last) else None,
+            "launch_to_last_s": round(t_last - t_launch, 3) if t_last else None,
+            "launch_to_slot_confirmed_s": round(t_confirm - t_launch, 3) if t_confirm else None,
+            "cpu_s": round(cpu, 2) if cpu is not None else None,
+            "peak_rss_mib": round(hwm / 1024, 1) if hwm else None,
+            "pg_backend_cpu_s": round(pg_cpu - pg_cpu0, 2) if (pg_cpu is not None and pg_cpu0 is not None) else None,
+        }
+        span = r["first_to_last_s"] if self.prefix else r["launch_to_last_s"]
+        r["events_per_s"] = round(self.n / span) if span else None
+        r["total_events_per_s"] = round(self.n / r["launch_to_last_s"]) if r["launch_to_last_s"] else None
+        if r["cpu_s"] is not None:
+            r["cpu_us_per_event"] = round(r["cpu_s"] * 1e6 / self.n, 2)
+        if r["pg_backend_cpu_s"] is not None:
+            r["pg_backend_cpu_us_per_event"] = round(r["pg_backend_cpu_s"] * 1e6 / self.n, 2)
+        return r
+
+
+# --- contenders ---------------------------------------------------------------
+
+def walrelay_props(env, name, prefix, extra=None):
+    props = {
+        "database.hostname": "127.0.0.1",
+        "database.port": str(env.args.pgport),
+        "database.user": "postgres",
+        "database.dbname": "postgres",
+        "slot.name": name,
+        "publication.name": name,
+        "kafka.bootstrap.servers": env.kafka,
+        "route.topic.replacement": prefix + ".${routedByValue}",
+        "admin.listen": "127.0.0.1:0",
+    }
+    props.update(extra or {})
+    path = os.path.join(env.args.work, f"{name}.properties")
+    with open(path, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+    return path
+
+
+def run_pg_recvlogical(env, n, tx, tag, options):
+    name = f"bench_{tag}"
+    env.reset_outbox()
+    env.create_slot_and_publication(name)
+    end_lsn = env.fill(n, tx)
+    before = env.pg_load_begin()
+    cmd = [env.args.pg_recvlogical, "-h", "127.0.0.1", "-p", str(env.args.pgport), "-U", "postgres",
+           "-d", "postgres", "--slot", name, "--start", "-f", "/dev/null", "-E", end_lsn, "-s", "1", "-F", "0",
+           "--no-loop", "-o", f"publication_names={name}"] + [x for o in options for x in ("-o", o)]
+    r = Run(env, "pg_recvlogical", cmd, n, slot=name, end_lsn=None,
+            stderr_path=os.path.join(env.args.work, f"{name}.log")).go()
+    r["options"] = " ".join(options)
+    r["pg_load"] = env.pg_load_end(before)
+    env.drop_slot(name)
+    return r
+
+
+def run_walrelay(env, n, tx, tag, extra=None):
+    name = f"bench_{tag}"
+    prefix = f"bench_{tag}"
+    env.reset_outbox()
+    env.create_slot_and_publication(name)
+    env.create_topics(prefix)
+    end_lsn = env.fill(n, tx)
+    props = walrelay_props(env, name, prefix, extra)
+    before = env.pg_load_begin()
+    r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, prefix=prefix, slot=name, end_lsn=end_lsn,
+            stderr_path=os.path.join(env.args.work, f"{name}.log")).go()
+    r["options"] = " ".join(f"{k}={v}" for k, v in (extra or {}).items()) or "defaults"
+    r["pg_load"] = env.pg_load_end(before)
+    env.drop_slot(name)
+    env.delete_topics(prefix)
+    return r
+
+
+def run_debezium(env, n, tx, tag):
+    name = f"bench_{tag}"
+    prefix = f"bench_{tag}"
+    env.reset_outbox()
+    env.create_slot_and_publication(name)
+    env.create_topics(prefix)
+    end_lsn = env.fill(n, tx)
+    work = env.args.work
+    props = {
+        "name": name,
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "plugin.name": "pgoutput",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(env.args.pgport),
+        "database.user": "postgres",
+        "database.password": "",
+        "database.dbname": "postgres",
+        "topic.prefix": name,
+        "slot.name": name,
+        "publication.name": name,
+        "publication.autocreate.mode": "disabled",
+        "table.include.list": "public.outbox",
+        "snapshot.mode": "no_data",
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": os.path.join(work, f"{name}.offsets"),
+        "offset.flush.interval.ms": "1000",
+        # throughput settings (Debezium docs: max.batch.size, max.queue.size, poll.interval.ms)
+        "max.batch.size": "8192",
+        "max.queue.size": "32768",
+        "poll.interval.ms": "10",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.route.topic.replacement": prefix + ".${routedByValue}",
+        "transforms.outbox.table.expand.json.payload": "false",
+        "kafka.bootstrap.servers": env.kafka,
+    }
+    path = os.path.join(work, f"{name}.properties")
+    with open(path, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+    jdir = env.args.debezium_dir
+    cmd = ["java", "-Xmx2g", "-cp", f"{jdir}/classes:{jdir}/libs/*", "DebeziumBench", path]
+    before = env.pg_load_begin()
+    r = Run(env, "debezium", cmd, n, prefix=prefix, slot=name, end_lsn=end_lsn,
+            stderr_path=os.path.join(work, f"{name}.log")).go()
+    r["options"] = "max.batch.size=8192 max.queue.size=32768 poll.interval.ms=10 -Xmx2g"
+    r["pg_load"] = env.pg_load_end(before)
+    env.drop_slot(name)
+    env.delete_topics(prefix)
+    return r
+
+
+def run_polling(env, n, tx, tag):
+    prefix = f"bench_{tag}"
+    env.reset_outbox()
+    env.create_topics(prefix)
+    env.fill(n, tx)
+    before = env.pg_load_begin()
+    cmd = [sys.executable, os.path.join(env.args.bench_dir, "polling", "relay.py"), "--dsn",
+           env.pg_dsn + " application_name=bench-polling", "--bootstrap", env.kafka, "--topic-prefix", prefix,
+           "--batch", "500"]
+    r = Run(env, "polling", cmd, n, prefix=prefix, pg_app="bench-polling",
+            stderr_path=os.path.join(env.args.work, f"{tag}.log")).go()
+    r["options"] = "batch 500, DELETE after ack, 1 s idle poll"
+    r["pg_load"] = env.pg_load_end(before)
+    env.delete_topics(prefix)
+    return r
+
+
+# --- latency ----------------------------------------------------------------
+
+class LatencyConsumer(threading.Thread):
+    """Reads the topics from their end; per record: insert time (payload), broker
+    log-append time (record timestamp, LogAppendTime topics), arrival time here."""
+
+    def __init__(self, env, prefix, expected):
+        super().__init__(daemon=True)
+        self.c = Consumer({"bootstrap.servers": env.kafka, "group.id": f"lat-{prefix}", "enable.auto.commit": False,
+                           "fetch.wait.max.ms": 5, "fetch.min.bytes": 1})
+        self.c.assign([TopicPartition(t, p, -1) for t in env.topics(prefix) for p in range(PARTITIONS)])
+        self.expected = expected
+        self.samples = []
+        self.stop = False
+
+    def run(self):
+        while not self.stop and len(self.samples) < self.expected:
+            for m in self.c.consume(1000, 0.1):
+                now_us = time.time_ns() // 1000
+                if m.error():
+                    continue
+                ts_us = json.loads(m.value())["ts"]
+                self.samples.append((ts_us, m.timestamp()[1] * 1000, now_us))
+        self.c.close()
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, int(round(p / 100.0 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def run_latency(env, contender, rate, seconds, tag):
+    name = f"bench_{tag}"
+    prefix = f"bench_{tag}"
+    env.reset_outbox()
+    env.create_topics(prefix, log_append_time=True)
+    work = env.args.work
+    if contender == "walrelay":
+        env.create_slot_and_publication(name)
+        cmd = [env.args.walrelay, "--config", walrelay_props(env, name, prefix)]
+    elif contender == "polling":
+        cmd = [sys.executable, os.path.join(env.args.bench_dir, "polling", "relay.py"), "--dsn",
+               env.pg_dsn + " application_name=bench-polling", "--bootstrap", env.kafka, "--topic-prefix", prefix,
+               "--batch", "500"]
+    else:
+        raise ValueError(contender)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{name}.log"), "w"))
+    n = rate * seconds
+    try:
+        time.sleep(3)  # connected and streaming
+        cons = LatencyConsumer(env, prefix, n)
+        cons.start()
+        time.sleep(2)  # consumer assigned
+        t0 = time.monotonic()
+        env.q("CALL bench_paced(%s, %s)", (rate, seconds))
+        offered = n / (time.monotonic() - t0)
+        cons.join(timeout=60)
+        cons.stop = True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    s = cons.samples
+    append_ms = [(a - t) / 1000.0 for t, a, _ in s]
+    recv_ms = [(r - t) / 1000.0 for t, _, r in s]
+    res = {"contender": contender, "rate": rate, "seconds": seconds, "events": n, "received": len(s),
+           "offered_events_per_s": round(offered)}
+    for label, xs in (("append", append_ms), ("consumer", recv_ms)):
+        for p in (50, 99, 99.9):
+            v = pct(xs, p)
+            res[f"{label}_p{p}_ms"] = round(v, 2) if v is not None else None
+        res[f"{label}_max_ms"] = round(max(xs), 2) if xs else None
+    if contender == "walrelay":
+        env.drop_slot(name)
+    env.delete_topics(prefix)
+    return res
+
+
+# --- main -------------------------------------------------------------------
+
+def machine():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    return {"nproc": os.cpu_count(), "cpu_model": cpu, "mem_gib": round(mem_kb / 1048576, 1),
+            "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
+
+
+def summarize(runs):
+    """Median and spread per (workload, contender, options)."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["workload"], r["contender"], r.get("options", "")), []).append(r)
+    out = []
+    for (w, c, o), rs in groups.items():
+        row = {"workload": w, "contender": c, "options": o, "repeats": len(rs)}
+        for k in ("events_per_s", "total_events_per_s", "startup_s", "cpu_us_per_event", "peak_rss_mib",
+                  "pg_backend_cpu_us_per_event"):
+            vals = [r[k] for r in rs if r.get(k) is not None]
+            if vals:
+                row[k + "_median"] = statistics.median(vals)
+                row[k + "_min"] = min(vals)
+                row[k + "_max"] = max(vals)
+        out.append(row)
+    return out
+
+
+def write_csv(path, rows):
+    keys = []
+    for r in rows:
+        for k in r:
+            if k not in keys and not isinstance(r[k], (dict, list)):
+                keys.append(k)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--pgport", required=True)
+    ap.add_argument("--kafka", required=True)
+    ap.add_argument("--walrelay", required=True)
+    ap.add_argument("--pg-recvlogical", required=True)
+    ap.add_argument("--debezium-dir", default="")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency")
+    ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
+    args = ap.parse_args()
+    args.bench_dir = os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    env = Env(args)
+    sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency"}
+    contenders = args.contenders.split(",")
+    if args.quick:
+        workloads = [("20k_tx100", 20000, 100)]
+        contenders = [c for c in contenders if c != "debezium"]
+        sections = {"throughput"}
+        repeats = 1
+    else:
+        workloads = [("1M_tx100", 1000000, 100), ("100k_tx1", 100000, 1)]
+        repeats = args.repeats
+    result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
+              "versions": {"postgresql": env.one("SHOW server_version"),
+                           "kafka_clients_python": confluent_kafka_version()},
+              "runs": [], "option_runs": [], "latency": []}
+    seq = 0
+
+    def save():
+        tag = "quick" if args.quick else "full"
+        with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
+        result["summary"] = summarize(result["runs"] + result["option_runs"])
+        write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
+        if result["latency"]:
+            write_csv(os.path.join(args.out, f"{tag}_latency.csv"), result["latency"])
+        with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    if "throughput" in sections:
+        for rep in range(repeats):
+            for wname, n, tx in workloads:
+                for c in contenders:
+                    seq += 1
+                    tag = f"{c}_{seq}"
+                    log(f"throughput {wname} {c} repeat {rep + 1}/{repeats}")
+                    if c == "pg_recvlogical":
+                        r = run_pg_recvlogical(env, n, tx, tag, ["proto_version=1"])
+                    elif c == "walrelay":
+                        r = run_walrelay(env, n, tx, tag)
+                    elif c == "polling":
+                        if tx == 1 and not args.quick and n > 100000:
+                            continue
+                        r = run_polling(env, n, tx, tag)
+                    elif c == "debezium":
+                        if not args.debezium_dir:
+                            continue
+                        r = run_debezium(env, n, tx, tag)
+                    r.update(workload=wname, repeat=rep + 1)
+                    log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
+                    result["runs"].append(r)
+                    save()
+
+    if "options" in sections:
+        # What lowers the walsender's CPU per row: protocol version and binary mode.
+        wname, n, tx = workloads[0]
+        for rep in range(repeats):
+            for opts in (["proto_version=1"], ["proto_version=3"], ["proto_version=1", "binary=true"],
+                         ["proto_version=3", "binary=true"]):
+                seq += 1
+                r = run_pg_recvlogical(env, n, tx, f"opt_recv_{seq}", opts)
+                r.update(workload=wname, repeat=rep + 1)
+                log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
+                result["option_runs"].append(r)
+                save()
+            seq += 1
+            r = run_walrelay(env, n, tx, f"opt_walrelay_{seq}", {"pgoutput.binary": "true"})
+            r.update(workload=wname, repeat=rep + 1)
+            log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
+            result["option_runs"].append(r)
+            save()
+
+    if "latency" in sections:
+        for c in [x for x in ("walrelay", "polling") if x in contenders]:
+            for rate, secs in ((1000, 30), (10000, 15)):
+                seq += 1
+                log(f"latency {c} {rate}/s for {secs} s")
+                r = run_latency(env, c, rate, secs, f"lat_{c}_{seq}")
+                log(json.dumps(r))
+                result["latency"].append(r)
+                save()
+
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    save()
+    if args.quick:
+        bad = [r for r in result["runs"] if (r["contender"] != "pg_recvlogical" and r["events_in_kafka"] != r["events"])
+               or (r["contender"] == "pg_recvlogical" and r["exit_code"] != 0)]
+        if bad or not result["runs"]:
+            log(f"FAILED: {json.dumps(bad)}")
+            return 1
+        log(f"quick: {len(result['runs'])} contenders relayed every event")
+    return 0
+
+
+def confluent_kafka_version():
+    import confluent_kafka
+    return f"confluent-kafka {confluent_kafka.version()[0]}, librdkafka {confluent_kafka.libversion()[0]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
