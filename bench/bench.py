@@ -336,6 +336,7 @@ class Run:
 # --- contenders ---------------------------------------------------------------
 
 def walrelay_props(env, name, prefix, extra=None):
+    """A walrelay configuration file: defaults plus the bench's slot, topics and services."""
     props = {
         "database.hostname": "127.0.0.1",
         "database.port": str(env.args.pgport),
@@ -354,51 +355,48 @@ def walrelay_props(env, name, prefix, extra=None):
     return path
 
 
-def run_pg_recvlogical(env, n, tx, tag, options):
-    name = f"bench_{tag}"
+def prepare_round(env, n, tx, names, topic_prefixes):
+    """A fresh outbox, one publication, a slot per WAL contender (created before
+    the rows, so each one decodes the same WAL), the contenders' topics, then the
+    rows. Returns the end LSN of the inserts."""
     env.reset_outbox()
-    env.create_slot_and_publication(name)
-    end_lsn = env.fill(n, tx)
+    env.q('CREATE PUBLICATION bench_pub FOR TABLE public.outbox WITH (publish = \'insert\')')
+    for name in names:
+        env.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+    for prefix in topic_prefixes:
+        env.create_topics(prefix)
+    return env.fill(n, tx)
+
+
+def run_pg_recvlogical(env, n, slot, end_lsn, options):
     before = env.pg_load_begin()
     cmd = [env.args.pg_recvlogical, "-h", "127.0.0.1", "-p", str(env.args.pgport), "-U", "postgres",
-           "-d", "postgres", "--slot", name, "--start", "-f", "/dev/null", "-E", end_lsn, "-s", "1", "-F", "0",
-           "--no-loop", "-o", f"publication_names={name}"] + [x for o in options for x in ("-o", o)]
-    r = Run(env, "pg_recvlogical", cmd, n, slot=name, end_lsn=None,
-            stderr_path=os.path.join(env.args.work, f"{name}.log")).go()
+           "-d", "postgres", "--slot", slot, "--start", "-f", "/dev/null", "-E", end_lsn, "-s", "1", "-F", "0",
+           "--no-loop", "-o", "publication_names=bench_pub"] + [x for o in options for x in ("-o", o)]
+    r = Run(env, "pg_recvlogical", cmd, n, slot=slot, end_lsn=None,
+            stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
     r["options"] = " ".join(options)
     r["pg_load"] = env.pg_load_end(before)
-    env.drop_slot(name)
+    env.drop_slot(slot)
     return r
 
 
-def run_walrelay(env, n, tx, tag, extra=None):
-    name = f"bench_{tag}"
-    prefix = f"bench_{tag}"
-    env.reset_outbox()
-    env.create_slot_and_publication(name)
-    env.create_topics(prefix)
-    end_lsn = env.fill(n, tx)
-    props = walrelay_props(env, name, prefix, extra)
+def run_walrelay(env, n, slot, end_lsn, extra=None):
+    props = walrelay_props(env, slot, slot, dict({"publication.name": "bench_pub"}, **(extra or {})))
     before = env.pg_load_begin()
-    r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, prefix=prefix, slot=name, end_lsn=end_lsn,
-            stderr_path=os.path.join(env.args.work, f"{name}.log")).go()
+    r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, prefix=slot, slot=slot, end_lsn=end_lsn,
+            stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
     r["options"] = " ".join(f"{k}={v}" for k, v in (extra or {}).items()) or "defaults"
     r["pg_load"] = env.pg_load_end(before)
-    env.drop_slot(name)
-    env.delete_topics(prefix)
+    env.drop_slot(slot)
+    env.delete_topics(slot)
     return r
 
 
-def run_debezium(env, n, tx, tag):
-    name = f"bench_{tag}"
-    prefix = f"bench_{tag}"
-    env.reset_outbox()
-    env.create_slot_and_publication(name)
-    env.create_topics(prefix)
-    end_lsn = env.fill(n, tx)
+def run_debezium(env, n, slot, end_lsn):
     work = env.args.work
     props = {
-        "name": name,
+        "name": slot,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "plugin.name": "pgoutput",
         "database.hostname": "127.0.0.1",
@@ -406,14 +404,14 @@ def run_debezium(env, n, tx, tag):
         "database.user": "postgres",
         "database.password": "",
         "database.dbname": "postgres",
-        "topic.prefix": name,
-        "slot.name": name,
-        "publication.name": name,
+        "topic.prefix": slot,
+        "slot.name": slot,
+        "publication.name": "bench_pub",
         "publication.autocreate.mode": "disabled",
         "table.include.list": "public.outbox",
         "snapshot.mode": "no_data",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
-        "offset.storage.file.filename": os.path.join(work, f"{name}.offsets"),
+        "offset.storage.file.filename": os.path.join(work, f"{slot}.offsets"),
         "offset.flush.interval.ms": "1000",
         # throughput settings (Debezium docs: max.batch.size, max.queue.size, poll.interval.ms)
         "max.batch.size": "8192",
@@ -421,36 +419,40 @@ def run_debezium(env, n, tx, tag):
         "poll.interval.ms": "10",
         "transforms": "outbox",
         "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-        "transforms.outbox.route.topic.replacement": prefix + ".${routedByValue}",
+        "transforms.outbox.route.topic.replacement": slot + ".${routedByValue}",
         "transforms.outbox.table.expand.json.payload": "false",
         "kafka.bootstrap.servers": env.kafka,
     }
-    path = os.path.join(work, f"{name}.properties")
+    path = os.path.join(work, f"{slot}.properties")
     with open(path, "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+    if os.path.exists(props["offset.storage.file.filename"]):
+        os.unlink(props["offset.storage.file.filename"])  # a fresh slot: no stored offsets
     jdir = env.args.debezium_dir
     cmd = ["java", "-Xmx2g", "-cp", f"{jdir}/classes:{jdir}/libs/*", "DebeziumBench", path]
     before = env.pg_load_begin()
-    r = Run(env, "debezium", cmd, n, prefix=prefix, slot=name, end_lsn=end_lsn,
-            stderr_path=os.path.join(work, f"{name}.log")).go()
+    # Debezium confirms the LSN of the last event it processed, not the commit's end: the slot's
+    # confirmed_flush_lsn stays just short of end_lsn, so only the Kafka count ends the run.
+    r = Run(env, "debezium", cmd, n, prefix=slot, slot=slot, end_lsn=end_lsn,
+            stderr_path=os.path.join(work, f"{slot}.log")).go()
     r["options"] = "max.batch.size=8192 max.queue.size=32768 poll.interval.ms=10 -Xmx2g"
     r["pg_load"] = env.pg_load_end(before)
-    env.drop_slot(name)
-    env.delete_topics(prefix)
+    env.drop_slot(slot)
+    env.delete_topics(slot)
     return r
 
 
-def run_polling(env, n, tx, tag):
-    prefix = f"bench_{tag}"
-    env.reset_outbox()
-    env.create_topics(prefix)
-    env.fill(n, tx)
+def polling_cmd(env, prefix):
+    return [sys.executable, os.path.join(env.args.bench_dir, "polling", "relay.py"), "--dsn",
+            env.pg_dsn + " application_name=bench-polling", "--bootstrap", env.kafka, "--topic-prefix", prefix,
+            "--batch", "500"]
+
+
+def run_polling(env, n, prefix):
+    """Runs last in a round: it deletes the rows it relays."""
     before = env.pg_load_begin()
-    cmd = [sys.executable, os.path.join(env.args.bench_dir, "polling", "relay.py"), "--dsn",
-           env.pg_dsn + " application_name=bench-polling", "--bootstrap", env.kafka, "--topic-prefix", prefix,
-           "--batch", "500"]
-    r = Run(env, "polling", cmd, n, prefix=prefix, pg_app="bench-polling",
-            stderr_path=os.path.join(env.args.work, f"{tag}.log")).go()
+    r = Run(env, "polling", polling_cmd(env, prefix), n, prefix=prefix, pg_app="bench-polling",
+            stderr_path=os.path.join(env.args.work, f"{prefix}.log")).go()
     r["options"] = "batch 500, DELETE after ack, 1 s idle poll"
     r["pg_load"] = env.pg_load_end(before)
     env.delete_topics(prefix)
@@ -501,9 +503,7 @@ def run_latency(env, contender, rate, seconds, tag):
         env.create_slot_and_publication(name)
         cmd = [env.args.walrelay, "--config", walrelay_props(env, name, prefix)]
     elif contender == "polling":
-        cmd = [sys.executable, os.path.join(env.args.bench_dir, "polling", "relay.py"), "--dsn",
-               env.pg_dsn + " application_name=bench-polling", "--bootstrap", env.kafka, "--topic-prefix", prefix,
-               "--batch", "500"]
+        cmd = polling_cmd(env, prefix)
     else:
         raise ValueError(contender)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{name}.log"), "w"))
@@ -595,6 +595,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency")
+    ap.add_argument("--events", type=int, default=0, help="development: one workload of this many events")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
     args = ap.parse_args()
     args.bench_dir = os.path.dirname(os.path.abspath(__file__))
@@ -602,7 +603,7 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
     sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency"}
-    contenders = args.contenders.split(",")
+    contenders = sorted(args.contenders.split(","), key=lambda c: c == "polling")  # polling last
     if args.quick:
         workloads = [("20k_tx100", 20000, 100)]
         contenders = [c for c in contenders if c != "debezium"]
@@ -610,6 +611,8 @@ def main():
         repeats = 1
     else:
         workloads = [("1M_tx100", 1000000, 100), ("100k_tx1", 100000, 1)]
+        if args.events:
+            workloads = [(f"{args.events}_tx100", args.events, 100)]
         repeats = args.repeats
     result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
               "versions": {"postgresql": env.one("SHOW server_version"),
@@ -629,48 +632,50 @@ def main():
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
 
+    def record(r, key, wname, rep):
+        r.update(workload=wname, repeat=rep + 1)
+        log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
+        result[key].append(r)
+        save()
+
     if "throughput" in sections:
+        if not args.debezium_dir:
+            contenders = [c for c in contenders if c != "debezium"]
         for rep in range(repeats):
             for wname, n, tx in workloads:
-                for c in contenders:
-                    seq += 1
-                    tag = f"{c}_{seq}"
-                    log(f"throughput {wname} {c} repeat {rep + 1}/{repeats}")
+                seq += 1
+                slots = {c: f"bench_{c}_{seq}" for c in contenders}
+                wal = [c for c in contenders if c != "polling"]
+                log(f"throughput {wname} repeat {rep + 1}/{repeats}: {', '.join(contenders)}")
+                end_lsn = prepare_round(env, n, tx, [slots[c] for c in wal],
+                                        [slots[c] for c in contenders if c != "pg_recvlogical"])
+                for c in contenders:  # polling last: it deletes the rows
+                    log(f"  {c}")
                     if c == "pg_recvlogical":
-                        r = run_pg_recvlogical(env, n, tx, tag, ["proto_version=1"])
+                        r = run_pg_recvlogical(env, n, slots[c], end_lsn, ["proto_version=1"])
                     elif c == "walrelay":
-                        r = run_walrelay(env, n, tx, tag)
-                    elif c == "polling":
-                        if tx == 1 and not args.quick and n > 100000:
-                            continue
-                        r = run_polling(env, n, tx, tag)
+                        r = run_walrelay(env, n, slots[c], end_lsn)
                     elif c == "debezium":
-                        if not args.debezium_dir:
-                            continue
-                        r = run_debezium(env, n, tx, tag)
-                    r.update(workload=wname, repeat=rep + 1)
-                    log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
-                    result["runs"].append(r)
-                    save()
+                        r = run_debezium(env, n, slots[c], end_lsn)
+                    elif c == "polling":
+                        r = run_polling(env, n, slots[c])
+                    record(r, "runs", wname, rep)
 
     if "options" in sections:
         # What lowers the walsender's CPU per row: protocol version and binary mode.
-        wname, n, tx = workloads[0]
+        wname, n, tx = ("200k_tx100", 200000, 100)
+        variants = [["proto_version=1"], ["proto_version=3"], ["proto_version=1", "binary=true"],
+                    ["proto_version=3", "binary=true"]]
         for rep in range(repeats):
-            for opts in (["proto_version=1"], ["proto_version=3"], ["proto_version=1", "binary=true"],
-                         ["proto_version=3", "binary=true"]):
-                seq += 1
-                r = run_pg_recvlogical(env, n, tx, f"opt_recv_{seq}", opts)
-                r.update(workload=wname, repeat=rep + 1)
-                log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
-                result["option_runs"].append(r)
-                save()
             seq += 1
-            r = run_walrelay(env, n, tx, f"opt_walrelay_{seq}", {"pgoutput.binary": "true"})
-            r.update(workload=wname, repeat=rep + 1)
-            log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
-            result["option_runs"].append(r)
-            save()
+            names = [f"bench_opt{i}_{seq}" for i in range(len(variants))] + [f"bench_optwr_{seq}",
+                                                                                f"bench_optwb_{seq}"]
+            log(f"options {wname} repeat {rep + 1}/{repeats}")
+            end_lsn = prepare_round(env, n, tx, names, names[-2:])
+            for i, opts in enumerate(variants):
+                record(run_pg_recvlogical(env, n, names[i], end_lsn, opts), "option_runs", wname, rep)
+            record(run_walrelay(env, n, names[-2], end_lsn), "option_runs", wname, rep)
+            record(run_walrelay(env, n, names[-1], end_lsn, {"pgoutput.binary": "true"}), "option_runs", wname, rep)
 
     if "latency" in sections:
         for c in [x for x in ("walrelay", "polling") if x in contenders]:

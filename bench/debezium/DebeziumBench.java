@@ -84,10 +84,10 @@ public final class DebeziumBench {
             .build();
     ExecutorService executor = Executors.newSingleThreadExecutor();
     executor.execute(engine);
+    executor.shutdown();  // awaitTermination below returns when the engine stops, also on failure
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
       try {
         engine.close();
-        executor.shutdown();
         executor.awaitTermination(30, TimeUnit.SECONDS);
       } catch (Exception e) {
         System.err.println("could not stop the engine: " + e);
@@ -95,5 +95,7 @@ public final class DebeziumBench {
       producer.close();
     }));
     executor.awaitTermination(Long.MAX_VALUE, TimeUnit.DAYS);
+    producer.close();
+    System.exit(1);  // the engine stopped by itself: a failure (a requested stop never gets here)
   }
 }

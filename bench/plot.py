@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Plots of a full bench run: bench/plot.py bench/results/full.json docs/img"""
+import json
+import os
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ORDER = ["pg_recvlogical", "walrelay", "debezium", "polling"]
+COLORS = {"pg_recvlogical": "#888888", "walrelay": "#1f77b4", "debezium": "#d62728", "polling": "#2ca02c"}
+
+
+def groups(runs, key):
+    """{workload: {contender: [values]}} for one metric."""
+    g = {}
+    for r in runs:
+        if r.get(key) is None:
+            continue
+        g.setdefault(r["workload"], {}).setdefault(r["contender"], []).append(r[key])
+    return g
+
+
+def bars(ax, g, ylabel, log=False):
+    workloads = list(g)
+    width = 0.8 / len(ORDER)
+    for i, c in enumerate(ORDER):
+        xs, ys, lo, hi = [], [], [], []
+        for j, w in enumerate(workloads):
+            vals = g[w].get(c)
+            if not vals:
+                continue
+            m = statistics.median(vals)
+            xs.append(j + (i - (len(ORDER) - 1) / 2) * width)
+            ys.append(m)
+            lo.append(m - min(vals))
+            hi.append(max(vals) - m)
+        if xs:
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=c, color=COLORS[c])
+            for x, y in zip(xs, ys):
+                ax.annotate(f"{y:,.0f}" if y >= 10 else f"{y:.2g}", (x, y), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(workloads)))
+    ax.set_xticklabels(workloads)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+
+
+def main():
+    data = json.load(open(sys.argv[1]))
+    out = sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    runs = data["runs"]
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bars(ax, groups(runs, "events_per_s"), "events/s (first to last ack; pg_recvlogical: drain)", log=True)
+    ax.set_title("Throughput, median of repeats, bars = min..max")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench-throughput.png"), dpi=110)
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    bars(axes[0], groups(runs, "cpu_us_per_event"), "relay CPU µs per event", log=True)
+    bars(axes[1], groups(runs, "peak_rss_mib"), "peak RSS MiB (VmHWM)", log=True)
+    bars(axes[2], groups(runs, "startup_s"), "start-up to first event in Kafka, s", log=True)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench-resources.png"), dpi=110)
+
+    if data.get("option_runs"):
+        g = {}
+        for r in data["option_runs"]:
+            label = f'{r["contender"]}\n{r["options"].replace("proto_version=", "v").replace("pgoutput.", "")}'
+            if r.get("pg_backend_cpu_us_per_event") is not None:
+                g.setdefault(label, []).append(r["pg_backend_cpu_us_per_event"])
+        base = groups([r for r in runs if r["contender"] in ("pg_recvlogical", "walrelay")],
+                      "pg_backend_cpu_us_per_event")
+        first = data["option_runs"][0]["workload"]
+        for c, vals in base.get(first, {}).items():
+            opt = "v1" if c == "pg_recvlogical" else "v3 (default)"
+            g.setdefault(f"{c}\n{opt}", []).extend(vals)
+        labels = sorted(g)
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+        meds = [statistics.median(g[k]) for k in labels]
+        ax.bar(range(len(labels)), meds, yerr=[[m - min(g[k]) for m, k in zip(meds, labels)],
+                                               [max(g[k]) - m for m, k in zip(meds, labels)]], capsize=3)
+        for i, m in enumerate(meds):
+            ax.annotate(f"{m:.1f}", (i, m), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylabel("walsender CPU µs per event")
+        ax.set_title(f"walsender CPU per row by pgoutput options ({first})")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "bench-walsender-options.png"), dpi=110)
+
+    if data.get("latency"):
+        lat = data["latency"]
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        labels = [f'{r["contender"]}\n{r["rate"]:,}/s' for r in lat]
+        for k, (p, col) in enumerate((("50", "#9ecae1"), ("99", "#3182bd"), ("99.9", "#08519c"))):
+            vals = [r.get(f"append_p{p}_ms") or 0 for r in lat]
+            xs = [i + (k - 1) * 0.27 for i in range(len(lat))]
+            ax.bar(xs, vals, 0.27, label=f"p{p}", color=col)
+            for x, v in zip(xs, vals):
+                ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.1f}", (x, v), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(lat)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("insert-to-log-append ms")
+        ax.axhline(10, color="red", linewidth=0.8, linestyle="--")
+        ax.set_title("Latency at fixed offered rates (1-row transactions)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "bench-latency.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()
