@@ -111,6 +111,13 @@ def proc_hwm_kb(pid):
     return None
 
 
+def machine_busy_s():
+    """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / CLK_TCK  # minus idle and iowait
+
+
 class Env:
     def __init__(self, args):
         self.args = args
@@ -245,6 +252,7 @@ class Run:
         env = self.env
         stderr = open(self.stderr_path, "w") if self.stderr_path else subprocess.DEVNULL
         penv = dict(os.environ, **(self.extra_env or {}))
+        broker0, busy0 = proc_cpu_s(env.args.kafka_pid) if env.args.kafka_pid else None, machine_busy_s()
         t_launch = time.monotonic()
         proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.cwd, env=penv)
         t_first = t_last = t_confirm = None
@@ -301,6 +309,8 @@ class Run:
             if done_kafka and done_slot:
                 break
             time.sleep(SAMPLE_S)
+        broker1, busy1, t_end = (proc_cpu_s(env.args.kafka_pid) if env.args.kafka_pid else None,
+                                 machine_busy_s(), time.monotonic())
         if exited is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -323,6 +333,9 @@ class Run:
             "peak_rss_mib": round(hwm / 1024, 1) if hwm else None,
             "pg_backend_cpu_s": round(pg_cpu - pg_cpu0, 2) if (pg_cpu is not None and pg_cpu0 is not None) else None,
         }
+        if broker0 is not None and broker1 is not None:
+            r["broker_cpu_us_per_event"] = round((broker1 - broker0) * 1e6 / self.n, 2)
+        r["machine_busy_cores"] = round((busy1 - busy0) / (t_end - t_launch), 2)  # of os.cpu_count()
         span = r["first_to_last_s"] if self.prefix else r["launch_to_last_s"]
         r["events_per_s"] = round(self.n / span) if span else None
         r["total_events_per_s"] = round(self.n / r["launch_to_last_s"]) if r["launch_to_last_s"] else None
@@ -592,6 +605,7 @@ def main():
     ap.add_argument("--pg-recvlogical", required=True)
     ap.add_argument("--debezium-dir", default="")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to measure its CPU")
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency")

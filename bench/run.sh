@@ -75,7 +75,7 @@ mode=()
 ((quick)) && mode=(--quick)
 "$venv/bin/python" "$here/bench.py" "${mode[@]}" --pgport "$WALRELAY_TEST_PGPORT" --kafka "$WALRELAY_TEST_KAFKA" \
   --walrelay "$bin" --pg-recvlogical "${PG_BIN:-/usr/lib/postgresql/15/bin}/pg_recvlogical" \
-  --out "$out" --work "$work" "${dbz[@]}" "${args[@]}"
+  --kafka-pid "$(cat "$WALRELAY_RUN_DIR/kafka/pid")" --out "$out" --work "$work" "${dbz[@]}" "${args[@]}"
 if ((!quick)) && [[ -f $out/full.json ]]; then
   "$venv/bin/python" "$here/plot.py" "$out/full.json" "$repo/docs/img"
 fi
