@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -226,7 +227,7 @@ inline void check_order_per_key(const std::vector<KafkaRecord>& recs) {
   }
   for (auto& [key, v] : by_key) {
     std::sort(v.begin(), v.end());
-    long high = -1;
+    long high = std::numeric_limits<long>::min();
     std::set<long> seen;
     for (auto& [offset, seq] : v) {
       if (seen.count(seq)) continue;  // a duplicate from a replay

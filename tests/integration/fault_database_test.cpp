@@ -1,0 +1,110 @@
+// Fault: the database goes away under walrelay (fast and immediate restarts,
+// a terminated walsender) or goes silent without closing (a stopped
+// walsender). walrelay reconnects with backoff and loses nothing; silence is
+// detected within replication.timeout.ms.
+#include <csignal>
+
+#include "fault_util.hpp"
+
+using namespace fault;
+
+namespace {
+
+// The PID of the walsender serving the slot (0 when inactive).
+int walsender_pid(Db& db, const std::string& slot) {
+  auto v = db.scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = '" + slot + "'");
+  return v.empty() ? 0 : std::stoi(v);
+}
+
+}  // namespace
+
+TEST_CASE("fault: PostgreSQL restarted (fast, immediate) and the walsender terminated mid-run; nothing lost",
+          "[fault][database]") {
+  const long progress = scaled(200, 2000);  // events relayed between two faults
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("reconnect.backoff.ms=200\nreconnect.backoff.max.ms=2000\n"));
+  relay.start();
+  relay.wait_streaming();
+  // ~1,000 rows/s until stopped, reconnecting through the restarts.
+  Writer writer(f.table, "Db", std::numeric_limits<long>::max(), 10, 10ms);
+
+  std::vector<std::string> faults = {"pg-restart fast", "terminate", "pg-restart immediate"};
+  std::vector<double> recovery_s;
+  // Events flowing again, relayed by walrelay.
+  auto wait_progress = [&] {
+    auto base = topic_count(f.topic("Db"));
+    REQUIRE(eventually([&] { return topic_count(f.topic("Db")) > base + progress; }, 60s, 200ms));
+  };
+  for (auto& fault : faults) {
+    wait_progress();
+    auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
+    auto t0 = std::chrono::steady_clock::now();
+    if (fault == "terminate") {
+      REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
+                            f.slot + "'") == "t");
+    } else {
+      Services::control(fault);
+      f.reconnect();
+    }
+    INFO("after " << fault);
+    wait_streaming_after(relay, streams, 60s);
+    recovery_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  wait_progress();
+  writer.stop();
+  auto rows = std::stoul(f.db().scalar("SELECT count(*) FROM " + f.table));
+  auto recs = consume(f.topic("Db"), rows, 180s);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(f.db(), f.table, seen);
+  auto reconnects = metric(relay, "walrelay_reconnects_total").value_or(0);
+  std::cout << "fault database: rows committed=" << f.db().scalar("SELECT count(*) FROM " + f.table)
+            << " writer failures=" << writer.failures() << " records=" << seen.records
+            << " duplicates=" << seen.duplicates() << " missing=" << missing.size() << " reconnects=" << reconnects
+            << " back to streaming after: fast restart " << recovery_s[0] << "s, terminate " << recovery_s[1]
+            << "s, immediate restart " << recovery_s[2] << "s\n";
+  CHECK(missing.empty());
+  CHECK(reconnects >= 3);
+  check_order_per_key(recs);
+  CHECK(relay.running());
+}
+
+TEST_CASE("fault: a walsender that goes silent (SIGSTOP) is declared dead within replication.timeout.ms",
+          "[fault][database]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("replication.timeout.ms=5000\nreconnect.backoff.ms=200\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Silent", "k0", "jsonb_build_object('seq', 0)"));
+  REQUIRE(consume(f.topic("Silent"), 1).size() == 1);
+  int pid = walsender_pid(f.db(), f.slot);
+  REQUIRE(pid > 0);
+  auto reconnects_before = metric(relay, "walrelay_reconnects_total").value_or(0);
+
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  struct Continue {  // never leave a stopped backend behind
+    int pid;
+    ~Continue() { ::kill(pid, SIGCONT); }
+  } cont{pid};
+  auto t0 = std::chrono::steady_clock::now();
+  // Rows committed while the walsender is frozen: they must arrive later.
+  f.db().exec(insert_event(f.table, "Silent", "k0", "jsonb_build_object('seq', 1)"));
+  REQUIRE(eventually([&] { return relay.log().find("connection declared dead") != std::string::npos; }, 15s, 100ms));
+  double detected_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(eventually([&] { return metric(relay, "walrelay_reconnects_total").value_or(0) > reconnects_before; }, 5s));
+  // The frozen backend still holds the slot: walrelay waits as a standby.
+  CHECK(eventually([&] { return relay.get("/slot").body.find("standby") != std::string::npos; }, 10s, 100ms));
+  ::kill(pid, SIGCONT);
+  // Resumed, the old walsender finds its socket closed and exits; walrelay takes the slot.
+  auto t1 = std::chrono::steady_clock::now();
+  auto recs = consume(f.topic("Silent"), 2, 60s);
+  double resumed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  std::cout << "fault silent walsender: declared dead after " << detected_s
+            << "s (replication.timeout.ms=5000); streaming again " << resumed_s << "s after SIGCONT\n";
+  CHECK(detected_s < 15);
+  auto seen = ids_of(recs);
+  CHECK(seen.count.size() == 2);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(relay.running());
+}
