@@ -406,7 +406,8 @@ def run_walrelay(env, n, slot, end_lsn, extra=None):
     return r
 
 
-def run_debezium(env, n, slot, end_lsn):
+def debezium_cmd(env, slot, prefix, publication="bench_pub"):
+    """The embedded engine's properties file and command line."""
     work = env.args.work
     props = {
         "name": slot,
@@ -419,7 +420,7 @@ def run_debezium(env, n, slot, end_lsn):
         "database.dbname": "postgres",
         "topic.prefix": slot,
         "slot.name": slot,
-        "publication.name": "bench_pub",
+        "publication.name": publication,
         "publication.autocreate.mode": "disabled",
         "table.include.list": "public.outbox",
         "snapshot.mode": "no_data",
@@ -432,7 +433,7 @@ def run_debezium(env, n, slot, end_lsn):
         "poll.interval.ms": "10",
         "transforms": "outbox",
         "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-        "transforms.outbox.route.topic.replacement": slot + ".${routedByValue}",
+        "transforms.outbox.route.topic.replacement": prefix + ".${routedByValue}",
         "transforms.outbox.table.expand.json.payload": "false",
         "kafka.bootstrap.servers": env.kafka,
     }
@@ -443,6 +444,12 @@ def run_debezium(env, n, slot, end_lsn):
         os.unlink(props["offset.storage.file.filename"])  # a fresh slot: no stored offsets
     jdir = env.args.debezium_dir
     cmd = ["java", "-Xmx2g", "-cp", f"{jdir}/classes:{jdir}/libs/*", "DebeziumBench", path]
+    return cmd
+
+
+def run_debezium(env, n, slot, end_lsn):
+    work = env.args.work
+    cmd = debezium_cmd(env, slot, slot)
     before = env.pg_load_begin()
     # Debezium confirms the LSN of the last event it processed, not the commit's end: the slot's
     # confirmed_flush_lsn stays just short of end_lsn, so only the Kafka count ends the run.
@@ -515,6 +522,9 @@ def run_latency(env, contender, rate, seconds, tag):
     if contender == "walrelay":
         env.create_slot_and_publication(name)
         cmd = [env.args.walrelay, "--config", walrelay_props(env, name, prefix)]
+    elif contender == "debezium":
+        env.create_slot_and_publication(name)
+        cmd = debezium_cmd(env, name, prefix, publication=name)
     elif contender == "polling":
         cmd = polling_cmd(env, prefix)
     else:
@@ -522,15 +532,21 @@ def run_latency(env, contender, rate, seconds, tag):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{name}.log"), "w"))
     n = rate * seconds
     try:
-        time.sleep(3)  # connected and streaming
+        # Warm: one event through (Debezium takes seconds to start), then measure from there.
+        env.q("CALL bench_paced(1, 1)")
+        deadline = time.monotonic() + 180
+        while env.topic_count(prefix) < 1 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
         cons = LatencyConsumer(env, prefix, n)
         cons.start()
         time.sleep(2)  # consumer assigned
+        cpu0 = proc_cpu_s(proc.pid)
         t0 = time.monotonic()
         env.q("CALL bench_paced(%s, %s)", (rate, seconds))
         offered = n / (time.monotonic() - t0)
         cons.join(timeout=60)
         cons.stop = True
+        cpu1 = proc_cpu_s(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -538,13 +554,14 @@ def run_latency(env, contender, rate, seconds, tag):
     append_ms = [(a - t) / 1000.0 for t, a, _ in s]
     recv_ms = [(r - t) / 1000.0 for t, _, r in s]
     res = {"contender": contender, "rate": rate, "seconds": seconds, "events": n, "received": len(s),
-           "offered_events_per_s": round(offered)}
+           "offered_events_per_s": round(offered),
+           "relay_cpu_us_per_event": round((cpu1 - cpu0) * 1e6 / n, 1) if cpu0 is not None and cpu1 else None}
     for label, xs in (("append", append_ms), ("consumer", recv_ms)):
         for p in (50, 99, 99.9):
             v = pct(xs, p)
             res[f"{label}_p{p}_ms"] = round(v, 2) if v is not None else None
         res[f"{label}_max_ms"] = round(max(xs), 2) if xs else None
-    if contender == "walrelay":
+    if contender in ("walrelay", "debezium"):
         env.drop_slot(name)
     env.delete_topics(prefix)
     return res
@@ -692,7 +709,7 @@ def main():
             record(run_walrelay(env, n, names[-1], end_lsn, {"pgoutput.binary": "true"}), "option_runs", wname, rep)
 
     if "latency" in sections:
-        for c in [x for x in ("walrelay", "polling") if x in contenders]:
+        for c in [x for x in ("walrelay", "debezium", "polling") if x in contenders]:
             for rate, secs in ((1000, 30), (10000, 15)):
                 seq += 1
                 log(f"latency {c} {rate}/s for {secs} s")
