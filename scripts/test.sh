@@ -19,7 +19,13 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWALRELAY_SANITIZE=O
   -DWALRELAY_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)" --target unit_tests decoder_tests
 
-trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+# Stop what we started, also when a test fails: the services, and any
+# walrelay a crashed test binary left behind.
+cleanup() {
+  pkill -KILL -f 'walrelay --config /tmp/walrelay-test-' 2>/dev/null || true
+  scripts/services.sh stop >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "==> unit tests under sanitizers"
 ctest --test-dir build-asan -L unit --output-on-failure -j2

@@ -134,8 +134,13 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   RelationInfo info;
   std::string schema = relation.nspname.empty() ? "pg_catalog" : std::string(relation.nspname);
   info.table = schema + "." + std::string(relation.relname);
-  for (auto& t : config_.table_include_list)
-    if (t.schema == schema && t.name == relation.relname) info.outbox = true;
+  for (std::size_t i = 0; i < config_.table_include_list.size(); ++i) {
+    const auto& t = config_.table_include_list[i];
+    if (t.schema == schema && t.name == relation.relname) {
+      info.outbox = true;
+      info.table_index = static_cast<std::uint16_t>(i);
+    }
+  }
   for (const pgoutput::RelationColumn& c : relation.columns) {
     info.column_names.emplace_back(c.name);
     info.column_types.push_back(c.type_oid);
@@ -273,6 +278,7 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
                                             " that no Relation message described"};
   const RelationInfo& rel = it->second;
   out.table = rel.table;
+  out.table_index = rel.table_index;
   out.event_id = {};
   out.event_type = {};
   if (!rel.missing.empty())

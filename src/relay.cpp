@@ -132,10 +132,7 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
 Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink)
     : io_(io), config_(config), metrics_(metrics), sink_(sink), mapper_(config), conn_(io), wake_(io) {
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
-  for (auto& t : config_.table_include_list) {
-    table_index_[t.qualified()] = static_cast<std::uint16_t>(table_names_.size());
-    table_names_.push_back(t.qualified());
-  }
+  for (auto& t : config_.table_include_list) table_names_.push_back(t.qualified());
   relayed_counters_.resize(table_names_.size());
   record_.headers.reserve(4 + config_.additional_placement.size());
 }
@@ -452,7 +449,10 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
   if (halt_reason_ || stop_requested_) set_state(halt_reason_ ? RelayState::halted : RelayState::draining,
                                                  halt_reason_.value_or("shutting down"));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
-  while (ledger_.inflight_records() > 0 && std::chrono::steady_clock::now() < deadline && !sink_.fatal_error()) {
+  // A record whose delivery failed and halted walrelay is never acknowledged:
+  // waiting for it would only spend shutdown.timeout.ms.
+  while (ledger_.inflight_records() > undeliverable_ && std::chrono::steady_clock::now() < deadline &&
+         !sink_.fatal_error()) {
     sink_.poll();
     co_await sleep(20ms);
     if (conn && conn->connected() && std::chrono::steady_clock::now() - last_received_ > 1s) {
@@ -552,8 +552,7 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
     return dead_letter_row(insert, *error, lsn);
   }
   std::size_t bytes = record_.size_bytes();
-  auto table_it = table_index_.find(std::string(record_.table));
-  std::uint16_t table = table_it == table_index_.end() ? 0 : table_it->second;
+  std::uint16_t table = record_.table_index;
   // Counted before submit: a synchronous rejection reports its delivery at once.
   ledger_.add_record(*txn_, bytes);
   switch (sink_.submit(record_, make_token(*txn_, table))) {
@@ -601,9 +600,7 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
 
 prometheus::Counter& Relay::relayed_counter(std::uint16_t table, std::string_view topic) {
   auto& by_topic = relayed_counters_.at(table);
-  // Heterogeneous lookup is C++20 for unordered_map only with a custom hash;
-  // topics are few, so a temporary key on a miss path is fine.
-  auto it = by_topic.find(std::string(topic));
+  auto it = by_topic.find(topic);  // heterogeneous: no string built per ack
   if (it != by_topic.end()) return *it->second;
   auto& c = metrics_.events_relayed(table_names_.at(table), topic);
   by_topic.emplace(std::string(topic), &c);
@@ -631,6 +628,7 @@ void Relay::on_delivery(const Delivery& d) {
   std::string where = "record for topic " + std::string(d.topic) + " (table " +
                       table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
                       (lsn ? lsn->to_string() : std::string("?")) + ")";
+  if (d.dead_lettered || config_.errors_tolerance == ErrorTolerance::none) ++undeliverable_;
   if (d.dead_lettered) {
     halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
     return;
@@ -659,8 +657,10 @@ void Relay::on_delivery(const Delivery& d) {
   // This record's ledger entry stays counted until the copy is acknowledged.
   auto status = sink_.submit_dead_letter(config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
                                          d.token, d.bytes);
-  if (status == SubmitStatus::queue_full)
+  if (status == SubmitStatus::queue_full) {
+    ++undeliverable_;
     halt("could not queue the dead-letter copy of the " + where + ": producer queue full");
+  }
 }
 
 void Relay::update_gauges() const {

@@ -30,6 +30,7 @@ struct OutboxRecord {
   std::vector<Header> headers;            // capacity kept between rows
   // Where it came from, for logs and errors.
   std::string_view table;                 // schema.table
+  std::uint16_t table_index = 0;          // position in table.include.list
   std::string_view event_id;
   std::string_view event_type;
 
@@ -88,6 +89,7 @@ class OutboxMapper {
   struct RelationInfo {
     std::string table;                  // schema.table
     bool outbox = false;
+    std::uint16_t table_index = 0;      // position in table.include.list
     std::vector<std::string> column_names;
     std::vector<std::uint32_t> column_types;
     ColumnRef id, key, type, payload, timestamp, route;

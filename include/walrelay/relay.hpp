@@ -116,12 +116,18 @@ class Relay final : public StatusSource {
   std::chrono::steady_clock::time_point last_received_;
   bool reply_requested_ = false;
   bool backpressured_ = false;
+  std::uint64_t undeliverable_ = 0;       // failed records that halted walrelay: never acknowledged
   boost::asio::steady_timer wake_;        // cancelled to wake the stream loop
 
   std::optional<ServerSlotInfo> server_info_;
-  std::vector<std::string> table_names_;  // index = token table
-  std::unordered_map<std::string, std::uint16_t> table_index_;
-  std::vector<std::unordered_map<std::string, prometheus::Counter*>> relayed_counters_;
+  // Lets a counter map be searched by string_view without building a string.
+  struct TopicHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using CounterByTopic = std::unordered_map<std::string, prometheus::Counter*, TopicHash, std::equal_to<>>;
+  std::vector<std::string> table_names_;  // index = token table (table.include.list order)
+  std::vector<CounterByTopic> relayed_counters_;
   // Coroutine frames may not hold arrays with g++ 12; this one lives here.
   std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};
   std::string scratch_;                   // dead-letter value and header texts

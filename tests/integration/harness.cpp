@@ -151,20 +151,23 @@ std::vector<KafkaRecord> consume_once(const std::string& topic) {
     simdjson::padded_string json(line);
     auto doc = parser.iterate(json);
     KafkaRecord r;
-    r.topic = std::string(std::string_view(doc["topic"].get_string().value()));
-    r.partition = static_cast<int>(doc["partition"].get_int64().value());
-    r.offset = doc["offset"].get_int64().value();
-    r.timestamp_ms = doc["ts"].get_int64().value();
-    auto headers = doc["headers"];
-    if (!headers.is_null()) {
-      std::vector<std::string> flat;
-      for (auto h : headers.get_array()) flat.emplace_back(std::string_view(h.get_string().value()));
-      for (std::size_t i = 0; i + 1 < flat.size(); i += 2) r.headers.emplace_back(flat[i], flat[i + 1]);
+    // Fields in whatever order kcat writes them; absent ones (headers on a
+    // record without any) are simply not there.
+    for (auto field : doc.get_object()) {
+      std::string_view k = field.unescaped_key().value();
+      auto v = field.value();
+      if (k == "topic") r.topic = std::string(std::string_view(v.get_string().value()));
+      else if (k == "partition") r.partition = static_cast<int>(v.get_int64().value());
+      else if (k == "offset") r.offset = v.get_int64().value();
+      else if (k == "ts") r.timestamp_ms = v.get_int64().value();
+      else if (k == "key" && !v.is_null()) r.key = std::string(std::string_view(v.get_string().value()));
+      else if (k == "payload" && !v.is_null()) r.value = std::string(std::string_view(v.get_string().value()));
+      else if (k == "headers" && !v.is_null()) {
+        std::vector<std::string> flat;
+        for (auto h : v.get_array()) flat.emplace_back(std::string_view(h.get_string().value()));
+        for (std::size_t i = 0; i + 1 < flat.size(); i += 2) r.headers.emplace_back(flat[i], flat[i + 1]);
+      }
     }
-    auto key = doc["key"];
-    if (!key.is_null()) r.key = std::string(std::string_view(key.get_string().value()));
-    auto payload = doc["payload"];
-    if (!payload.is_null()) r.value = std::string(std::string_view(payload.get_string().value()));
     recs.push_back(std::move(r));
   }
   return recs;

@@ -38,7 +38,7 @@ std::string insert_event(const std::string& table, const std::string& type, cons
 
 }  // namespace
 
-TEST_CASE("relay: every committed event arrives once with topic, key, value, headers and timestamp; rollbacks never",
+TEST_CASE("relay: every committed event arrives once with topic, key, value, headers and timestamp - rollbacks never",
           "[relay]") {
   Fixture f;
   create_outbox(f.db, f.table);
@@ -233,7 +233,7 @@ TEST_CASE("relay: the slot follows the server's WAL while the outbox is idle and
   }
 }
 
-TEST_CASE("relay: the slot never passes an unacknowledged record; it catches up after the broker returns",
+TEST_CASE("relay: the slot never passes an unacknowledged record - it catches up after the broker returns",
           "[relay][broker]") {
   Fixture f;
   create_outbox(f.db, f.table);

@@ -1,0 +1,162 @@
+// The command line: --check, --help, configuration errors before any connection.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "harness.hpp"
+
+extern char** environ;
+using namespace it;
+
+namespace {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs walrelay with arguments and a configuration file; waits for it.
+CliResult run_cli(const std::vector<std::string>& args, const std::string& config) {
+  char tmpl[] = "/tmp/walrelay-cli-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::string cfg = dir + "/walrelay.properties", out = dir + "/out.log";
+  std::ofstream(cfg) << config;
+  std::vector<std::string> argv_s{WALRELAY_BINARY};
+  for (auto& a : args) argv_s.push_back(a == "CONFIG" ? cfg : a);
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e)
+    if (std::string(*e).rfind("WALRELAY_", 0) != 0) envs.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid;
+  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  CliResult r;
+  int status = 0;
+  // bounded: --check and configuration errors must not hang
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL("walrelay did not exit");
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  r.output = ss.str();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help and --version", "[cli]") {
+  auto help = run_cli({"--help"}, "");
+  CHECK(help.exit_code == 0);
+  CHECK(help.output.find("--check") != std::string::npos);
+  auto version = run_cli({"--version"}, "");
+  CHECK(version.exit_code == 0);
+  CHECK(version.output.find("walrelay ") != std::string::npos);
+}
+
+TEST_CASE("cli: configuration errors exit 2 naming the key, before any connection", "[cli]") {
+  // The database port is closed: a connection attempt would take the
+  // connect timeout and say so; a configuration error must not get there.
+  std::string base = "database.hostname=127.0.0.1\ndatabase.port=1\nkafka.bootstrap.servers=127.0.0.1:1\n";
+  struct Case { std::string text, key; };
+  std::vector<Case> cases = {
+      {"slot.name=Not-Valid\n", "slot.name"},
+      {"no.such.key=1\n", "no.such.key"},
+      {"max.inflight.records=-5\n", "max.inflight.records"},
+      {"errors.tolerance=all\n", "errors.deadletterqueue.topic.name"},
+      {"kafka.acks=0\n", "kafka.acks"},
+      {"kafka.no.such.librdkafka.property=1\n", "kafka.no.such.librdkafka.property"},
+      {"database.port=5432\ndatabase.port=5433\n", "database.port"},
+  };
+  for (auto& c : cases) {
+    INFO(c.text);
+    auto start = std::chrono::steady_clock::now();
+    auto r = run_cli({"--config", "CONFIG"}, base + c.text);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.key) != std::string::npos);
+    CHECK(r.output.find("connecting") == std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+  }
+  auto missing = run_cli({"--config", "/nonexistent/walrelay.properties"}, "");
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.output.find("/nonexistent/walrelay.properties") != std::string::npos);
+}
+
+TEST_CASE("cli: --check validates server, tables and broker without creating anything", "[cli]") {
+  Db db;
+  std::string slot = unique_name("chk");
+  std::string table = "public." + slot + "_outbox";
+  create_outbox(db, table);
+  auto ok = run_cli({"--check", "--config", "CONFIG"}, base_config(slot) + "table.include.list=" + table + "\n");
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK(db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + slot + "'") == "0");
+  CHECK(db.scalar("SELECT count(*) FROM pg_publication WHERE pubname = '" + slot + "'") == "0");
+
+  auto no_table = run_cli({"--check", "--config", "CONFIG"},
+                          base_config(slot) + "table.include.list=public.no_such_outbox_table\n");
+  CHECK(no_table.exit_code == 1);
+  CHECK(no_table.output.find("no_such_outbox_table does not exist") != std::string::npos);
+
+  auto no_column = run_cli({"--check", "--config", "CONFIG"},
+                           base_config(slot) + "table.include.list=" + table + "\ntable.field.event.key=tenant\n");
+  CHECK(no_column.exit_code == 1);
+  CHECK(no_column.output.find("table.field.event.key") != std::string::npos);
+
+  auto no_pub = run_cli({"--check", "--config", "CONFIG"},
+                        base_config(slot) + "table.include.list=" + table + "\npublication.autocreate.mode=disabled\n");
+  CHECK(no_pub.exit_code == 1);
+  CHECK(no_pub.output.find("publication.name") != std::string::npos);
+
+  std::string no_broker = base_config(slot);
+  auto at = no_broker.find("kafka.bootstrap.servers=");
+  no_broker.replace(at, no_broker.find('\n', at) - at, "kafka.bootstrap.servers=127.0.0.1:1");
+  auto bad_broker = run_cli({"--check", "--config", "CONFIG"},
+                            no_broker + "table.include.list=" + table + "\ndatabase.connect.timeout.ms=2000\n");
+  CHECK(bad_broker.exit_code == 1);
+  CHECK(bad_broker.output.find("kafka.bootstrap.servers") != std::string::npos);
+}
+
+TEST_CASE("cli: publication.autocreate.mode=disabled without the publication halts with a clear error", "[cli]") {
+  Db db;
+  std::string slot = unique_name("pub");
+  std::string table = "public." + slot + "_outbox";
+  create_outbox(db, table);
+  Walrelay relay(base_config(slot) + "table.include.list=" + table + "\npublication.autocreate.mode=disabled\n");
+  relay.start();
+  CHECK(relay.wait_exit(30s) == 3);
+  CHECK(relay.log().find("publication.autocreate.mode=disabled") != std::string::npos);
+  // and with the publication made by the user, it streams
+  db.exec("CREATE PUBLICATION " + slot + " FOR TABLE " + table + " WITH (publish = 'insert')");
+  relay.start();
+  relay.wait_streaming();
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('P', 'k', 't', '{}')");
+  CHECK(consume("outbox.event.P", 1).size() >= 1);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  db.exec("SELECT pg_drop_replication_slot('" + slot + "')");
+}
