@@ -59,7 +59,8 @@ class JsonFormatter final : public spdlog::formatter {
 }  // namespace
 
 void setup_logging(const std::string& level, LogFormat format) {
-  auto logger = spdlog::stderr_logger_st("walrelay");
+  // Not registered by name: setting up again (tests, a reload) just replaces it.
+  auto logger = std::make_shared<spdlog::logger>("walrelay", std::make_shared<spdlog::sinks::stderr_sink_st>());
   if (format == LogFormat::json) logger->set_formatter(std::make_unique<JsonFormatter>());
   else logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ %v");
   logger->set_level(spdlog::level::from_str(level));

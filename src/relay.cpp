@@ -465,9 +465,9 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
       last_received_ = std::chrono::steady_clock::now();
     }
   }
-  if (ledger_.inflight_records() > 0)
+  if (ledger_.inflight_records() > failed_records_)
     spdlog::warn("{} {} records still unacknowledged at shutdown; they will be sent again on restart", context(),
-                 ledger_.inflight_records());
+                 ledger_.inflight_records() - failed_records_);
   if (conn && conn->connected()) {
     try {
       co_await send_status(*conn, false);
@@ -621,6 +621,7 @@ void Relay::on_delivery(const Delivery& d) {
     return;
   }
   metrics_.delivery_errors(d.error_code).Increment();
+  ++failed_records_;  // stays in the ledger: nothing at or past it is confirmed
   auto lsn = ledger_.commit_lsn_of(txn);
   std::string id;
   for (auto& h : d.headers)
@@ -655,6 +656,7 @@ void Relay::on_delivery(const Delivery& d) {
     if (drop_value) headers.push_back({"walrelay.value.dropped.bytes", dlq_texts_[3]});
   }
   // This record's ledger entry stays counted until the copy is acknowledged.
+  --failed_records_;  // handed on: its dead-letter copy settles it
   auto status = sink_.submit_dead_letter(config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
                                          d.token, d.bytes);
   if (status == SubmitStatus::queue_full) {
