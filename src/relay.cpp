@@ -449,9 +449,9 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
   if (halt_reason_ || stop_requested_) set_state(halt_reason_ ? RelayState::halted : RelayState::draining,
                                                  halt_reason_.value_or("shutting down"));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
-  // A record whose delivery failed and halted walrelay is never acknowledged:
-  // waiting for it would only spend shutdown.timeout.ms.
-  while (ledger_.inflight_records() > undeliverable_ && std::chrono::steady_clock::now() < deadline &&
+  // A record whose delivery failed for good is never acknowledged: waiting
+  // for it would only spend shutdown.timeout.ms (twice: stream, then run).
+  while (ledger_.inflight_records() > failed_records_ && std::chrono::steady_clock::now() < deadline &&
          !sink_.fatal_error()) {
     sink_.poll();
     co_await sleep(20ms);
@@ -629,7 +629,6 @@ void Relay::on_delivery(const Delivery& d) {
   std::string where = "record for topic " + std::string(d.topic) + " (table " +
                       table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
                       (lsn ? lsn->to_string() : std::string("?")) + ")";
-  if (d.dead_lettered || config_.errors_tolerance == ErrorTolerance::none) ++undeliverable_;
   if (d.dead_lettered) {
     halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
     return;
@@ -660,7 +659,7 @@ void Relay::on_delivery(const Delivery& d) {
   auto status = sink_.submit_dead_letter(config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
                                          d.token, d.bytes);
   if (status == SubmitStatus::queue_full) {
-    ++undeliverable_;
+    ++failed_records_;  // the copy was not taken: the record stays unsettled
     halt("could not queue the dead-letter copy of the " + where + ": producer queue full");
   }
 }

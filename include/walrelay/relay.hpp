@@ -117,7 +117,6 @@ class Relay final : public StatusSource {
   std::chrono::steady_clock::time_point last_received_;
   bool reply_requested_ = false;
   bool backpressured_ = false;
-  std::uint64_t undeliverable_ = 0;       // failed records that halted walrelay: never acknowledged
   boost::asio::steady_timer wake_;        // cancelled to wake the stream loop
 
   std::optional<ServerSlotInfo> server_info_;
