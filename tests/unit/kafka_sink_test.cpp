@@ -1,0 +1,175 @@
+// KafkaSink against librdkafka's in-process mock cluster: deterministic fault
+// injection in addition to the real broker the integration tests use.
+#include <catch2/catch.hpp>
+
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+
+#include <boost/asio/io_context.hpp>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "walrelay/config.hpp"
+#include "walrelay/kafka_sink.hpp"
+
+using namespace walrelay;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct MockCluster {
+  rd_kafka_t* rk = nullptr;
+  rd_kafka_mock_cluster_t* mc = nullptr;
+  MockCluster() {
+    char err[256];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    REQUIRE(rk);
+    mc = rd_kafka_mock_cluster_new(rk, 1);
+    REQUIRE(mc);
+    REQUIRE(rd_kafka_mock_topic_create(mc, "events", 3, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  }
+  ~MockCluster() {
+    rd_kafka_mock_cluster_destroy(mc);
+    rd_kafka_destroy(rk);
+  }
+  std::map<std::string, std::string> settings() const {
+    return {{"bootstrap.servers", rd_kafka_mock_cluster_bootstraps(mc)},
+            {"enable.idempotence", "true"},
+            {"acks", "all"},
+            {"message.timeout.ms", "0"},
+            {"statistics.interval.ms", "100"},
+            {"retry.backoff.ms", "50"},
+            {"linger.ms", "1"}};
+  }
+};
+
+bool run_until(boost::asio::io_context& io, const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    io.run_for(20ms);
+    if (io.stopped()) io.restart();
+    if (cond()) return true;
+  }
+  return cond();
+}
+
+OutboxRecord record(const std::string& value) {
+  static std::string stored;
+  stored = value;
+  OutboxRecord r;
+  r.topic = "events";
+  r.key = "k";
+  r.value = stored;
+  r.timestamp_ms = 1700000000000;
+  r.headers.push_back({"id", std::string_view("42")});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("kafka sink: every record gets exactly one delivery report, on the polling thread", "[sink]") {
+  MockCluster cluster;
+  boost::asio::io_context io;
+  KafkaSink sink(io, cluster.settings());
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  for (std::uint64_t t = 1; t <= 100; ++t) REQUIRE(sink.submit(record("v"), t) == SubmitStatus::accepted);
+  REQUIRE(run_until(io, [&] { return reports.size() == 100; }, 20s));
+  std::set<std::uint64_t> tokens;
+  for (auto& d : reports) {
+    CHECK(d.ok);
+    CHECK(d.bytes == 2);  // key + value
+    tokens.insert(d.token);
+  }
+  CHECK(tokens.size() == 100);
+  CHECK(sink.healthy());
+}
+
+TEST_CASE("kafka sink: transient broker errors are retried, never reported as failures", "[sink]") {
+  MockCluster cluster;
+  boost::asio::io_context io;
+  KafkaSink sink(io, cluster.settings());
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  rd_kafka_mock_push_request_errors(cluster.mc, 0 /* Produce */, 3, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                                    RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS);
+  REQUIRE(sink.submit(record("v"), 7) == SubmitStatus::accepted);
+  REQUIRE(run_until(io, [&] { return !reports.empty(); }, 20s));
+  CHECK(reports.size() == 1);
+  CHECK(reports[0].ok);
+}
+
+TEST_CASE("kafka sink: a permanent error is reported once with its code and the record", "[sink]") {
+  MockCluster cluster;
+  boost::asio::io_context io;
+  KafkaSink sink(io, cluster.settings());
+  std::vector<Delivery> reports;
+  std::string seen_value, seen_header;
+  sink.on_delivery([&](const Delivery& d) {
+    reports.push_back(d);
+    if (d.value) seen_value = std::string(*d.value);
+    for (auto& h : d.headers)
+      if (h.name == "id" && h.value) seen_header = std::string(*h.value);
+  });
+  rd_kafka_mock_push_request_errors(cluster.mc, 0 /* Produce */, 1, RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
+  REQUIRE(sink.submit(record("payload"), 9) == SubmitStatus::accepted);
+  REQUIRE(run_until(io, [&] { return !reports.empty(); }, 20s));
+  REQUIRE(reports.size() == 1);
+  CHECK_FALSE(reports[0].ok);
+  CHECK(reports[0].token == 9);
+  CHECK(reports[0].error_code == "topic_authorization_failed");
+  CHECK(seen_value == "payload");  // the record comes back for a dead-letter copy
+  CHECK(seen_header == "42");
+}
+
+TEST_CASE("kafka sink: a record over message.max.bytes is rejected at once and reported", "[sink]") {
+  MockCluster cluster;
+  boost::asio::io_context io;
+  auto settings = cluster.settings();
+  settings["message.max.bytes"] = "10000";
+  KafkaSink sink(io, settings);
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  CHECK(sink.submit(record(std::string(20000, 'x')), 3) == SubmitStatus::failed);
+  REQUIRE(reports.size() == 1);  // synchronously
+  CHECK(reports[0].error_code == "msg_size_too_large");
+  CHECK(reports[0].token == 3);
+  CHECK(reports[0].bytes == 20001);
+}
+
+TEST_CASE("kafka sink: broker down makes it unhealthy; records wait and arrive when it is back", "[sink]") {
+  MockCluster cluster;
+  boost::asio::io_context io;
+  KafkaSink sink(io, cluster.settings());
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  REQUIRE(sink.submit(record("a"), 1) == SubmitStatus::accepted);
+  REQUIRE(run_until(io, [&] { return reports.size() == 1; }, 20s));
+  REQUIRE(run_until(io, [&] { return sink.healthy(); }, 5s));
+
+  rd_kafka_mock_broker_set_down(cluster.mc, 1);
+  REQUIRE(sink.submit(record("b"), 2) == SubmitStatus::accepted);
+  CHECK(run_until(io, [&] { return !sink.healthy(); }, 20s));
+  CHECK_FALSE(sink.health_reason().empty());
+  CHECK(reports.size() == 1);  // held, not failed
+
+  rd_kafka_mock_broker_set_up(cluster.mc, 1);
+  REQUIRE(run_until(io, [&] { return reports.size() == 2; }, 30s));
+  CHECK(reports[1].ok);
+  CHECK(run_until(io, [&] { return sink.healthy(); }, 10s));
+}
+
+TEST_CASE("kafka sink: a bad librdkafka property is a configuration error naming the key", "[sink]") {
+  boost::asio::io_context io;
+  try {
+    KafkaSink sink(io, {{"bootstrap.servers", "127.0.0.1:1"}, {"no.such.property", "1"}});
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK(e.key() == "kafka.no.such.property");
+  }
+}
