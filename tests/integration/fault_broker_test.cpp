@@ -8,7 +8,7 @@
 
 using namespace fault;
 
-TEST_CASE("fault: broker down mid-run; slot held, backpressure, bounded RSS, everything in order afterwards",
+TEST_CASE("fault: broker down mid-run - slot held, backpressure, bounded RSS, everything in order afterwards",
           "[fault][broker]") {
   const auto outage = std::chrono::seconds(scaled(15, 30));
   const long inflight_limit = 1000;

@@ -8,7 +8,7 @@
 
 using namespace fault;
 
-TEST_CASE("fault: kill -9 at random moments during a run; every committed event arrives, duplicates bounded",
+TEST_CASE("fault: kill -9 at random moments during a run - every committed event arrives, duplicates bounded",
           "[fault][crash]") {
   const long total = scaled(20000, 100000);
   const int kills = static_cast<int>(scaled(4, 10));

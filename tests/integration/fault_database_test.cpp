@@ -18,7 +18,7 @@ int walsender_pid(Db& db, const std::string& slot) {
 
 }  // namespace
 
-TEST_CASE("fault: PostgreSQL restarted (fast, immediate) and the walsender terminated mid-run; nothing lost",
+TEST_CASE("fault: PostgreSQL restarted (fast, immediate) and the walsender terminated mid-run - nothing lost",
           "[fault][database]") {
   const long progress = scaled(200, 2000);  // events relayed between two faults
   Fixture f;

@@ -112,6 +112,13 @@ struct Fixture {
   }
 };
 
+// A configuration with one key's line replaced (a repeated key is a config error).
+inline std::string with_key(std::string config, const std::string& key, const std::string& value) {
+  auto p = config.find(key + "=");
+  if (p != std::string::npos) config.erase(p, config.find('\n', p) - p + 1);
+  return config + key + "=" + value + "\n";
+}
+
 // An outbox INSERT statement.
 inline std::string insert_event(const std::string& table, const std::string& type, const std::string& key,
                                 const std::string& payload_sql) {

@@ -1,0 +1,238 @@
+// Security: a database password never shows in walrelay's log, /metrics or
+// /slot; admin.token guards /metrics; TLS to PostgreSQL with
+// sslmode=verify-full against a CA made by the test; SASL/PLAIN to a Kafka
+// broker of the test's own.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include <libpq-fe.h>
+
+#include "fault_util.hpp"
+
+using namespace fault;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string random_secret(const std::string& prefix) {
+  static std::mt19937_64 rng(std::random_device{}());
+  static const char* alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
+  std::string s = prefix;
+  for (int i = 0; i < 20; ++i) s += alphabet[rng() % 57];
+  return s;
+}
+
+// Runs a shell command; returns its stdout, REQUIREs exit status 0.
+std::string sh(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  INFO("command: " << cmd << "\noutput: " << out);
+  REQUIRE(st == 0);
+  return out;
+}
+
+// True if `secret` appears anywhere walrelay shows things.
+void check_not_shown(Walrelay& relay, const std::string& secret, const std::string& token = {}) {
+  auto log = relay.log();
+  CHECK(log.find(secret) == std::string::npos);
+  for (auto path : {"/metrics", "/slot", "/healthz", "/readyz"}) {
+    auto resp = relay.get(path, token);
+    INFO(path << " -> " << resp.status);
+    CHECK(resp.status != 0);
+    CHECK(resp.body.find(secret) == std::string::npos);
+  }
+}
+
+// A temporary directory removed at scope end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/wr-fault-sec-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fault: security: a scram password never appears in the log, /metrics or /slot - admin.token guards /metrics",
+          "[fault][security]") {
+  Fixture f;
+  const auto& svc = Services::get();
+  const std::string role = "walrelay_pw";
+  const std::string password = random_secret("Pw-");
+  const std::string token = random_secret("Tok-");
+  // Password authentication for this role only, above the trust lines.
+  auto hba = fs::path(svc.pg_data) / "pg_hba.conf";
+  std::string hba_text;
+  {
+    std::ifstream in(hba);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    hba_text = ss.str();
+  }
+  if (hba_text.find(role) == std::string::npos) {
+    std::ofstream(hba) << "host replication " << role << " 127.0.0.1/32 scram-sha-256\nhost all " << role
+                       << " 127.0.0.1/32 scram-sha-256\n" << hba_text;
+  }
+  f.db().exec("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '" + role + "') THEN CREATE ROLE " +
+              role + " LOGIN REPLICATION; END IF; END$$; GRANT CREATE ON DATABASE " + svc.pg_database + " TO " + role +
+              "; SET password_encryption = 'scram-sha-256'; ALTER ROLE " + role + " PASSWORD '" + password +
+              "'; SELECT pg_reload_conf();");
+  create_outbox(f.db(), f.table, "bigint");
+  f.db().exec("ALTER TABLE " + f.table + " OWNER TO " + role);
+
+  // The server does ask for the password: a wrong one is refused.
+  std::string conninfo = "host=" + svc.pg_host + " port=" + svc.pg_port + " dbname=" + svc.pg_database + " user=" + role;
+  REQUIRE(eventually(
+      [&] {
+        PGconn* c = PQconnectdb((conninfo + " password=wrong").c_str());
+        bool refused = PQstatus(c) != CONNECTION_OK;
+        PQfinish(c);
+        return refused;
+      },
+      10s));
+
+  Walrelay relay(with_key(f.config("database.password=" + password + "\nadmin.token=" + token + "\n"),
+                          "database.user", role));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Sec", "k0", "jsonb_build_object('seq', 0)"));
+  REQUIRE(consume(f.topic("Sec"), 1).size() == 1);
+  // walrelay connected with the password (its walsender runs as the role).
+  CHECK(f.db().scalar("SELECT usename FROM pg_stat_replication WHERE pid = (SELECT active_pid FROM "
+                      "pg_replication_slots WHERE slot_name = '" + f.slot + "')") == role);
+
+  CHECK(relay.get("/metrics").status == 401);
+  CHECK(relay.get("/slot").status == 401);
+  CHECK(relay.get("/metrics", "wrong-token").status == 401);
+  CHECK(relay.get("/metrics", token).status == 200);
+  CHECK(relay.get("/healthz").status == 200);
+  check_not_shown(relay, password, token);
+  check_not_shown(relay, token, token);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  CHECK(relay.log().find(password) == std::string::npos);
+
+  // The same from the environment (WALRELAY_DATABASE_PASSWORD).
+  Walrelay from_env(with_key(f.config(), "database.user", role), {{"WALRELAY_DATABASE_PASSWORD", password}});
+  from_env.start();
+  from_env.wait_streaming();
+  check_not_shown(from_env, password);
+}
+
+TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a CA made by the test",
+          "[fault][security]") {
+  Fixture f;
+  TempDir tmp;
+  const auto& svc = Services::get();
+  auto d = tmp.path.string();
+  // A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA.
+  sh("cd " + d + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 "
+     "-subj '/CN=walrelay fault test CA' 2>&1 && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key "
+     "-out other.crt -days 2 -subj '/CN=another CA' 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key "
+     "-out server.csr -subj '/CN=127.0.0.1' 2>&1 && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext && "
+     "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 "
+     "-extfile ext 2>&1");
+  auto data = fs::path(svc.pg_data);
+  sh("install -o postgres -m 600 " + d + "/server.key " + (data / "fault_server.key").string() +
+     " && install -o postgres -m 644 " + d + "/server.crt " + (data / "fault_server.crt").string());
+  // ALTER SYSTEM runs outside a transaction block: one statement per call.
+  for (auto sql : {"ALTER SYSTEM SET ssl_cert_file = 'fault_server.crt'", "ALTER SYSTEM SET ssl_key_file = 'fault_server.key'",
+                   "ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"})
+    f.db().exec(sql);
+  struct Reset {  // TLS off again for the other tests
+    ~Reset() {
+      try {
+        Db db;
+        for (auto sql : {"ALTER SYSTEM RESET ssl", "ALTER SYSTEM RESET ssl_cert_file", "ALTER SYSTEM RESET ssl_key_file",
+                         "SELECT pg_reload_conf()"})
+          db.exec(sql);
+      } catch (...) {
+      }
+    }
+  } reset;
+  REQUIRE(eventually([&] { return Db().scalar("SHOW ssl") == "on"; }, 10s, 100ms));
+  create_outbox(f.db(), f.table, "bigint");
+
+  // A certificate from another CA is refused: walrelay never streams.
+  {
+    Walrelay wrong_ca(f.config("database.sslmode=verify-full\ndatabase.sslrootcert=" + d + "/other.crt\n"));
+    wrong_ca.start();
+    CHECK(eventually([&] { return wrong_ca.log().find("certificate verify failed") != std::string::npos; }, 20s));
+    CHECK(wrong_ca.log().find("streaming: START_REPLICATION") == std::string::npos);
+    CHECK(wrong_ca.running());  // a connection error is retried, not fatal
+    wrong_ca.signal(SIGTERM);
+    wrong_ca.wait_exit(30s);
+  }
+  Walrelay relay(f.config("database.sslmode=verify-full\ndatabase.sslrootcert=" + d + "/ca.crt\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Tls", "k0", "jsonb_build_object('seq', 0)"));
+  REQUIRE(consume(f.topic("Tls"), 1).size() == 1);
+  CHECK(f.db().scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = (SELECT active_pid FROM pg_replication_slots WHERE "
+                      "slot_name = '" + f.slot + "')") == "t");
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}
+
+TEST_CASE("fault: security: SASL/PLAIN to Kafka - the SASL password is never shown - a wrong one is not ready",
+          "[fault][security][sasl]") {
+  Fixture f;
+  TempDir tmp;
+  const auto& svc = Services::get();
+  const std::string user = "walrelay";
+  const std::string password = random_secret("Sasl-");
+  std::string script = svc.scripts + "/fault/kafka-sasl.sh";
+  std::string dir = (tmp.path / "kafka").string();
+  std::string bootstrap = sh(script + " start " + dir + " " + user + " " + password);
+  bootstrap.erase(bootstrap.find_last_not_of("\n") + 1);
+  struct Stop {
+    std::string cmd;
+    ~Stop() { (void)!std::system(cmd.c_str()); }
+  } stop{script + " stop " + dir + " >/dev/null 2>&1"};
+  create_outbox(f.db(), f.table, "bigint");
+  auto sasl = [&](const std::string& pw) {
+    return "kafka.security.protocol=SASL_PLAINTEXT\nkafka.sasl.mechanism=PLAIN\nkafka.sasl.username=" + user +
+           "\nkafka.sasl.password=" + pw + "\n";
+  };
+
+  Walrelay relay(with_key(f.config(sasl(password)), "kafka.bootstrap.servers", bootstrap));
+  relay.start();
+  relay.wait_streaming();
+  for (int i = 0; i < 10; ++i)
+    f.db().exec(insert_event(f.table, "Sasl", "k0", "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+  std::string read = "kcat -b " + bootstrap + " -X security.protocol=SASL_PLAINTEXT -X sasl.mechanism=PLAIN -X "
+                     "sasl.username=" + user + " -X sasl.password=" + password + " -C -t '" + f.topic("Sasl") +
+                     "' -o beginning -e -q -f '%s\\n' 2>/dev/null || true";
+  std::string values;
+  CHECK(eventually([&] { return count_of(values = sh(read), "\"seq\"") >= 10; }, 60s, 500ms));
+  INFO("values: " << values);
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
+  check_not_shown(relay, password);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  CHECK(relay.log().find(password) == std::string::npos);
+
+  // A wrong password: the broker refuses it; walrelay says so and is not ready.
+  Walrelay wrong(with_key(f.config(sasl("not-" + password)), "kafka.bootstrap.servers", bootstrap));
+  wrong.start();
+  wrong.wait_streaming();
+  f.db().exec(insert_event(f.table, "Sasl", "k0", "jsonb_build_object('seq', 10)"));
+  CHECK(eventually([&] { return wrong.log().find("uthentication") != std::string::npos; }, 30s, 200ms));
+  // Readiness follows librdkafka's statistics (every second): not ready once they show no broker up.
+  CHECK(eventually([&] { return wrong.get("/readyz").status == 503; }, 15s, 200ms));
+  std::this_thread::sleep_for(2s);  // a deliberate window in which nothing may be written
+  CHECK(count_of(sh(read), "\"seq\"") == 10);
+  check_not_shown(wrong, password);
+}

@@ -1,0 +1,123 @@
+// Fault: two walrelay processes on one slot (active/passive), and a slot that
+// is dropped or invalidated under walrelay: a clear fatal error and exit 3,
+// never a silently recreated slot.
+#include <csignal>
+
+#include "fault_util.hpp"
+
+using namespace fault;
+
+TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
+          "[fault][standby]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay first(f.config());
+  first.start();
+  first.wait_streaming();
+  Walrelay second(f.config());
+  second.start();
+  HttpResponse ready, slot;
+  REQUIRE(eventually([&] { return (slot = second.get("/slot")).body.find("\"standby\"") != std::string::npos; }, 20s));
+  ready = second.get("/readyz");
+  INFO("standby /readyz: " << ready.status << " " << ready.body << "\n/slot: " << slot.body);
+  CHECK(ready.status == 503);
+  CHECK(ready.body.find("standby") != std::string::npos);
+  CHECK(first.get("/readyz").status == 200);
+
+  const long rows = scaled(4000, 20000);
+  Writer writer(f.table, "Standby", rows, 10, 10ms);
+  REQUIRE(eventually([&] { return topic_count(f.topic("Standby")) > 500; }, 60s, 200ms));
+  first.signal(SIGKILL);
+  REQUIRE(first.wait_exit(10s) == 128 + SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  wait_streaming_after(second, 0, 30s);
+  double takeover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(eventually([&] { return second.get("/readyz").status == 200; }, 10s));
+  writer.join();
+  auto recs = consume(f.topic("Standby"), static_cast<std::size_t>(rows), 120s);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(f.db(), f.table, seen);
+  std::cout << "fault standby: takeover " << takeover_s << "s after kill -9 of the active process; records="
+            << seen.records << " duplicates=" << seen.duplicates() << " missing=" << missing.size() << "\n";
+  CHECK(takeover_s < 10);
+  CHECK(missing.empty());
+  check_order_per_key(recs);
+}
+
+TEST_CASE("fault: the slot dropped while walrelay reconnects: exit 3, the slot is not recreated", "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // A backoff long enough to drop the slot between the disconnect and the reconnect.
+  Walrelay relay(f.config("reconnect.backoff.ms=3000\nreconnect.backoff.max.ms=3000\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Drop", "k0", "jsonb_build_object('seq', 0)"));
+  REQUIRE(consume(f.topic("Drop"), 1).size() == 1);
+
+  // Terminate the walsender, then drop the slot as soon as it is released.
+  REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
+                        f.slot + "'") == "t");
+  REQUIRE(eventually(
+      [&] {
+        try {
+          f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+          return true;
+        } catch (const std::exception&) {
+          return false;  // still active for a moment
+        }
+      },
+      3s, 10ms));
+  CHECK(relay.wait_exit(30s) == 3);
+  auto log = relay.log();
+  INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
+  CHECK(log.find("was dropped while walrelay was using it") != std::string::npos);
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
+}
+
+TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error, exit 3, not recreated",
+          "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  f.db().exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
+  f.db().exec("SELECT pg_reload_conf()");
+  struct Reset {  // the setting is for this test only
+    ~Reset() {
+      try {
+        Db db;
+        db.exec("ALTER SYSTEM RESET max_slot_wal_keep_size");
+        db.exec("SELECT pg_reload_conf()");
+      } catch (...) {
+      }
+    }
+  } reset;
+  Walrelay relay(with_key(f.config("reconnect.backoff.ms=200\n"), "slot.status.interval.ms", "500"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Lost", "k0", "jsonb_build_object('seq', 0)"));
+  REQUIRE(consume(f.topic("Lost"), 1).size() == 1);
+
+  // walrelay falls behind: frozen, it confirms nothing while WAL is written.
+  relay.signal(SIGSTOP);
+  struct Continue {
+    Walrelay& r;
+    ~Continue() { r.signal(SIGCONT); }
+  } cont{relay};
+  f.db().exec("CREATE TABLE " + f.slot + "_filler (v text)");
+  f.db().exec(insert_event(f.table, "Lost", "k0", "jsonb_build_object('seq', 1)"));
+  REQUIRE(eventually(
+      [&] {
+        f.db().exec("INSERT INTO " + f.slot + "_filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)");
+        f.db().exec("SELECT pg_switch_wal()");
+        f.db().exec("CHECKPOINT");
+        return f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") ==
+               "lost";
+      },
+      60s, 10ms));
+  relay.signal(SIGCONT);
+  CHECK(relay.wait_exit(30s) == 3);
+  auto log = relay.log();
+  INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
+  CHECK((log.find("invalidated") != std::string::npos || log.find("cannot be used") != std::string::npos));
+  // Still the invalidated slot, not a new one.
+  CHECK(f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "lost");
+}
