@@ -112,10 +112,10 @@ def proc_hwm_kb(pid):
 
 
 def machine_busy_s():
-    """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat)."""
+    """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat; steal excluded)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / CLK_TCK  # minus idle and iowait
+    return (sum(v[:8]) - v[3] - v[4] - v[7]) / CLK_TCK  # minus idle, iowait, steal
 
 
 class Env:
@@ -336,6 +336,11 @@ class Run:
         if broker0 is not None and broker1 is not None:
             r["broker_cpu_us_per_event"] = round((broker1 - broker0) * 1e6 / self.n, 2)
         r["machine_busy_cores"] = round((busy1 - busy0) / (t_end - t_launch), 2)  # of os.cpu_count()
+        # Everything else on the machine (other users' builds and tests, the harness itself):
+        # busy time not spent in the contender, its walsender/backend or the broker.
+        ours = (cpu or 0) + ((pg_cpu - pg_cpu0) if (pg_cpu is not None and pg_cpu0 is not None) else 0) + \
+            ((broker1 - broker0) if (broker0 is not None and broker1 is not None) else 0)
+        r["other_busy_cores"] = round(max(0.0, (busy1 - busy0) - ours) / (t_end - t_launch), 2)
         span = r["first_to_last_s"] if self.prefix else r["launch_to_last_s"]
         r["events_per_s"] = round(self.n / span) if span else None
         r["total_events_per_s"] = round(self.n / r["launch_to_last_s"]) if r["launch_to_last_s"] else None

@@ -32,7 +32,8 @@ def throughput(data):
     cols = [("total_events_per_s", "events/s launch→last ack"), ("events_per_s", "events/s first→last ack"),
             ("startup_s", "start-up s"), ("cpu_us_per_event", "relay CPU µs/event"),
             ("peak_rss_mib", "peak RSS MiB"), ("pg_backend_cpu_us_per_event", "walsender/backend CPU µs/event"),
-            ("broker_cpu_us_per_event", "broker CPU µs/event"), ("machine_busy_cores", "machine busy cores")]
+            ("broker_cpu_us_per_event", "broker CPU µs/event"), ("machine_busy_cores", "machine busy cores"),
+            ("other_busy_cores", "of which others")]
     g = by(data["runs"], "workload", "contender")
     out = []
     for w in dict.fromkeys(r["workload"] for r in data["runs"]):
