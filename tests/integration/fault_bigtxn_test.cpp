@@ -20,7 +20,7 @@ TEST_CASE("fault: a single transaction of many outbox rows and a large unrelated
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Big", "warm-up", "jsonb_build_object('seq', -1)"));
-  REQUIRE(consume(f.topic("Big"), 1).size() == 1);
+  REQUIRE(read_topic(f.topic("Big"), 1).size() == 1);
   long rss_start = proc_status_kb(relay.pid(), "VmRSS");
 
   // The unrelated transaction first: the server decodes it, pgoutput filters it.
@@ -50,7 +50,7 @@ TEST_CASE("fault: a single transaction of many outbox rows and a large unrelated
   double big_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   long hwm = proc_status_kb(relay.pid(), "VmHWM");
 
-  auto recs = consume(f.topic("Big"), static_cast<std::size_t>(rows + 1), 600s);
+  auto recs = read_topic(f.topic("Big"), static_cast<std::size_t>(rows + 1), 600s);
   auto seen = ids_of(recs);
   std::cout << "fault bigtxn: unrelated " << unrelated_rows << " rows confirmed in " << unrelated_s << "s (VmHWM "
             << hwm_unrelated / 1024 << " MB); outbox transaction of " << rows << " rows relayed and confirmed in "

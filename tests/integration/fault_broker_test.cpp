@@ -19,7 +19,7 @@ TEST_CASE("fault: broker down mid-run - slot held, backpressure, bounded RSS, ev
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Outage", "k0", "jsonb_build_object('seq', -1)"));
-  REQUIRE(consume(f.topic("Outage"), 1).size() == 1);
+  REQUIRE(read_topic(f.topic("Outage"), 1).size() == 1);
   auto settled = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= settled; }, 15s));
   long rss_before = proc_status_kb(relay.pid(), "VmRSS");
@@ -54,7 +54,7 @@ TEST_CASE("fault: broker down mid-run - slot held, backpressure, bounded RSS, ev
   restart_broker.done = true;
   auto up_at = std::chrono::steady_clock::now();
 
-  auto recs = consume(f.topic("Outage"), rows + 1, 180s);
+  auto recs = read_topic(f.topic("Outage"), rows + 1, 180s);
   auto seen = ids_of(recs);
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= after_rows; }, 120s));
   double catch_up_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - up_at).count();

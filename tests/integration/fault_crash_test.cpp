@@ -44,7 +44,7 @@ TEST_CASE("fault: kill -9 at random moments during a run - every committed event
   writer.join();
   REQUIRE(writer.committed() == total);
 
-  auto recs = consume(f.topic("Crash"), static_cast<std::size_t>(total), 300s);
+  auto recs = read_topic(f.topic("Crash"), static_cast<std::size_t>(total), 300s);
   auto seen = ids_of(recs);
   auto missing = missing_ids(f.db(), f.table, seen);
   double worst_restart = *std::max_element(restart_s.begin(), restart_s.end());

@@ -108,7 +108,7 @@ TEST_CASE("fault: security: a scram password never appears in the log, /metrics 
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Sec", "k0", "jsonb_build_object('seq', 0)"));
-  REQUIRE(consume(f.topic("Sec"), 1).size() == 1);
+  REQUIRE(read_topic(f.topic("Sec"), 1).size() == 1);
   // walrelay connected with the password (its walsender runs as the role).
   CHECK(f.db().scalar("SELECT usename FROM pg_stat_replication WHERE pid = (SELECT active_pid FROM "
                       "pg_replication_slots WHERE slot_name = '" + f.slot + "')") == role);
@@ -145,8 +145,10 @@ TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a
      "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 "
      "-extfile ext 2>&1");
   auto data = fs::path(svc.pg_data);
-  sh("install -o postgres -m 600 " + d + "/server.key " + (data / "fault_server.key").string() +
-     " && install -o postgres -m 644 " + d + "/server.crt " + (data / "fault_server.crt").string());
+  // Owned by whoever runs the server (postgres when the services run as root).
+  std::string owner = "$(stat -c %U " + data.string() + ")";
+  sh("install -o " + owner + " -m 600 " + d + "/server.key " + (data / "fault_server.key").string() +
+     " && install -o " + owner + " -m 644 " + d + "/server.crt " + (data / "fault_server.crt").string());
   // ALTER SYSTEM runs outside a transaction block: one statement per call.
   for (auto sql : {"ALTER SYSTEM SET ssl_cert_file = 'fault_server.crt'", "ALTER SYSTEM SET ssl_key_file = 'fault_server.key'",
                    "ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"})
@@ -179,7 +181,7 @@ TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Tls", "k0", "jsonb_build_object('seq', 0)"));
-  REQUIRE(consume(f.topic("Tls"), 1).size() == 1);
+  REQUIRE(read_topic(f.topic("Tls"), 1).size() == 1);
   CHECK(f.db().scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = (SELECT active_pid FROM pg_replication_slots WHERE "
                       "slot_name = '" + f.slot + "')") == "t");
   relay.signal(SIGTERM);

@@ -26,7 +26,7 @@ TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over 
 
   const long rows = scaled(4000, 20000);
   Writer writer(f.table, "Standby", rows, 10, 10ms);
-  REQUIRE(eventually([&] { return topic_count(f.topic("Standby")) > 500; }, 60s, 200ms));
+  REQUIRE(eventually([&] { return metric(first, "walrelay_events_relayed_total").value_or(0) > 500; }, 60s, 200ms));
   first.signal(SIGKILL);
   REQUIRE(first.wait_exit(10s) == 128 + SIGKILL);
   auto t0 = std::chrono::steady_clock::now();
@@ -34,7 +34,7 @@ TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over 
   double takeover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(eventually([&] { return second.get("/readyz").status == 200; }, 10s));
   writer.join();
-  auto recs = consume(f.topic("Standby"), static_cast<std::size_t>(rows), 120s);
+  auto recs = read_topic(f.topic("Standby"), static_cast<std::size_t>(rows), 120s);
   auto seen = ids_of(recs);
   auto missing = missing_ids(f.db(), f.table, seen);
   std::cout << "fault standby: takeover " << takeover_s << "s after kill -9 of the active process; records="
@@ -52,7 +52,7 @@ TEST_CASE("fault: the slot dropped while walrelay reconnects: exit 3, the slot i
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Drop", "k0", "jsonb_build_object('seq', 0)"));
-  REQUIRE(consume(f.topic("Drop"), 1).size() == 1);
+  REQUIRE(read_topic(f.topic("Drop"), 1).size() == 1);
 
   // Terminate the walsender, then drop the slot as soon as it is released.
   REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
@@ -94,7 +94,7 @@ TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error,
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Lost", "k0", "jsonb_build_object('seq', 0)"));
-  REQUIRE(consume(f.topic("Lost"), 1).size() == 1);
+  REQUIRE(read_topic(f.topic("Lost"), 1).size() == 1);
 
   // walrelay falls behind: frozen, it confirms nothing while WAL is written.
   relay.signal(SIGSTOP);
