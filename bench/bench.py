@@ -367,6 +367,7 @@ def walrelay_props(env, name, prefix, extra=None):
         "admin.listen": "127.0.0.1:0",
     }
     props.update(extra or {})
+    props.update(kv.split("=", 1) for kv in env.args.walrelay_set)
     path = os.path.join(env.args.work, f"{name}.properties")
     with open(path, "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -537,10 +538,11 @@ def run_latency(env, contender, rate, seconds, tag):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{name}.log"), "w"))
     n = rate * seconds
     try:
-        # Warm: one event through (Debezium takes seconds to start), then measure from there.
-        env.q("CALL bench_paced(1, 1)")
+        # Warm: one event to each of the 4 topics (Debezium takes seconds to start, and
+        # librdkafka fetches a new topic's metadata up to 1 s late), then measure from there.
+        env.q("CALL bench_paced(4, 1)")
         deadline = time.monotonic() + 180
-        while env.topic_count(prefix) < 1 and time.monotonic() < deadline and proc.poll() is None:
+        while env.topic_count(prefix) < 4 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         cons = LatencyConsumer(env, prefix, n)
         cons.start()
@@ -556,6 +558,8 @@ def run_latency(env, contender, rate, seconds, tag):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     s = cons.samples
+    with open(os.path.join(work, f"{name}.samples.json"), "w") as f:
+        json.dump(s, f)  # (insert µs, log-append µs, received µs) per record, for a closer look
     append_ms = [(a - t) / 1000.0 for t, a, _ in s]
     recv_ms = [(r - t) / 1000.0 for t, _, r in s]
     res = {"contender": contender, "rate": rate, "seconds": seconds, "events": n, "received": len(s),
@@ -631,6 +635,9 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency")
+    ap.add_argument("--walrelay-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a walrelay setting for every walrelay run (e.g. kafka.linger.ms=1)")
+    ap.add_argument("--rates", default="", help="latency: comma list of the rates to run (1000,10000)")
     ap.add_argument("--events", type=int, default=0, help="development: one workload of this many events")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
     args = ap.parse_args()
@@ -651,6 +658,7 @@ def main():
             workloads = [(f"{args.events}_tx100", args.events, 100)]
         repeats = args.repeats
     result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
+              "argv": sys.argv[1:],
               "versions": {"postgresql": env.one("SHOW server_version"),
                            "kafka_clients_python": confluent_kafka_version()},
               "runs": [], "option_runs": [], "latency": []}
@@ -715,7 +723,7 @@ def main():
 
     if "latency" in sections:
         for c in [x for x in ("walrelay", "debezium", "polling") if x in contenders]:
-            for rate, secs in ((1000, 30), (10000, 15)):
+            for rate, secs in [(r, sec) for r, sec in ((1000, 30), (10000, 15)) if not args.rates or str(r) in args.rates]:
                 seq += 1
                 log(f"latency {c} {rate}/s for {secs} s")
                 r = run_latency(env, c, rate, secs, f"lat_{c}_{seq}")

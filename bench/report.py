@@ -107,8 +107,9 @@ def options(data):
 def latency(data):
     out = ["| contender | offered rate | achieved | events received | append p50 | p99 | p99.9 | max | "
            "consumer p50 | p99 | p99.9 |", "|---" * 11 + "|"]
-    for r in data.get("latency", []):
-        out.append(f"| {r['contender']} | {r['rate']:,}/s | {r['offered_events_per_s']:,}/s | "
+    for r in data.get("latency", []) + data.get("latency_extra", []):
+        name = r["contender"] + (f" ({r['options']})" if r.get("options") else "")
+        out.append(f"| {name} | {r['rate']:,}/s | {r['offered_events_per_s']:,}/s | "
                    f"{r['received']:,}/{r['events']:,} | {r['append_p50_ms']} | {r['append_p99_ms']} | "
                    f"{r['append_p99.9_ms']} | {r['append_max_ms']} | {r['consumer_p50_ms']} | "
                    f"{r['consumer_p99_ms']} | {r['consumer_p99.9_ms']} |")
