@@ -273,7 +273,6 @@ void KafkaSink::handle_stats(const char* json, std::size_t len) {
     }
     if (nodeid >= 0 && state == "UP") ++up;
   }
-  stats_seen_ = true;
   if (up > 0 && brokers_up_ == 0 && !last_error_.empty()) spdlog::info("kafka: broker reachable again");
   brokers_up_ = up;
   if (up > 0) last_error_.clear();

@@ -339,6 +339,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
   last_received_ = std::chrono::steady_clock::now();
   auto next_status = last_received_;
   bool pinged = false;
+  bool drained_socket = false;  // a non-blocking read found nothing since the last message
   char* pending = nullptr;  // a message to retry (queue full), kept until handled
   int pending_len = 0;
   struct Free {
@@ -408,6 +409,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       if (n == -1) conn.finish_copy();  // throws with the server's reason
       last_received_ = std::chrono::steady_clock::now();
       pinged = false;
+      drained_socket = false;
       Step step = handle_copy_data({reinterpret_cast<const std::byte*>(buf), static_cast<std::size_t>(n)});
       if (step == Step::retry) {
         pending = buf;
@@ -426,6 +428,14 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       }
       continue;
     }
+    // Under load the socket usually has data already: a non-blocking read
+    // first saves a timer and an epoll registration per wake-up.
+    if (!drained_socket) {
+      conn.consume_input();
+      drained_socket = true;
+      continue;
+    }
+    drained_socket = false;
     auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(next_status - now) + 1ms;
     if (co_await conn.wait_readable(std::clamp(wait_for, 1ms, 1000ms))) conn.consume_input();
   }

@@ -33,7 +33,10 @@ class KafkaSink final : public Sink {
                                   std::size_t bytes) override;
   void poll() override;
   std::size_t flush(int timeout_ms) override;
-  bool healthy() const override { return brokers_up_ > 0 || !stats_seen_; }
+  // Not ready until librdkafka's statistics show a broker up (within
+  // statistics.interval.ms of start), so a broker that refuses walrelay from
+  // the start is never reported healthy.
+  bool healthy() const override { return brokers_up_ > 0; }
   std::string health_reason() const override { return last_error_; }
   std::optional<std::string> fatal_error() const override { return fatal_; }
   void check_connectivity(int timeout_ms) override;
@@ -56,8 +59,7 @@ class KafkaSink final : public Sink {
   boost::asio::posix::stream_descriptor wake_;   // watches wake_pipe_[0]
   boost::asio::steady_timer poll_timer_;         // safety net: polls even if a wake-up is missed
   int brokers_up_ = 0;
-  bool stats_seen_ = false;
-  std::string last_error_;
+  std::string last_error_ = "no broker connection yet";
   std::optional<std::string> fatal_;
   std::string topic_z_;                          // NUL-terminated topic for librdkafka
 };

@@ -77,7 +77,8 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
   CHECK(relay.get("/metrics").status == 401);
   CHECK(relay.get("/slot").status == 401);
   CHECK(relay.get("/slot", "wrong").status == 401);
-  CHECK(relay.get("/readyz", "s3cret-token").status == 200);
+  // ready once librdkafka's statistics show a broker up (within a second)
+  CHECK(eventually([&] { return relay.get("/readyz", "s3cret-token").status == 200; }, 10s));
 
   for (int i = 0; i < 20; ++i)
     db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) SELECT 'A', 'k' || g, 't', "
@@ -135,7 +136,7 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
   relay.wait_streaming();
   db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k', 't', '{}')");
   REQUIRE(consume(slot + ".events", 1).size() == 1);
-  REQUIRE(relay.get("/readyz").status == 200);
+  REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 10s));
 
   Services::control("kafka-stop");
   struct Restart {

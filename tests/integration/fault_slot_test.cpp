@@ -22,7 +22,7 @@ TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over 
   INFO("standby /readyz: " << ready.status << " " << ready.body << "\n/slot: " << slot.body);
   CHECK(ready.status == 503);
   CHECK(ready.body.find("standby") != std::string::npos);
-  CHECK(first.get("/readyz").status == 200);
+  CHECK(eventually([&] { return first.get("/readyz").status == 200; }, 10s));
 
   const long rows = scaled(4000, 20000);
   Writer writer(f.table, "Standby", rows, 10, 10ms);

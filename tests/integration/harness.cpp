@@ -139,7 +139,8 @@ std::optional<std::string> KafkaRecord::header(const std::string& name) const {
 
 namespace {
 std::vector<KafkaRecord> consume_once(const std::string& topic) {
-  std::string cmd = "kcat -b " + Services::get().kafka + " -C -t '" + topic +
+  // Bounded: on a topic still being written kcat's -e may never see the end.
+  std::string cmd = "timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
                     "' -o beginning -e -q -J -m 10 -X topic.metadata.refresh.interval.ms=1000 2>/dev/null";
   std::string out = run_capture(cmd);
   std::vector<KafkaRecord> recs;
@@ -190,7 +191,7 @@ std::vector<std::optional<std::string>> consume_values_raw(const std::string& to
   std::vector<std::optional<std::string>> values;
   for (;;) {
     // %R: payload length as a big-endian int32 (-1 for NULL), then the bytes.
-    std::string out = run_capture("kcat -b " + Services::get().kafka + " -C -t '" + topic +
+    std::string out = run_capture("timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
                                   "' -o beginning -e -q -f '%R%s' 2>/dev/null");
     values.clear();
     std::size_t p = 0;
@@ -282,6 +283,7 @@ Walrelay::~Walrelay() {
 void Walrelay::start() {
   exit_code_ = -1;
   admin_port_ = 0;
+  log_offset_ = read_file(log_path_).size();  // a restart appends: look only at what this run writes
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
@@ -325,13 +327,18 @@ int Walrelay::wait_exit(std::chrono::milliseconds timeout) {
 }
 
 void Walrelay::wait_streaming(std::chrono::milliseconds timeout) {
-  if (!eventually([&] { return log().find("streaming: START_REPLICATION") != std::string::npos || !running(); },
+  if (!eventually([&] { return this_run_log().find("streaming: START_REPLICATION") != std::string::npos || !running(); },
                   timeout))
     throw std::runtime_error("walrelay did not start streaming in time; log:\n" + log());
   if (!running()) throw std::runtime_error("walrelay exited; log:\n" + log());
 }
 
 std::string Walrelay::log() const { return read_file(log_path_); }
+
+std::string Walrelay::this_run_log() const {
+  std::string all = read_file(log_path_);
+  return log_offset_ <= all.size() ? all.substr(log_offset_) : all;
+}
 
 int Walrelay::admin_port() {
   if (admin_port_) return admin_port_;
@@ -340,7 +347,7 @@ int Walrelay::admin_port() {
   std::regex re(R"(admin endpoint listening on [^ \n]*:(\d+))");
   eventually([&] {
     std::smatch m;
-    std::string head = log().substr(0, 16384);
+    std::string head = this_run_log().substr(0, 16384);
     if (std::regex_search(head, m, re)) admin_port_ = std::stoi(m[1]);
     return admin_port_ != 0;
   }, 10s);

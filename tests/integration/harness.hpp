@@ -97,7 +97,8 @@ class Walrelay {
   int wait_exit(std::chrono::milliseconds timeout = 60s);
   // Waits until the log says "streaming:" (START_REPLICATION accepted).
   void wait_streaming(std::chrono::milliseconds timeout = 30s);
-  std::string log() const;
+  std::string log() const;           // everything, all runs
+  std::string this_run_log() const;  // since the last start()
   int admin_port();
   HttpResponse get(const std::string& path, const std::string& bearer = {});
   const std::string& config_path() const { return config_path_; }
@@ -109,6 +110,7 @@ class Walrelay {
   pid_t pid_ = -1;
   int exit_code_ = -1;
   int admin_port_ = 0;
+  std::size_t log_offset_ = 0;
 };
 
 // The harness's base configuration for a walrelay on the test services.
