@@ -675,7 +675,6 @@ void Relay::on_delivery(const Delivery& d) {
 }
 
 void Relay::update_gauges() const {
-  Lsn flushed = ledger_.flushed();
   metrics_.received_lsn.Set(static_cast<double>(received_lsn_.value));
   metrics_.flushed_lsn.Set(static_cast<double>(sent_flushed_lsn_.value));
   metrics_.server_wal_end.Set(static_cast<double>(server_wal_end_.value));
@@ -686,7 +685,6 @@ void Relay::update_gauges() const {
   metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
   metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
   metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() ? 1 : 0);
-  (void)flushed;
 }
 
 StatusSnapshot Relay::status() const {
