@@ -12,12 +12,15 @@ import csv
 import json
 import os
 import platform
+import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
@@ -519,15 +522,58 @@ def pct(xs, p):
     return xs[k]
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_histograms(port):
+    """walrelay's /metrics histograms as {name: {le: cumulative count}}; {} if unreachable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(walrelay_commit_to_\w+)_bucket\{le="([^"]+)"\} (\S+)$', line)
+        if m:
+            out.setdefault(m.group(1), {})[m.group(2)] = float(m.group(3))
+    return out
+
+
+def histogram_percentiles(before, after):
+    """Upper bucket bounds (ms) holding p50/p99/p99.9 of the observations between two scrapes."""
+    res = {}
+    for name, buckets in after.items():
+        short = name.replace("walrelay_commit_to_", "self_commit_to_").replace("_seconds", "")
+        les = sorted(buckets, key=lambda le: float("inf") if le == "+Inf" else float(le))
+        counts = [buckets[le] - before.get(name, {}).get(le, 0.0) for le in les]
+        total = counts[-1] if counts else 0
+        res[f"{short}_count"] = int(total)
+        for p in (50, 99, 99.9):
+            key = f"{short}_p{p}_le_ms"
+            res[key] = None
+            for le, c in zip(les, counts):
+                if total and c >= p / 100.0 * total:
+                    res[key] = None if le == "+Inf" else round(float(le) * 1000, 2)
+                    break
+    return res
+
+
 def run_latency(env, contender, rate, seconds, tag):
     name = f"bench_{tag}"
     prefix = f"bench_{tag}"
     env.reset_outbox()
     env.create_topics(prefix, log_append_time=True)
     work = env.args.work
+    admin_port = None
     if contender == "walrelay":
         env.create_slot_and_publication(name)
-        cmd = [env.args.walrelay, "--config", walrelay_props(env, name, prefix)]
+        admin_port = free_port()
+        cmd = [env.args.walrelay, "--config",
+               walrelay_props(env, name, prefix, {"admin.listen": f"127.0.0.1:{admin_port}"})]
     elif contender == "debezium":
         env.create_slot_and_publication(name)
         cmd = debezium_cmd(env, name, prefix, publication=name)
@@ -548,12 +594,14 @@ def run_latency(env, contender, rate, seconds, tag):
         cons.start()
         time.sleep(2)  # consumer assigned
         cpu0 = proc_cpu_s(proc.pid)
+        hist0 = scrape_histograms(admin_port) if admin_port else {}
         t0 = time.monotonic()
         env.q("CALL bench_paced(%s, %s)", (rate, seconds))
         offered = n / (time.monotonic() - t0)
         cons.join(timeout=60)
         cons.stop = True
         cpu1 = proc_cpu_s(proc.pid)
+        hist1 = scrape_histograms(admin_port) if admin_port else {}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -570,6 +618,10 @@ def run_latency(env, contender, rate, seconds, tag):
             v = pct(xs, p)
             res[f"{label}_p{p}_ms"] = round(v, 2) if v is not None else None
         res[f"{label}_max_ms"] = round(max(xs), 2) if xs else None
+    # walrelay's own histograms over the same interval (bucket upper bounds):
+    # commit -> received by walrelay, commit -> acknowledged by Kafka.
+    if hist1:
+        res.update(histogram_percentiles(hist0, hist1))
     if contender in ("walrelay", "debezium"):
         env.drop_slot(name)
     env.delete_topics(prefix)
@@ -639,6 +691,7 @@ def main():
                     help="a walrelay setting for every walrelay run (e.g. kafka.linger.ms=1)")
     ap.add_argument("--rates", default="", help="latency: comma list of the rates to run (1000,10000)")
     ap.add_argument("--events", type=int, default=0, help="development: one workload of this many events")
+    ap.add_argument("--tx-size", type=int, default=100, help="development: rows per transaction with --events")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
     args = ap.parse_args()
     args.bench_dir = os.path.dirname(os.path.abspath(__file__))
@@ -655,7 +708,7 @@ def main():
     else:
         workloads = [("1M_tx100", 1000000, 100), ("100k_tx1", 100000, 1)]
         if args.events:
-            workloads = [(f"{args.events}_tx100", args.events, 100)]
+            workloads = [(f"{args.events}_tx{args.tx_size}", args.events, args.tx_size)]
         repeats = args.repeats
     result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
               "argv": sys.argv[1:],

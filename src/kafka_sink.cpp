@@ -89,6 +89,7 @@ KafkaSink::~KafkaSink() {
     rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk_);
     rd_kafka_queue_io_event_enable(main_queue, -1, nullptr, 0);
     rd_kafka_queue_destroy(main_queue);
+    for (auto& [name, rkt] : topics_) rd_kafka_topic_destroy(rkt);
     // Records still queued are delivered (or failed) by destroy's purge; any
     // Pending of a dead-letter record leaks here by design rather than
     // racing the callbacks.
@@ -146,11 +147,12 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
     if (on_delivery_) on_delivery_(d);
     return SubmitStatus::failed;
   };
-  topic_z_.assign(topic);
+  rd_kafka_topic_t* rkt = topic_handle(topic);
+  if (!rkt) return reject(error_code_name(rd_kafka_last_error()), "invalid topic name");
   std::array<rd_kafka_vu_t, 64> vus;
   std::size_t n = 0;
-  vus[n].vtype = RD_KAFKA_VTYPE_TOPIC;
-  vus[n++].u.cstr = topic_z_.c_str();
+  vus[n].vtype = RD_KAFKA_VTYPE_RKT;
+  vus[n++].u.rkt = rkt;
   if (key) {
     vus[n].vtype = RD_KAFKA_VTYPE_KEY;
     vus[n].u.mem.ptr = const_cast<char*>(key->data());
@@ -186,6 +188,16 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
   rd_kafka_error_destroy(error);
   if (code == RD_KAFKA_RESP_ERR__QUEUE_FULL) return SubmitStatus::queue_full;
   return reject(error_code_name(code), msg);
+}
+
+rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
+  if (auto it = topics_.find(topic); it != topics_.end()) return it->second;
+  std::string name(topic);
+  rd_kafka_topic_t* rkt = rd_kafka_topic_new(rk_, name.c_str(), nullptr);
+  if (!rkt) return nullptr;
+  spdlog::debug("kafka: first record for topic {}: metadata requested", name);
+  topics_.emplace(std::move(name), rkt);
+  return rkt;
 }
 
 SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) {

@@ -25,6 +25,7 @@ void LsnLedger::add_record(TxnId txn, std::size_t bytes) {
   Txn* t = find(txn);
   assert(t && !t->committed);
   ++t->pending;
+  t->had_records = true;
   ++inflight_records_;
   inflight_bytes_ += bytes;
 }
@@ -72,7 +73,10 @@ void LsnLedger::advance() {
   while (!txns_.empty()) {
     Txn& t = txns_.front();
     if (!t.committed || t.pending > 0) break;
-    if (!t.abandoned) flushed_ = std::max(flushed_, t.end_lsn);
+    if (!t.abandoned) {
+      flushed_ = std::max(flushed_, t.end_lsn);
+      if (t.had_records && on_retired_) on_retired_(t.commit_time);
+    }
     txns_.pop_front();
   }
 }

@@ -34,6 +34,14 @@ prometheus::Gauge& add_gauge(prometheus::Registry& registry, const std::string& 
   return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
 }
 
+// Registers a histogram without labels, with buckets from 0.5 ms to 1 min.
+prometheus::Histogram& add_latency_histogram(prometheus::Registry& registry, const std::string& name,
+                                             const std::string& help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
+      {}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                  1, 2.5, 5, 10, 30, 60});
+}
+
 // Registers a counter family whose children are added later, per label set.
 prometheus::Family<prometheus::Counter>* add_counter_family(prometheus::Registry& registry,
                                                             const std::string& name,
@@ -232,6 +240,13 @@ Metrics::Metrics()
                            "Time the relay started, in Unix seconds.")),
       slot_invalidated(add_gauge(*registry_, "walrelay_slot_invalid",
                                  "1 when the replication slot has been lost or dropped.")),
+      commit_to_receive(add_latency_histogram(
+          *registry_, "walrelay_commit_to_receive_seconds",
+          "Per transaction with outbox events: its commit timestamp to walrelay receiving its Commit.")),
+      commit_to_ack(add_latency_histogram(
+          *registry_, "walrelay_commit_to_ack_seconds",
+          "Per transaction with outbox events: its commit timestamp to Kafka having acknowledged it and "
+          "every earlier event.")),
       events_family_(add_counter_family(*registry_, "walrelay_events_relayed_total",
                                         "Outbox events acknowledged by Kafka, by table and topic.")),
       delivery_errors_family_(add_counter_family(

@@ -181,14 +181,16 @@ void PgConnection::consume_input() {
   if (!PQconsumeInput(conn_)) throw_conn_error("could not receive data from the server");
 }
 
-asio::awaitable<bool> PgConnection::wait_readable(std::chrono::milliseconds timeout) {
-  try {
-    co_await wait(asio::posix::stream_descriptor::wait_read, std::chrono::steady_clock::now() + timeout,
-                  "waiting for replication data");
-  } catch (const PgError&) {
-    co_return false;
-  }
-  co_return true;
+asio::awaitable<void> PgConnection::wait_readable() {
+  if (!socket_) throw PgError("could not wait for replication data: no connection", "");
+  auto sock = socket_;  // kept alive while this coroutine waits on it
+  boost::system::error_code ec;
+  co_await sock->async_wait(asio::posix::stream_descriptor::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+}
+
+void PgConnection::cancel_wait() {
+  boost::system::error_code ec;
+  if (socket_) socket_->cancel(ec);
 }
 
 void PgConnection::finish_copy() {

@@ -17,6 +17,12 @@ using pgoutput::Lsn;
 
 namespace {
 
+// Seconds from a commit timestamp (PostgreSQL epoch micros, the server's
+// clock) to now on ours; a sidecar shares the host's clock.
+double seconds_since(std::int64_t commit_time_us) {
+  return static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time_us) / 1e6;
+}
+
 // SQLSTATEs the session distinguishes.
 constexpr const char* sqlstate_object_in_use = "55006";           // slot active for another PID
 constexpr const char* sqlstate_undefined_object = "42704";        // slot does not exist
@@ -130,8 +136,9 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
 }  // namespace
 
 Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink)
-    : io_(io), config_(config), metrics_(metrics), sink_(sink), mapper_(config), conn_(io), wake_(io) {
+    : io_(io), config_(config), metrics_(metrics), sink_(sink), mapper_(config), conn_(io), wake_(io), tick_(io) {
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
+  ledger_.on_retired([this](std::int64_t commit_time) { metrics_.commit_to_ack.Observe(seconds_since(commit_time)); });
   for (auto& t : config_.table_include_list) table_names_.push_back(t.qualified());
   relayed_counters_.resize(table_names_.size());
   record_.headers.reserve(4 + config_.additional_placement.size());
@@ -158,6 +165,7 @@ void Relay::request_stop() {
   spdlog::info("{} stop requested: finishing in-flight records", context());
   stop_requested_ = true;
   wake_.cancel();
+  conn_.cancel_wait();
 }
 
 std::string Relay::context() const {
@@ -180,6 +188,7 @@ void Relay::halt(std::string reason) {
   set_state(RelayState::halted, std::move(reason));
   metrics_.halted.Set(1);
   wake_.cancel();
+  conn_.cancel_wait();
 }
 
 bool Relay::has_room() const {
@@ -436,8 +445,17 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       continue;
     }
     drained_socket = false;
-    auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(next_status - now) + 1ms;
-    if (co_await conn.wait_readable(std::clamp(wait_for, 1ms, 1000ms))) conn.consume_input();
+    if (!tick_armed_) {
+      tick_armed_ = true;
+      tick_.expires_at(std::min(next_status, now + 1000ms));
+      tick_.async_wait([this](boost::system::error_code ec) {
+        if (ec) return;  // only when the timer is destroyed with the relay
+        tick_armed_ = false;
+        conn_.cancel_wait();
+      });
+    }
+    co_await conn.wait_readable();  // readable, or woken by tick_, a stop or a halt
+    conn.consume_input();
   }
   co_await drain(&conn);
 }
@@ -525,10 +543,13 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           txn_ = ledger_.open(m.commit_time, m.final_lsn);
           xid_ = m.xid;
           commit_time_ = m.commit_time;
+          txn_records_ = false;
           txn_lsn_ = m.final_lsn;
         } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
+          if (txn_ && txn_records_) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
           if (txn_) ledger_.commit(*txn_, m.end_lsn);
           txn_.reset();
+          txn_records_ = false;
           metrics_.transactions.Increment();
         } else if constexpr (std::is_same_v<T, pgoutput::Relation>) {
           bool outbox = mapper_.on_relation(m);
@@ -565,6 +586,7 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
   std::uint16_t table = record_.table_index;
   // Counted before submit: a synchronous rejection reports its delivery at once.
   ledger_.add_record(*txn_, bytes);
+  txn_records_ = true;
   switch (sink_.submit(record_, make_token(*txn_, table))) {
     case SubmitStatus::accepted:
     case SubmitStatus::failed:  // its Delivery has been handled already
@@ -600,6 +622,7 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
   headers.push_back({"id", dlq_texts_[4]});
   std::size_t bytes = scratch_.size();
   ledger_.add_record(*txn_, bytes);
+  txn_records_ = true;
   auto status = sink_.submit_dead_letter(config_.dlq_topic, std::nullopt, scratch_, headers, make_token(*txn_, 0), bytes);
   if (status == SubmitStatus::queue_full) {
     ledger_.ack(*txn_, bytes);

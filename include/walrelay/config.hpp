@@ -76,8 +76,8 @@ struct Config {
   bool route_tombstone_on_empty_payload = false;
 
   // flow control and errors
-  std::int64_t max_inflight_records = 100000;
-  std::int64_t max_inflight_bytes = 256LL * 1024 * 1024;
+  std::int64_t max_inflight_records = 2048;
+  std::int64_t max_inflight_bytes = 64LL * 1024 * 1024;
   ErrorTolerance errors_tolerance = ErrorTolerance::none;
   std::string dlq_topic;                  // errors.deadletterqueue.topic.name
   bool dlq_context_headers = true;        // errors.deadletterqueue.context.headers.enable

@@ -2,9 +2,12 @@
 // delivery reports are served on the relay's io_context thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -14,6 +17,7 @@
 
 struct rd_kafka_s;
 struct rd_kafka_message_s;
+struct rd_kafka_topic_s;
 
 namespace walrelay {
 
@@ -48,7 +52,12 @@ class KafkaSink final : public Sink {
 
  private:
   struct Pending;  // per-record bookkeeping carried as the message opaque
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   void watch_queue();
+  rd_kafka_topic_s* topic_handle(std::string_view topic);
   SubmitStatus produce(std::string_view topic, std::optional<std::string_view> key,
                        std::optional<std::string_view> value, std::int64_t timestamp_ms,
                        const std::vector<OutboxRecord::Header>& headers, Pending* pending);
@@ -61,7 +70,10 @@ class KafkaSink final : public Sink {
   int brokers_up_ = 0;
   std::string last_error_ = "no broker connection yet";
   std::optional<std::string> fatal_;
-  std::string topic_z_;                          // NUL-terminated topic for librdkafka
+  // One handle per topic, created on first use. rd_kafka_topic_new asks the
+  // broker for a new topic's metadata at once; producing by name would leave
+  // it to librdkafka's 1 s topic scan, and the first records would wait.
+  std::unordered_map<std::string, rd_kafka_topic_s*, NameHash, std::equal_to<>> topics_;
 };
 
 }  // namespace walrelay

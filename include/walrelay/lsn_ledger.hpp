@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 
 #include <pgoutput/pgoutput.hpp>
@@ -55,6 +56,9 @@ class LsnLedger {
   std::optional<std::int64_t> oldest_unacked_commit_time() const;
   // The commit LSN of a transaction still in the ledger.
   std::optional<Lsn> commit_lsn_of(TxnId txn) const;
+  // Called once for each committed transaction that carried records, when it
+  // and every earlier one are acknowledged (its end LSN becomes confirmable).
+  void on_retired(std::function<void(std::int64_t commit_time_us)> callback) { on_retired_ = std::move(callback); }
 
  private:
   struct Txn {
@@ -63,6 +67,7 @@ class LsnLedger {
     std::int64_t commit_time;  // from Begin
     Lsn commit_lsn;            // from Begin
     std::uint32_t pending = 0; // records not yet acked
+    bool had_records = false;
     bool committed = false;
     bool abandoned = false;    // never advances flushed_
   };
@@ -76,6 +81,7 @@ class LsnLedger {
   Lsn flushed_;
   std::uint64_t inflight_records_ = 0;
   std::uint64_t inflight_bytes_ = 0;
+  std::function<void(std::int64_t)> on_retired_;
 };
 
 }  // namespace walrelay

@@ -10,6 +10,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 namespace walrelay {
@@ -52,6 +53,11 @@ class Metrics {
   prometheus::Gauge& backpressure;            // walrelay_backpressure (1 while reads paused)
   prometheus::Gauge& start_time;              // walrelay_start_time_seconds
   prometheus::Gauge& slot_invalidated;        // walrelay_slot_invalid (1: slot lost/dropped)
+  // Per source transaction with outbox events, from its commit timestamp
+  // (the server's clock) to when walrelay received its Commit, and to when
+  // Kafka had acknowledged it and every earlier event (its LSN confirmable).
+  prometheus::Histogram& commit_to_receive;   // walrelay_commit_to_receive_seconds
+  prometheus::Histogram& commit_to_ack;       // walrelay_commit_to_ack_seconds
 
  private:
   // families with labels, kept to add children lazily

@@ -57,8 +57,11 @@ class PgConnection {
   // COPY BOTH, non-blocking: > 0 a message (free with PQfreemem), 0 nothing
   // buffered (wait_readable), -1 the server ended the copy, throws on error.
   int try_get_copy_data(char** buffer);
-  // Waits until the socket is readable or the timeout passes; true if readable.
-  boost::asio::awaitable<bool> wait_readable(std::chrono::milliseconds timeout);
+  // Waits until the socket is readable or cancel_wait() is called. No timer
+  // of its own: the replication loop waits once per message burst, and a
+  // deadline timer armed per wait costs a timerfd update each time.
+  boost::asio::awaitable<void> wait_readable();
+  void cancel_wait();
   // Reads what the socket has into libpq's buffer; throws on a broken connection.
   void consume_input();
   // Queues a CopyData message and flushes without blocking the loop.

@@ -108,6 +108,7 @@ class Relay final : public StatusSource {
   std::optional<LsnLedger::TxnId> txn_;
   std::uint32_t xid_ = 0;
   std::int64_t commit_time_ = 0;
+  bool txn_records_ = false;              // the open transaction has outbox records in the ledger
   pgoutput::Lsn txn_lsn_;
 
   // Positions
@@ -118,6 +119,10 @@ class Relay final : public StatusSource {
   bool reply_requested_ = false;
   bool backpressured_ = false;
   boost::asio::steady_timer wake_;        // cancelled to wake the stream loop
+  // Wakes the stream loop's socket wait for the next status update; armed
+  // once per status interval (at most 1 s), not once per wait.
+  boost::asio::steady_timer tick_;
+  bool tick_armed_ = false;
 
   std::optional<ServerSlotInfo> server_info_;
   // Lets a counter map be searched by string_view without building a string.

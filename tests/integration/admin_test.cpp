@@ -117,6 +117,15 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
   CHECK(metric(m.body, "walrelay_status_updates_total") > 0);
   CHECK(metric(m.body, "process_resident_memory_bytes") > 0);
   CHECK(metric(m.body, "walrelay_flushed_lsn") == static_cast<double>(parse_lsn(s.confirmed)));
+  // Latency histograms: one observation per transaction with outbox events
+  // (20 statements of 50 rows), each well under a minute.
+  CHECK(metric(m.body, "walrelay_commit_to_receive_seconds_count") == 20);
+  CHECK(metric(m.body, "walrelay_commit_to_ack_seconds_count") == 20);
+  CHECK(metric(m.body, "walrelay_commit_to_ack_seconds_bucket{le=\"+Inf\"}") == 20);
+  double ack_sum = metric(m.body, "walrelay_commit_to_ack_seconds_sum");
+  CHECK(ack_sum > 0);
+  CHECK(ack_sum < 20 * 60);
+  CHECK(metric(m.body, "walrelay_commit_to_receive_seconds_sum") <= ack_sum);
 
   // The token appears nowhere in what walrelay printed or serves.
   CHECK(relay.log().find("s3cret-token") == std::string::npos);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <vector>
 
 #include "walrelay/lsn_ledger.hpp"
 
@@ -144,4 +145,29 @@ TEST_CASE("ledger: randomized acks never confirm past an unacked record", "[ledg
     }
     CHECK(l.flushed().value == lsn);
   }
+}
+
+TEST_CASE("ledger: a transaction retires once, in commit order, only with records", "[ledger]") {
+  LsnLedger l(Lsn{100});
+  std::vector<std::int64_t> retired;
+  l.on_retired([&](std::int64_t commit_time) { retired.push_back(commit_time); });
+  auto t1 = l.open(1001);
+  l.add_record(t1, 1);
+  l.commit(t1, Lsn{200});
+  auto t2 = l.open(1002);  // no outbox rows: confirms, but is not an event latency
+  l.commit(t2, Lsn{300});
+  auto t3 = l.open(1003);
+  l.add_record(t3, 1);
+  l.commit(t3, Lsn{400});
+  auto t4 = l.open(1004);
+  l.add_record(t4, 1);  // abandoned: the server sends it again
+  l.abandon_open();
+
+  l.ack(t3, 1);  // acked before t1: waits for it
+  CHECK(retired.empty());
+  l.ack(t1, 1);
+  CHECK(retired == std::vector<std::int64_t>{1001, 1003});
+  l.ack(t4, 1);
+  CHECK(retired == std::vector<std::int64_t>{1001, 1003});
+  CHECK(l.flushed() == Lsn{400});
 }
