@@ -285,7 +285,8 @@ void KafkaSink::handle_stats(const char* json, std::size_t len) {
     }
     if (nodeid >= 0 && state == "UP") ++up;
   }
-  if (up > 0 && brokers_up_ == 0 && !last_error_.empty()) spdlog::info("kafka: broker reachable again");
+  if (up > 0 && brokers_up_ == 0) spdlog::info(seen_up_ ? "kafka: broker reachable again" : "kafka: broker reachable");
+  if (up > 0) seen_up_ = true;
   brokers_up_ = up;
   if (up > 0) last_error_.clear();
   else if (last_error_.empty()) last_error_ = "no broker is up";

@@ -68,6 +68,7 @@ class KafkaSink final : public Sink {
   boost::asio::posix::stream_descriptor wake_;   // watches wake_pipe_[0]
   boost::asio::steady_timer poll_timer_;         // safety net: polls even if a wake-up is missed
   int brokers_up_ = 0;
+  bool seen_up_ = false;                         // a broker has been up since start
   std::string last_error_ = "no broker connection yet";
   std::optional<std::string> fatal_;
   // One handle per topic, created on first use. rd_kafka_topic_new asks the
