@@ -562,6 +562,29 @@ def histogram_percentiles(before, after):
     return res
 
 
+def settle(env, quiet_cores=0.25, need_s=3.0, max_s=90.0):
+    """Before a latency run: a checkpoint, then wait until the whole machine has
+    been nearly idle for need_s (at most max_s), so that the previous round's
+    after-effects (checkpoints, the broker deleting topics, JIT and GC) land in
+    no contender's measurement. Returns the seconds waited."""
+    t_start = time.monotonic()
+    env.q("CHECKPOINT")
+    quiet_since = None
+    last_t, last_busy = time.monotonic(), machine_busy_s()
+    while time.monotonic() - t_start < max_s:
+        time.sleep(0.5)
+        t, busy = time.monotonic(), machine_busy_s()
+        cores = (busy - last_busy) / (t - last_t)
+        last_t, last_busy = t, busy
+        if cores <= quiet_cores:
+            quiet_since = quiet_since or t
+            if t - quiet_since >= need_s:
+                break
+        else:
+            quiet_since = None
+    return round(time.monotonic() - t_start, 1)
+
+
 def run_latency(env, contender, rate, seconds, tag):
     name = f"bench_{tag}"
     prefix = f"bench_{tag}"
@@ -593,6 +616,7 @@ def run_latency(env, contender, rate, seconds, tag):
         cons = LatencyConsumer(env, prefix, n)
         cons.start()
         time.sleep(2)  # consumer assigned
+        settled_s = settle(env)
         cpu0 = proc_cpu_s(proc.pid)
         hist0 = scrape_histograms(admin_port) if admin_port else {}
         t0 = time.monotonic()
@@ -611,7 +635,7 @@ def run_latency(env, contender, rate, seconds, tag):
     append_ms = [(a - t) / 1000.0 for t, a, _ in s]
     recv_ms = [(r - t) / 1000.0 for t, _, r in s]
     res = {"contender": contender, "rate": rate, "seconds": seconds, "events": n, "received": len(s),
-           "offered_events_per_s": round(offered),
+           "offered_events_per_s": round(offered), "settled_s": settled_s,
            "relay_cpu_us_per_event": round((cpu1 - cpu0) * 1e6 / n, 1) if cpu0 is not None and cpu1 else None}
     for label, xs in (("append", append_ms), ("consumer", recv_ms)):
         for p in (50, 99, 99.9):
@@ -775,14 +799,19 @@ def main():
             record(run_walrelay(env, n, names[-1], end_lsn, {"pgoutput.binary": "true"}), "option_runs", wname, rep)
 
     if "latency" in sections:
-        for c in [x for x in ("walrelay", "debezium", "polling") if x in contenders]:
-            for rate, secs in [(r, sec) for r, sec in ((1000, 30), (10000, 15)) if not args.rates or str(r) in args.rates]:
-                seq += 1
-                log(f"latency {c} {rate}/s for {secs} s")
-                r = run_latency(env, c, rate, secs, f"lat_{c}_{seq}")
-                log(json.dumps(r))
-                result["latency"].append(r)
-                save()
+        rates = [(r, sec) for r, sec in ((1000, 30), (10000, 15)) if not args.rates or str(r) in args.rates]
+        for rep in range(repeats):
+            for c in [x for x in ("walrelay", "debezium", "polling") if x in contenders]:
+                for rate, secs in rates:
+                    seq += 1
+                    log(f"latency {c} {rate}/s for {secs} s, repeat {rep + 1}/{repeats}")
+                    r = run_latency(env, c, rate, secs, f"lat_{c}_{seq}")
+                    r["repeat"] = rep + 1
+                    if c == "walrelay" and args.walrelay_set:
+                        r["options"] = " ".join(args.walrelay_set)
+                    log(json.dumps(r))
+                    result["latency"].append(r)
+                    save()
 
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     save()

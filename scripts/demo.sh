@@ -35,7 +35,7 @@ broker=$WALRELAY_KAFKA_BOOTSTRAP_SERVERS
 workdir=$(mktemp -d)
 relay_pid=""
 cleanup() {
-  [[ -n "$relay_pid" ]] && kill -TERM "$relay_pid" 2>/dev/null && wait "$relay_pid" 2>/dev/null || true
+  if [[ -n "$relay_pid" ]] && kill -TERM "$relay_pid" 2>/dev/null; then wait "$relay_pid" 2>/dev/null || true; fi
   if ((started_services)); then "$repo/scripts/services.sh" stop; fi
   rm -rf "$workdir"
 }

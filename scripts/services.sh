@@ -15,8 +15,8 @@ repo=$(cd "$here/.." && pwd)
 RUN_DIR="${WALRELAY_RUN_DIR:-/tmp/walrelay-run-$(echo "$repo" | md5sum | cut -c1-8)}"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 export RUN_DIR
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=scripts/lib.sh
+source "$here/lib.sh"
 
 # Runs a command as the postgres user when we are root (PostgreSQL refuses root).
 as_pg() {
@@ -73,24 +73,10 @@ pg_stop() {
   rm -f "$d/port"
 }
 
-kafka_classpath() { echo "$("$here/kafka-jars.sh")/libs/*"; }
-
-kafka_launch() {
+kafka_up() {
   local d="$RUN_DIR/kafka"
   if [[ -f "$d/pid" ]] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
-  local cp; cp=$(kafka_classpath)
-  local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
-    "-Dlog4j.configuration=file:$d/log4j.properties" -Dkafka.logs.dir="$d")
-  nohup java "${java_opts[@]}" -cp "$cp" kafka.Kafka "$d/server.properties" >"$d/stdout.log" 2>&1 &
-  echo $! > "$d/pid"
-  local port; port=$(cat "$d/port")
-  for _ in $(seq 1 240); do
-    if kcat -b "127.0.0.1:$port" -L -m 2 2>/dev/null | grep -q "1 brokers"; then return 0; fi
-    if ! kill -0 "$(cat "$d/pid")" 2>/dev/null; then tail -50 "$d/stdout.log" >&2; echo "services: kafka died" >&2; return 1; fi
-    sleep 0.5
-  done
-  echo "services: kafka did not answer metadata requests in 120 s; see $d/stdout.log" >&2
-  return 1
+  kafka_launch "$d" "-Xms256m -Xmx1g" "$(cat "$d/port")"
 }
 
 kafka_start() {
@@ -100,54 +86,14 @@ kafka_start() {
   if [[ ! -f "$d/data/meta.properties" ]]; then
     local port cport; port=$(free_port); cport=$(free_port)
     echo "$port" > "$d/port"
-    cat > "$d/server.properties" <<PROPS
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$d/data
-num.partitions=3
-auto.create.topics.enable=true
-offsets.topic.replication.factor=1
+    kafka_configure "$d" "$port" "$cport" PLAINTEXT "num.partitions=3
 offsets.topic.num.partitions=3
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-log.flush.interval.messages=9223372036854775807
-PROPS
-    cat > "$d/log4j.properties" <<LOG
-log4j.rootLogger=INFO, file
-log4j.appender.file=org.apache.log4j.FileAppender
-log4j.appender.file.File=$d/server.log
-log4j.appender.file.layout=org.apache.log4j.PatternLayout
-log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
-LOG
-    local cp; cp=$(kafka_classpath)
-    local cluster_id; cluster_id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
-    java -cp "$cp" "-Dlog4j.configuration=file:$d/log4j.properties" kafka.tools.StorageTool format \
-      -t "$cluster_id" -c "$d/server.properties" >"$d/format.log" 2>&1 \
-      || { cat "$d/format.log" >&2; return 1; }
+log.flush.interval.messages=9223372036854775807"
   fi
-  kafka_launch
+  kafka_up
 }
 
-kafka_stop() {
-  local d="$RUN_DIR/kafka"
-  [[ -f "$d/pid" ]] || return 0
-  local pid; pid=$(cat "$d/pid")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$d/pid"
-}
+kafka_stop() { kafka_kill "$RUN_DIR/kafka"; }
 
 write_env() {
   local env="$RUN_DIR/env"
@@ -175,13 +121,13 @@ case "${1:-}" in
     [[ $what == all || $what == pg ]] && pg_start
     [[ $what == all || $what == kafka ]] && kafka_start
     write_env
-    cat "$RUN_DIR/env" | sed -n 's/^export //p' >&2 ;;
+    sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
   kafka-stop) kafka_stop ;;
-  kafka-start) kafka_launch ;;
+  kafka-start) kafka_up ;;
   pg-restart) as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg/data" -m "${2:-fast}" -w -t 60 restart -l "$RUN_DIR/pg/postgres.log" >/dev/null ;;
   env) cat "$RUN_DIR/env" ;;
   status)  # exit 0 when both services run

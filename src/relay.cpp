@@ -297,7 +297,6 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
 
   if (!facts.slot_exists) {
     if (sessions_streamed_ > 0) {
-      slot_lost_ = true;
       metrics_.slot_invalidated.Set(1);
       throw Fatal("slot.name: replication slot " + config_.slot_name +
                   " was dropped while walrelay was using it; recreating it would skip events, so walrelay stops. "
@@ -327,12 +326,10 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
     co_await conn.start_copy_both(cmd, std::chrono::milliseconds(config_.database_connect_timeout_ms));
   } catch (const PgError& e) {
     if (e.sqlstate() == sqlstate_undefined_object) {
-      slot_lost_ = true;
       metrics_.slot_invalidated.Set(1);
       throw Fatal(std::string("slot.name: ") + e.what());
     }
     if (e.sqlstate() == sqlstate_prerequisite_state) {
-      slot_lost_ = true;
       metrics_.slot_invalidated.Set(1);
       throw Fatal(std::string("slot.name: replication slot cannot be used: ") + e.what());
     }
@@ -759,7 +756,6 @@ asio::awaitable<void> Relay::slot_status_loop() {
         if (auto& v = rows.at(0, "restart_lsn")) info.restart_lsn = Lsn::parse(*v);
         info.observed_at_unix_ms = unix_ms_now();
         if (info.wal_status == "lost" && !halt_reason_) {
-          slot_lost_ = true;
           metrics_.slot_invalidated.Set(1);
           halt("slot.name: replication slot " + config_.slot_name +
                " was invalidated (wal_status lost: max_slot_wal_keep_size exceeded); events it held are gone");

@@ -98,7 +98,6 @@ class Relay final : public StatusSource {
   std::string state_reason_;
   bool stop_requested_ = false;
   std::optional<std::string> halt_reason_;
-  bool slot_lost_ = false;                // dropped or invalidated: fatal
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it

@@ -62,7 +62,7 @@ for name in sorted(os.listdir(golden)):
         out.write(bytes(seq))
 PY
 
-echo "fuzzing for ${seconds}s with $(ls "$corpus" | wc -l) corpus inputs in $FUZZ_DIR"
+echo "fuzzing for ${seconds}s with $(find "$corpus" -type f | wc -l) corpus inputs in $FUZZ_DIR"
 cd "$FUZZ_DIR"
 parallel=()
 if [[ -n ${FUZZ_JOBS:-} && ${FUZZ_JOBS} -gt 1 ]]; then parallel=(-fork="$FUZZ_JOBS"); fi

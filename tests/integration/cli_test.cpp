@@ -1,19 +1,12 @@
 // The command line: --check, --help, configuration errors before any connection.
 #include <catch2/catch.hpp>
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <csignal>
-#include <fstream>
-#include <sstream>
-#include <thread>
+#include <string>
+#include <vector>
 
 #include "harness.hpp"
 
-extern char** environ;
 using namespace it;
 
 namespace {
@@ -23,47 +16,16 @@ struct CliResult {
   std::string output;
 };
 
-// Runs walrelay with arguments and a configuration file; waits for it.
-CliResult run_cli(const std::vector<std::string>& args, const std::string& config) {
-  char tmpl[] = "/tmp/walrelay-cli-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  std::string cfg = dir + "/walrelay.properties", out = dir + "/out.log";
-  std::ofstream(cfg) << config;
-  std::vector<std::string> argv_s{WALRELAY_BINARY};
-  for (auto& a : args) argv_s.push_back(a == "CONFIG" ? cfg : a);
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> envs;
-  for (char** e = environ; *e; ++e)
-    if (std::string(*e).rfind("WALRELAY_", 0) != 0) envs.emplace_back(*e);
-  std::vector<char*> envp;
-  for (auto& e : envs) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
-  posix_spawn_file_actions_destroy(&fa);
+// Runs walrelay with arguments ("CONFIG" stands for the configuration file's
+// path) and waits for it: --check and configuration errors must not hang.
+CliResult run_cli(std::vector<std::string> args, const std::string& config) {
+  Walrelay w(config);
+  for (auto& a : args)
+    if (a == "CONFIG") a = w.config_path();
   CliResult r;
-  int status = 0;
-  // bounded: --check and configuration errors must not hang
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      FAIL("walrelay did not exit");
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  r.output = ss.str();
+  r.exit_code = w.run(args, 60s);
+  if (r.exit_code < 0) FAIL("walrelay did not exit");
+  r.output = w.this_run_log();
   return r;
 }
 

@@ -280,7 +280,9 @@ Walrelay::~Walrelay() {
   }
 }
 
-void Walrelay::start() {
+void Walrelay::start() { start({"--config", config_path_}); }
+
+void Walrelay::start(const std::vector<std::string>& args) {
   exit_code_ = -1;
   admin_port_ = 0;
   log_offset_ = read_file(log_path_).size();  // a restart appends: look only at what this run writes
@@ -298,12 +300,19 @@ void Walrelay::start() {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&fa, 1, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  std::string bin = WALRELAY_BINARY;
-  std::string arg_config = "--config";
-  std::vector<char*> argv{bin.data(), arg_config.data(), config_path_.data(), nullptr};
-  if (posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), envp.data()) != 0)
-    throw std::runtime_error("could not start walrelay");
+  std::vector<std::string> argv_s{WALRELAY_BINARY};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("could not start walrelay");
+}
+
+int Walrelay::run(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+  start(args);
+  return wait_exit(timeout);
 }
 
 bool Walrelay::running() {

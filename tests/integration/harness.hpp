@@ -91,6 +91,10 @@ class Walrelay {
   Walrelay& operator=(const Walrelay&) = delete;
 
   void start();
+  // Starts walrelay with these arguments instead of --config <config_path()>.
+  void start(const std::vector<std::string>& args);
+  // start(args), then waits for the exit: its code, or -1 if it did not exit in time.
+  int run(const std::vector<std::string>& args, std::chrono::milliseconds timeout = 60s);
   bool running();
   void signal(int sig);
   // Waits for exit; the exit code, or -1 on timeout, 128+N if killed by signal N.

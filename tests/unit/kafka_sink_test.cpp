@@ -6,6 +6,8 @@
 #include <librdkafka/rdkafka_mock.h>
 
 #include <boost/asio/io_context.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <functional>
@@ -89,6 +91,51 @@ TEST_CASE("kafka sink: every record gets exactly one delivery report, on the pol
   CHECK(tokens.size() == 100);
   // healthy once librdkafka's statistics (every 100 ms here) show the broker up
   CHECK(run_until(io, [&] { return sink.healthy(); }, 5s));
+}
+
+TEST_CASE("kafka sink: a new topic's metadata is requested when its first record arrives", "[sink]") {
+  // Producing by topic name would leave a topic librdkafka has not seen to its
+  // once-a-second topic scan, and its first records would wait for it.
+  MockCluster cluster;
+  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, "second", 2, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(2000);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("ring", ring));
+  spdlog::set_level(spdlog::level::debug);
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() {
+      spdlog::set_default_logger(logger);
+      spdlog::set_level(spdlog::level::info);
+    }
+  } restore{previous};
+  boost::asio::io_context io;
+  auto settings = cluster.settings();
+  settings["debug"] = "metadata";
+  KafkaSink sink(io, settings);
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  REQUIRE(run_until(io, [&] { return sink.healthy(); }, 5s));  // a usable broker to ask
+  auto asked = [&] {
+    for (auto& line : ring->last_formatted())
+      if (line.find("Requesting metadata") != std::string::npos && line.find("leader query") != std::string::npos)
+        return true;
+    return false;
+  };
+  CHECK_FALSE(asked());
+  REQUIRE(sink.submit(record("v"), 1) == SubmitStatus::accepted);
+  CHECK(asked());  // at submit, not at the next topic scan
+  auto second = record("w");
+  second.topic = "second";
+  REQUIRE(sink.submit(second, 2) == SubmitStatus::accepted);
+  REQUIRE(sink.submit(record("x"), 3) == SubmitStatus::accepted);  // the same handle again
+  REQUIRE(run_until(io, [&] { return reports.size() == 3; }, 20s));
+  std::set<std::string> topics;
+  for (auto& d : reports) {
+    CHECK(d.ok);
+    topics.insert(std::string(d.topic));
+  }
+  CHECK(topics == std::set<std::string>{"events", "second"});
 }
 
 TEST_CASE("kafka sink: transient broker errors are retried, never reported as failures", "[sink]") {

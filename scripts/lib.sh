@@ -1,0 +1,110 @@
+# shellcheck shell=bash
+# Shell helpers shared by services.sh, kafka-jars.sh, fault/kafka-sasl.sh and
+# bench/debezium/jars.sh. Source it; it defines functions and CACHE_ROOT only.
+
+export CACHE_ROOT="${WALRELAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/walrelay}"
+WALRELAY_SCRIPTS="${WALRELAY_SCRIPTS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# maven_fetch DIR NAME DEPENDENCY_XML: copies the runtime closure of the given
+# <dependency> elements from Maven Central into DIR/libs, once. A finished
+# fetch leaves DIR/.complete and is reused without touching the network.
+maven_fetch() {
+  local dir="$1" name="$2" deps="$3"
+  [[ -f "$dir/.complete" ]] && return 0
+  mkdir -p "$dir/libs"
+  local work; work=$(mktemp -d)
+  cat > "$work/pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>walrelay</groupId><artifactId>$name</artifactId><version>1</version>
+  <dependencies>
+$deps
+  </dependencies>
+</project>
+POM
+  if ! ( cd "$work" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$dir/libs" -DincludeScope=runtime >&2 ); then
+    rm -rf "$work"; return 1
+  fi
+  rm -rf "$work"
+  touch "$dir/.complete"
+}
+
+# kafka_configure DIR PORT CPORT PROTOCOL [EXTRA_PROPERTIES]: a single-node
+# KRaft broker+controller on loopback whose client listener speaks PROTOCOL
+# (PLAINTEXT, SASL_PLAINTEXT, ...), data in DIR/data, log in DIR/server.log;
+# then formats its storage.
+kafka_configure() {
+  local dir="$1" port="$2" cport="$3" protocol="$4" extra="${5:-}"
+  mkdir -p "$dir"
+  cat > "$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=$protocol://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=$protocol://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=$protocol
+listener.security.protocol.map=$protocol:$protocol,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+$extra
+PROPS
+  cat > "$dir/log4j.properties" <<LOG
+log4j.rootLogger=INFO, file
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File=$dir/server.log
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+LOG
+  local cp; cp=$(kafka_classpath)
+  local cluster_id; cluster_id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
+  java -cp "$cp" "-Dlog4j.configuration=file:$dir/log4j.properties" kafka.tools.StorageTool format \
+    -t "$cluster_id" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
+    || { cat "$dir/format.log" >&2; return 1; }
+}
+
+# The broker's jars (fetched on first use); a java -cp value.
+kafka_classpath() { echo "$("$WALRELAY_SCRIPTS/kafka-jars.sh")/libs/*"; }
+
+# kafka_launch DIR "HEAP_OPTS" PORT [KCAT_ARGS...]: starts the broker
+# configured in DIR in the background (pid in DIR/pid) and waits until kcat,
+# with the given client settings, sees it answer metadata requests.
+kafka_launch() {
+  local dir="$1" heap="$2" port="$3"; shift 3
+  local cp; cp=$(kafka_classpath)
+  # shellcheck disable=SC2086  # HEAP_OPTS is a list of JVM options
+  nohup java $heap -XX:+UseG1GC -Djava.awt.headless=true \
+    "-Dlog4j.configuration=file:$dir/log4j.properties" -Dkafka.logs.dir="$dir" \
+    -cp "$cp" kafka.Kafka "$dir/server.properties" >"$dir/stdout.log" 2>&1 &
+  echo $! > "$dir/pid"
+  for _ in $(seq 1 240); do
+    if kcat -b "127.0.0.1:$port" "$@" -L -m 2 2>/dev/null | grep -q "1 brokers"; then return 0; fi
+    if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+      tail -50 "$dir/stdout.log" >&2; echo "kafka in $dir died" >&2; return 1
+    fi
+    sleep 0.5
+  done
+  echo "kafka in $dir did not answer metadata requests in 120 s; see $dir/server.log" >&2
+  return 1
+}
+
+# kafka_kill DIR: SIGTERM, up to 30 s for a clean shutdown, then SIGKILL.
+kafka_kill() {
+  local dir="$1"
+  [[ -f "$dir/pid" ]] || return 0
+  local pid; pid=$(cat "$dir/pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/pid"
+}
