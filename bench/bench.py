@@ -23,7 +23,7 @@ import time
 import urllib.request
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 TYPES = ["Order", "Customer", "Invoice", "Shipment"]
@@ -270,6 +270,18 @@ class Run:
             if now - t_launch > self.timeout_s:
                 log(f"{self.name}: timeout after {self.timeout_s} s with {count}/{self.n} events")
                 break
+            if self.prefix and t_first is None and proc.poll() is None:
+                # Until the first record: only the watermarks, every 2 ms, so that
+                # start-up is measured to a few ms (a full sample takes ~10 ms).
+                # CPU and VmHWM are cumulative: the later samples include this time.
+                try:
+                    if env.topic_count(self.prefix) > 0:
+                        t_first = time.monotonic()
+                except Exception:  # noqa: BLE001 - metadata not there yet
+                    pass
+                if t_first is None:
+                    time.sleep(0.002)
+                    continue
             c = proc_cpu_s(proc.pid)
             h = proc_hwm_kb(proc.pid)
             if c is not None and proc.poll() is None:
@@ -562,7 +574,7 @@ def histogram_percentiles(before, after):
     return res
 
 
-def settle(env, quiet_cores=0.25, need_s=3.0, max_s=90.0):
+def settle(env, quiet_cores=0.25, need_s=3.0, max_s=60.0):
     """Before a latency run: a checkpoint, then wait until the whole machine has
     been nearly idle for need_s (at most max_s), so that the previous round's
     after-effects (checkpoints, the broker deleting topics, JIT and GC) land in
@@ -583,6 +595,33 @@ def settle(env, quiet_cores=0.25, need_s=3.0, max_s=90.0):
         else:
             quiet_since = None
     return round(time.monotonic() - t_start, 1)
+
+
+def warm_broker(env, seconds=60, rate=2000):
+    """Before the latency section: the broker's JIT warmed by a producer and a
+    consumer at a steady rate on a scratch topic, so that no contender's
+    latency includes a cold broker (it adds tens of ms to p99 for minutes
+    after the broker starts)."""
+    prefix = "bench_warm"
+    env.create_topics(prefix)
+    topics = env.topics(prefix)
+    p = Producer({"bootstrap.servers": env.kafka, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+    c = Consumer({"bootstrap.servers": env.kafka, "group.id": "bench-warm", "fetch.wait.max.ms": 5})
+    c.assign([TopicPartition(t, p_, -1) for t in topics for p_ in range(PARTITIONS)])
+    t0 = time.monotonic()
+    i = 0
+    while time.monotonic() - t0 < seconds:
+        p.produce(topics[i % len(topics)], key=str(i % 10000).encode(), value=b"x" * 200)
+        i += 1
+        p.poll(0)
+        c.consume(100, 0)
+        ahead = t0 + i / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+    p.flush(30)
+    c.close()
+    env.delete_topics(prefix)
+    return i
 
 
 def run_latency(env, contender, rate, seconds, tag):
@@ -613,10 +652,19 @@ def run_latency(env, contender, rate, seconds, tag):
         deadline = time.monotonic() + 180
         while env.topic_count(prefix) < 4 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
+        # Warm-up at the measured rate, not measured: the broker's JIT, the
+        # contender's and the walsender's caches reach their steady state (a
+        # cold broker adds tens of ms to the first seconds' tail). Then wait
+        # until all of it is in Kafka, and for a quiet machine.
+        warm_s = 10 if rate <= 1000 else 5
+        env.q("CALL bench_paced(%s, %s)", (rate, warm_s))
+        deadline = time.monotonic() + 180
+        while env.topic_count(prefix) < 4 + rate * warm_s and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        settled_s = settle(env)
         cons = LatencyConsumer(env, prefix, n)
         cons.start()
         time.sleep(2)  # consumer assigned
-        settled_s = settle(env)
         cpu0 = proc_cpu_s(proc.pid)
         hist0 = scrape_histograms(admin_port) if admin_port else {}
         t0 = time.monotonic()
@@ -800,6 +848,8 @@ def main():
 
     if "latency" in sections:
         rates = [(r, sec) for r, sec in ((1000, 30), (10000, 15)) if not args.rates or str(r) in args.rates]
+        log("latency: warming the broker for 60 s")
+        warm_broker(env)
         for rep in range(repeats):
             for c in [x for x in ("walrelay", "debezium", "polling") if x in contenders]:
                 for rate, secs in rates:
