@@ -229,10 +229,11 @@ void apply_kafka_policy(Config& c) {
   require("acks", "all", {"all", "-1"});
   c.kafka.try_emplace("partitioner", "murmur2_random");
   c.kafka.try_emplace("message.timeout.ms", "0");
-  // An outbox relay is latency-first: with linger 0 a lone event leaves at once,
-  // and under load batches still form while earlier requests are in flight
-  // (docs/benchmarks.md: same throughput as 5 ms, p99 at 1k ev/s 6 ms vs 13-23).
-  c.kafka.try_emplace("linger.ms", "0");
+  // 5 ms, as librdkafka and Kafka 4's producer: with 0 every lone event is its
+  // own produce request, and on a busy host the broker's per-request cost made
+  // walrelay fall behind at 5,000 1-row transactions/s where 5 ms kept up
+  // (docs/benchmarks.md, finding 4). 0 is the setting for the lowest latency.
+  c.kafka.try_emplace("linger.ms", "5");
   if (!c.kafka.count("bootstrap.servers")) throw ConfigError("kafka.bootstrap.servers", "is required");
   // librdkafka's own queue must hold at least what walrelay lets in flight,
   // so that QUEUE_FULL stays an exception rather than the flow control.
