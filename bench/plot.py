@@ -99,12 +99,13 @@ def main():
         # One bar group per contender and rate: the median over the repeats.
         by_rate = {}
         for r in data["latency"]:
-            by_rate.setdefault((r["contender"], r["rate"]), []).append(r)
-        lat = [{"contender": c, "rate": rate, "n": len(rs),
+            by_rate.setdefault((r["contender"], r.get("options", ""), r["rate"]), []).append(r)
+        lat = [{"contender": c, "options": o, "rate": rate, "n": len(rs),
                 **{f"append_p{p}_ms": statistics.median([r.get(f"append_p{p}_ms") or 0 for r in rs])
-                   for p in ("50", "99", "99.9")}} for (c, rate), rs in by_rate.items()]
-        fig, ax = plt.subplots(figsize=(8, 4.2))
-        labels = [f'{r["contender"]}\n{r["rate"]:,}/s' + (f' (n={r["n"]})' if r["n"] > 1 else "") for r in lat]
+                   for p in ("50", "99", "99.9")}} for (c, o, rate), rs in by_rate.items()]
+        fig, ax = plt.subplots(figsize=(10, 4.4))
+        labels = [f'{r["contender"]}' + (f'\n{r["options"].split(",")[0].replace("kafka.", "")}' if r["options"] else "")
+                  + f'\n{r["rate"]:,}/s' + (f' (n={r["n"]})' if r["n"] > 1 else "") for r in lat]
         for k, (p, col) in enumerate((("50", "#9ecae1"), ("99", "#3182bd"), ("99.9", "#08519c"))):
             vals = [r.get(f"append_p{p}_ms") or 0 for r in lat]
             xs = [i + (k - 1) * 0.27 for i in range(len(lat))]

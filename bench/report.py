@@ -108,7 +108,7 @@ def latency(data):
     """Median (min–max) over the repeats of each contender and rate."""
     out = ["| contender | offered rate | achieved | events received | append p50 | p99 | p99.9 | max | "
            "walrelay's own commit→ack p99 ≤ | consumer p50 | p99 |", "|---" * 11 + "|"]
-    rows = data.get("latency", []) + data.get("latency_extra", [])
+    rows = data.get("latency", []) + data.get("latency_ladder", []) + data.get("latency_extra", [])
     groups = {}
     for r in rows:
         name = r["contender"] + (f" ({r['options']})" if r.get("options") else "")
