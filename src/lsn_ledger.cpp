@@ -91,6 +91,11 @@ std::optional<std::int64_t> LsnLedger::oldest_unacked_commit_time() const {
   return std::nullopt;
 }
 
+bool LsnLedger::had_records(TxnId txn) const {
+  const Txn* t = find(txn);
+  return t && t->had_records;
+}
+
 std::optional<pgoutput::Lsn> LsnLedger::commit_lsn_of(TxnId txn) const {
   const Txn* t = find(txn);
   if (!t) return std::nullopt;

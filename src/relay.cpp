@@ -540,13 +540,11 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           txn_ = ledger_.open(m.commit_time, m.final_lsn);
           xid_ = m.xid;
           commit_time_ = m.commit_time;
-          txn_records_ = false;
           txn_lsn_ = m.final_lsn;
         } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
-          if (txn_ && txn_records_) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
+          if (txn_ && ledger_.had_records(*txn_)) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
           if (txn_) ledger_.commit(*txn_, m.end_lsn);
           txn_.reset();
-          txn_records_ = false;
           metrics_.transactions.Increment();
         } else if constexpr (std::is_same_v<T, pgoutput::Relation>) {
           bool outbox = mapper_.on_relation(m);
@@ -583,7 +581,6 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
   std::uint16_t table = record_.table_index;
   // Counted before submit: a synchronous rejection reports its delivery at once.
   ledger_.add_record(*txn_, bytes);
-  txn_records_ = true;
   switch (sink_.submit(record_, make_token(*txn_, table))) {
     case SubmitStatus::accepted:
     case SubmitStatus::failed:  // its Delivery has been handled already
@@ -619,7 +616,6 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
   headers.push_back({"id", dlq_texts_[4]});
   std::size_t bytes = scratch_.size();
   ledger_.add_record(*txn_, bytes);
-  txn_records_ = true;
   auto status = sink_.submit_dead_letter(config_.dlq_topic, std::nullopt, scratch_, headers, make_token(*txn_, 0), bytes);
   if (status == SubmitStatus::queue_full) {
     ledger_.ack(*txn_, bytes);

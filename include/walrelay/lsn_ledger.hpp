@@ -56,6 +56,8 @@ class LsnLedger {
   std::optional<std::int64_t> oldest_unacked_commit_time() const;
   // The commit LSN of a transaction still in the ledger.
   std::optional<Lsn> commit_lsn_of(TxnId txn) const;
+  // Whether a transaction still in the ledger has had a record added.
+  bool had_records(TxnId txn) const;
   // Called once for each committed transaction that carried records, when it
   // and every earlier one are acknowledged (its end LSN becomes confirmable).
   void on_retired(std::function<void(std::int64_t commit_time_us)> callback) { on_retired_ = std::move(callback); }

@@ -107,7 +107,6 @@ class Relay final : public StatusSource {
   std::optional<LsnLedger::TxnId> txn_;
   std::uint32_t xid_ = 0;
   std::int64_t commit_time_ = 0;
-  bool txn_records_ = false;              // the open transaction has outbox records in the ledger
   pgoutput::Lsn txn_lsn_;
 
   // Positions
