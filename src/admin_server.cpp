@@ -233,6 +233,8 @@ std::string slot_json(const StatusSnapshot& s) {
   append_json_string(out, s.server_wal_end.to_string());
   append_key(out, "lag_bytes", first);
   out += std::to_string(s.lag_bytes);
+  append_key(out, "retained_wal_bytes", first);
+  out += std::to_string(s.retained_wal_bytes);
   append_key(out, "lag_seconds", first);
   append_json_double(out, s.lag_seconds);
   append_key(out, "inflight_records", first);
@@ -263,6 +265,12 @@ std::string slot_json(const StatusSnapshot& s) {
     append_key(out, "restart_lsn", inner_first);
     if (info.restart_lsn) {
       append_json_string(out, info.restart_lsn->to_string());
+    } else {
+      out += "null";
+    }
+    append_key(out, "current_wal_lsn", inner_first);
+    if (info.current_wal_lsn) {
+      append_json_string(out, info.current_wal_lsn->to_string());
     } else {
       out += "null";
     }

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "walrelay/admin_server.hpp"
+#include "walrelay/catalog.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/kafka_sink.hpp"
 #include "walrelay/logging.hpp"
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
   options.add_options()
       ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
       ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")
+      ("reset-slot", "create the replication slot anew when it is missing or invalidated, accepting that the events "
+                     "since its last confirmed position are not relayed; logs the skipped LSN range, then exits")
       ("print-config", "print the effective configuration (secrets masked) and exit")
       ("version", "print the version and exit")
       ("help,h", "print this help and exit");
@@ -85,17 +88,27 @@ int main(int argc, char** argv) {
 
   if (vm.count("check")) {
     int code = exit_ok;
-    asio::co_spawn(io, Relay::check(io, config, *sink), [&](std::exception_ptr e, std::vector<std::string> problems) {
+    asio::co_spawn(io, check_setup(io, config, *sink), [&](std::exception_ptr e, CheckReport report) {
       if (e) {
         try {
           std::rethrow_exception(e);
         } catch (const std::exception& ex) {
-          problems.push_back(ex.what());
+          report.problems.push_back(ex.what());
         }
       }
-      for (auto& p : problems) std::cout << "problem: " << p << "\n";
-      if (problems.empty()) std::cout << "ok: configuration, database and broker checked\n";
-      code = problems.empty() ? exit_ok : exit_failure;
+      for (auto& n : report.notes) std::cout << "note: " << n << "\n";
+      for (auto& p : report.problems) std::cout << "problem: " << p << "\n";
+      if (report.problems.empty()) std::cout << "ok: configuration, database and broker checked\n";
+      code = report.problems.empty() ? exit_ok : exit_failure;
+      io.stop();
+    });
+    io.run();
+    return code;
+  }
+  if (vm.count("reset-slot")) {
+    int code = exit_failure;
+    asio::co_spawn(io, reset_slot(io, config), [&](std::exception_ptr e, int result) {
+      if (!e) code = result;
       io.stop();
     });
     io.run();

@@ -225,9 +225,11 @@ Metrics::Metrics()
       flushed_lsn(add_gauge(*registry_, "walrelay_flushed_lsn",
                             "LSN reported to the server as flushed (all earlier events in Kafka).")),
       server_wal_end(add_gauge(*registry_, "walrelay_server_wal_end_lsn",
-                               "Newest server WAL end seen in the replication stream.")),
+                               "The server's current WAL position (pg_current_wal_lsn), as a byte position.")),
       lag_bytes(add_gauge(*registry_, "walrelay_slot_lag_bytes",
-                          "Bytes of WAL the slot retains: server WAL end minus flushed LSN.")),
+                          "The server's current WAL position minus the slot's confirmed_flush_lsn.")),
+      retained_wal_bytes(add_gauge(*registry_, "walrelay_slot_retained_wal_bytes",
+                                   "WAL the slot keeps on the server: current WAL position minus restart_lsn.")),
       lag_seconds(add_gauge(*registry_, "walrelay_slot_lag_seconds",
                             "Age in seconds of the oldest commit not yet acknowledged by Kafka.")),
       ready(add_gauge(*registry_, "walrelay_ready",
@@ -256,7 +258,15 @@ Metrics::Metrics()
                                                "Events written to the dead-letter topic, by reason.")),
       mapping_errors_family_(add_counter_family(
           *registry_, "walrelay_mapping_errors_total",
-          "Outbox rows that could not be mapped to a Kafka record, by reason.")) {
+          "Outbox rows that could not be mapped to a Kafka record, by reason.")),
+      skipped_rows_family_(add_counter_family(
+          *registry_, "walrelay_skipped_rows_total",
+          "Inserted rows the publication sent from tables that are not in table.include.list, by table.")),
+      safe_wal_size_family_(&prometheus::BuildGauge()
+                                 .Name("walrelay_slot_safe_wal_size_bytes")
+                                 .Help("WAL that can still be written before max_slot_wal_keep_size invalidates the "
+                                       "slot; absent while the server sets no limit.")
+                                 .Register(*registry_)) {
   start_time.Set(unix_now_seconds());
 }
 
@@ -278,6 +288,20 @@ prometheus::Counter& Metrics::delivery_errors(std::string_view reason) {
 
 prometheus::Counter& Metrics::dead_lettered(std::string_view reason) {
   return dead_lettered_family_->Add({{"reason", std::string(reason)}});
+}
+
+void Metrics::set_safe_wal_size(std::optional<double> bytes) {
+  if (bytes) {
+    if (!safe_wal_size_) safe_wal_size_ = &safe_wal_size_family_->Add({});
+    safe_wal_size_->Set(*bytes);
+  } else if (safe_wal_size_) {
+    safe_wal_size_family_->Remove(safe_wal_size_);
+    safe_wal_size_ = nullptr;
+  }
+}
+
+prometheus::Counter& Metrics::skipped_rows(std::string_view table) {
+  return skipped_rows_family_->Add({{"table", std::string(table)}});
 }
 
 prometheus::Counter& Metrics::mapping_errors(std::string_view reason) {

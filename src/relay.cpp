@@ -10,6 +10,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <random>
 
+#include "walrelay/catalog.hpp"
+
 namespace walrelay {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
@@ -33,104 +35,26 @@ struct Fatal : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::int64_t unix_ms_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string join_tables(const Config& config, PgConnection& conn) {
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;
-  for (auto& t : config.table_include_list) {
-    if (!out.empty()) out += ", ";
-    out += conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name);
-  }
+  for (auto& i : items) out += (out.empty() ? "" : std::string(sep)) + i;
   return out;
 }
 
-// Catalog checks shared by start-up and --check: the server, the tables and
-// their columns, the publication and the slot. Reads catalogs only.
-struct ServerFacts {
-  bool publication_exists = false;
-  std::vector<std::string> publication_missing_tables;
-  bool slot_exists = false;
-  std::optional<std::string> slot_plugin, slot_database, slot_wal_status, slot_confirmed;
-  std::optional<std::int32_t> slot_active_pid;
-};
-
-asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config,
-                                            std::vector<std::string>& problems) {
-  ServerFacts facts;
-  int version = conn.server_version();
-  if (version < 140000)
-    problems.push_back("PostgreSQL " + std::to_string(version / 10000) + " is not supported: walrelay needs 14 or later");
-  else if (version >= 180000)
-    spdlog::warn("PostgreSQL {} is newer than walrelay has been tested with (14 to 17)", version / 10000);
-
-  auto wal_level = co_await conn.query("SHOW wal_level");
-  auto level = wal_level.rows.empty() ? std::string("?") : wal_level.rows[0][0].value_or("?");
-  if (level != "logical")
-    problems.push_back("wal_level is " + level + ": set wal_level = logical in postgresql.conf and restart the server");
-
-  for (auto& t : config.table_include_list) {
-    auto cols = co_await conn.query(
-        "SELECT a.attname FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = " +
-        conn.quote_literal(t.schema) + " AND c.relname = " + conn.quote_literal(t.name) +
-        " AND a.attnum > 0 AND NOT a.attisdropped");
-    if (cols.rows.empty()) {
-      problems.push_back("table.include.list: table " + t.qualified() + " does not exist");
-      continue;
-    }
-    auto has = [&](const std::string& name) {
-      return std::any_of(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == name; });
-    };
-    auto need = [&](const std::string& key, const std::string& column) {
-      if (!column.empty() && !has(column))
-        problems.push_back(key + ": table " + t.qualified() + " has no column \"" + column + "\"");
-    };
-    need("table.field.event.id", config.field_event_id);
-    need("table.field.event.key", config.field_event_key);
-    need("table.field.event.payload", config.field_event_payload);
-    need("table.field.event.timestamp", config.field_event_timestamp);
-    if (config.route_topic_replacement.find("${routedByValue}") != std::string::npos)
-      need("route.by.field", config.route_by_field);
-    for (auto& p : config.additional_placement) need("table.fields.additional.placement", p.column);
+// DDL that failed for want of a privilege or an object fails again on every
+// retry: a halt that names the fix, not a reconnect loop.
+asio::awaitable<void> ddl(asio::awaitable<void> op) {
+  try {
+    co_await std::move(op);
+  } catch (const PgError& e) {
+    if (e.sqlstate().rfind("42", 0) == 0) throw Fatal(e.what());
+    throw;
   }
+}
 
-  auto pub = co_await conn.query("SELECT pubname FROM pg_catalog.pg_publication WHERE pubname = " +
-                                 conn.quote_literal(config.publication_name));
-  facts.publication_exists = !pub.rows.empty();
-  if (facts.publication_exists) {
-    for (auto& t : config.table_include_list) {
-      auto in = co_await conn.query("SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = " +
-                                    conn.quote_literal(config.publication_name) + " AND schemaname = " +
-                                    conn.quote_literal(t.schema) + " AND tablename = " + conn.quote_literal(t.name));
-      if (in.rows.empty()) facts.publication_missing_tables.push_back(t.qualified());
-    }
-  }
-
-  auto slot = co_await conn.query(
-      "SELECT plugin, database, active_pid, wal_status, confirmed_flush_lsn FROM pg_catalog.pg_replication_slots "
-      "WHERE slot_name = " + conn.quote_literal(config.slot_name));
-  if (!slot.rows.empty()) {
-    facts.slot_exists = true;
-    facts.slot_plugin = slot.rows[0][0];
-    facts.slot_database = slot.rows[0][1];
-    if (slot.rows[0][2]) facts.slot_active_pid = std::stoi(*slot.rows[0][2]);
-    facts.slot_wal_status = slot.rows[0][3];
-    facts.slot_confirmed = slot.rows[0][4];
-    if (facts.slot_plugin != "pgoutput")
-      problems.push_back("slot.name: slot " + config.slot_name + " uses plugin " + facts.slot_plugin.value_or("?") +
-                         ", not pgoutput");
-    if (facts.slot_database != config.database_dbname)
-      problems.push_back("slot.name: slot " + config.slot_name + " belongs to database " +
-                         facts.slot_database.value_or("?") + ", not " + config.database_dbname);
-    if (facts.slot_wal_status == "lost")
-      problems.push_back("slot.name: slot " + config.slot_name +
-                         " has been invalidated (wal_status lost; max_slot_wal_keep_size exceeded?): events it held "
-                         "are gone; drop it and recreate it deliberately");
-  }
-  co_return facts;
+std::int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -266,50 +190,38 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   spdlog::info("connected: systemid={} timeline={} xlogpos={} dbname={} server_version={}",
                ident.at(0, "systemid").value_or("?"), ident.at(0, "timeline").value_or("?"),
                ident.at(0, "xlogpos").value_or("?"), ident.at(0, "dbname").value_or("?"), conn.server_version());
+  if (conn.server_version() >= 190000)
+    spdlog::warn("PostgreSQL {} is newer than walrelay has been tested with (14 to 18)", conn.server_version() / 10000);
 
-  std::vector<std::string> problems;
-  auto facts = co_await inspect_server(conn, config_, problems);
-  if (!problems.empty()) {
-    std::string all;
-    for (auto& p : problems) all += (all.empty() ? "" : "; ") + p;
-    throw Fatal(all);
+  std::vector<std::string> problems, warnings;
+  auto facts = co_await inspect_server(conn, config_, ident.at(0, "systemid").value_or(""), problems, warnings);
+  for (auto& w : warnings) spdlog::warn("{}", w);
+  if (!facts.slot.exists && sessions_streamed_ > 0) {
+    metrics_.slot_invalidated.Set(1);
+    problems.push_back("slot.name: replication slot " + config_.slot_name +
+                       " was dropped while walrelay was using it; recreating it would skip events, so walrelay "
+                       "stops. To accept the gap, run walrelay --reset-slot once, then start walrelay again.");
+  } else if (auto p = slot_problem(config_, facts)) {
+    metrics_.slot_invalidated.Set(1);
+    problems.push_back(*p);
+  }
+  if (!problems.empty()) throw Fatal(join(problems, "; "));
+
+  auto publication = publication_problems(config_, facts);
+  if (!publication.empty()) {
+    if (config_.publication_autocreate == PublicationAutocreate::disabled)
+      throw Fatal(join(publication, "; ") + " (publication.autocreate.mode=disabled: walrelay does not change it)");
+    co_await ddl(ensure_publication(conn, config_, facts));
   }
 
-  if (!facts.publication_exists) {
-    if (config_.publication_autocreate == PublicationAutocreate::disabled)
-      throw Fatal("publication.name: publication " + config_.publication_name +
-                  " does not exist and publication.autocreate.mode=disabled");
-    std::string sql = "CREATE PUBLICATION " + conn.quote_identifier(config_.publication_name) + " FOR TABLE " +
-                      join_tables(config_, conn) + " WITH (publish = 'insert')";
-    spdlog::info("creating publication: {}", sql);
-    co_await conn.query(sql);
-  } else if (!facts.publication_missing_tables.empty()) {
-    std::string missing;
-    for (auto& t : facts.publication_missing_tables) missing += (missing.empty() ? "" : ", ") + t;
-    if (config_.publication_autocreate == PublicationAutocreate::disabled)
-      throw Fatal("publication.name: publication " + config_.publication_name + " does not publish " + missing);
-    // filtered: make the publication cover exactly the configured tables.
-    std::string sql = "ALTER PUBLICATION " + conn.quote_identifier(config_.publication_name) + " SET TABLE " +
-                      join_tables(config_, conn);
-    spdlog::info("updating publication: {}", sql);
-    co_await conn.query(sql);
-  }
-
-  if (!facts.slot_exists) {
-    if (sessions_streamed_ > 0) {
-      metrics_.slot_invalidated.Set(1);
-      throw Fatal("slot.name: replication slot " + config_.slot_name +
-                  " was dropped while walrelay was using it; recreating it would skip events, so walrelay stops. "
-                  "Recreate it deliberately and restart walrelay.");
-    }
-    // NOEXPORT_SNAPSHOT is the spelling every supported version accepts.
-    std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name) +
-                      " LOGICAL pgoutput NOEXPORT_SNAPSHOT";
-    spdlog::warn("slot={} does not exist: creating it; outbox rows committed before this point are not relayed",
+  if (!facts.slot.exists) {
+    spdlog::warn("slot={} does not exist and walrelay has not created it before: creating it; outbox rows committed "
+                 "before its consistent point are not relayed",
                  config_.slot_name);
-    auto created = co_await conn.query(sql);
-    spdlog::info("slot={} created at consistent point {}", config_.slot_name,
-                 created.at(0, "consistent_point").value_or("?"));
+    auto created = co_await create_slot(conn, config_);
+    co_await ddl(mark_slot(conn, config_, facts, created));
+  } else if (!facts.marker) {
+    co_await ddl(mark_slot(conn, config_, facts, std::nullopt));
   }
 
   // Highest protocol the server speaks. Streaming and two-phase stay off: the
@@ -514,7 +426,7 @@ Relay::Step Relay::handle_copy_data(std::span<const std::byte> data) {
   }
   metrics_.messages_received.Increment();
   if (auto* ka = std::get_if<pgoutput::PrimaryKeepalive>(&decoded.value())) {
-    server_wal_end_ = std::max(server_wal_end_, ka->wal_end);
+    stream_wal_end_ = std::max(stream_wal_end_, ka->wal_end);
     ledger_.server_position(ka->wal_end);
     if (ka->reply_requested) reply_requested_ = true;
     return Step::done;
@@ -523,7 +435,7 @@ Relay::Step Relay::handle_copy_data(std::span<const std::byte> data) {
 }
 
 Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
-  server_wal_end_ = std::max(server_wal_end_, xlog.wal_end);
+  stream_wal_end_ = std::max(stream_wal_end_, xlog.wal_end);
   auto decoded = decoder_.decode(xlog.payload);
   if (!decoded) {
     metrics_.decode_errors.Increment();
@@ -550,7 +462,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           bool outbox = mapper_.on_relation(m);
           spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
         } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
-          if (mapper_.is_outbox(m.relation_oid)) step = relay_insert(m, xlog.wal_start);
+          step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
         } else if constexpr (std::is_same_v<T, pgoutput::StreamStart> || std::is_same_v<T, pgoutput::StreamCommit> ||
                              std::is_same_v<T, pgoutput::StreamAbort> || std::is_same_v<T, pgoutput::BeginPrepare> ||
                              std::is_same_v<T, pgoutput::Prepare> || std::is_same_v<T, pgoutput::StreamPrepare>) {
@@ -589,6 +501,26 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
       ledger_.ack(*txn_, bytes);  // not taken: undo and try again later
       return Step::retry;
   }
+  return Step::done;
+}
+
+Relay::Step Relay::skip_insert(const pgoutput::Insert& insert, Lsn lsn) {
+  auto table = mapper_.table_name(insert.relation_oid);
+  if (table.empty()) {
+    metrics_.decode_errors.Increment();
+    halt("Insert at " + lsn.to_string() + " for relation OID " + std::to_string(insert.relation_oid) +
+         " that no Relation message described: the stream is not what walrelay expects");
+    return Step::stop;
+  }
+  auto [it, first] = skipped_.try_emplace(insert.relation_oid, nullptr);
+  if (first) {
+    it->second = &metrics_.skipped_rows(table);
+    spdlog::warn("{} the publication sends inserts into {}, which is not in table.include.list: its rows are "
+                 "skipped and counted in walrelay_skipped_rows_total (a partition of a partitioned outbox? the "
+                 "publication then needs publish_via_partition_root = true)",
+                 context(), table);
+  }
+  it->second->Increment();
   return Step::done;
 }
 
@@ -690,14 +622,37 @@ void Relay::on_delivery(const Delivery& d) {
   }
 }
 
+// The server's current WAL position and the slot's lag behind it: from the
+// slot poller when it has answered (the server's own view, which keeps moving
+// while walrelay holds back), else from the stream.
+Relay::Lag Relay::lag() const {
+  Lag out;
+  if (server_info_ && server_info_->current_wal_lsn && server_info_->confirmed_flush_lsn) {
+    out.wal_end = *server_info_->current_wal_lsn;
+    auto confirmed = *server_info_->confirmed_flush_lsn;
+    out.bytes = out.wal_end.value > confirmed.value ? out.wal_end.value - confirmed.value : 0;
+    if (server_info_->restart_lsn && out.wal_end.value > server_info_->restart_lsn->value)
+      out.retained_bytes = out.wal_end.value - server_info_->restart_lsn->value;
+  } else {
+    out.wal_end = std::max(stream_wal_end_, received_lsn_);
+    out.bytes = out.wal_end.value > sent_flushed_lsn_.value ? out.wal_end.value - sent_flushed_lsn_.value : 0;
+  }
+  auto oldest = ledger_.oldest_unacked_commit_time();
+  out.seconds = oldest ? std::max(0.0, (pgoutput::pg_epoch_micros_now() - *oldest) / 1e6) : 0.0;
+  return out;
+}
+
 void Relay::update_gauges() const {
+  auto l = lag();
   metrics_.received_lsn.Set(static_cast<double>(received_lsn_.value));
   metrics_.flushed_lsn.Set(static_cast<double>(sent_flushed_lsn_.value));
-  metrics_.server_wal_end.Set(static_cast<double>(server_wal_end_.value));
-  auto end = std::max(server_wal_end_, received_lsn_);
-  metrics_.lag_bytes.Set(end.value > sent_flushed_lsn_.value ? static_cast<double>(end.value - sent_flushed_lsn_.value) : 0);
-  auto oldest = ledger_.oldest_unacked_commit_time();
-  metrics_.lag_seconds.Set(oldest ? std::max(0.0, (pgoutput::pg_epoch_micros_now() - *oldest) / 1e6) : 0.0);
+  metrics_.server_wal_end.Set(static_cast<double>(l.wal_end.value));
+  metrics_.lag_bytes.Set(static_cast<double>(l.bytes));
+  metrics_.retained_wal_bytes.Set(static_cast<double>(l.retained_bytes));
+  metrics_.set_safe_wal_size(server_info_ && server_info_->safe_wal_size
+                                 ? std::optional<double>(static_cast<double>(*server_info_->safe_wal_size))
+                                 : std::nullopt);
+  metrics_.lag_seconds.Set(l.seconds);
   metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
   metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
   metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() ? 1 : 0);
@@ -705,16 +660,17 @@ void Relay::update_gauges() const {
 
 StatusSnapshot Relay::status() const {
   update_gauges();
+  auto l = lag();
   StatusSnapshot s;
   s.slot_name = config_.slot_name;
   s.state = state_;
   s.state_reason = state_reason_;
   s.received_lsn = received_lsn_;
   s.confirmed_flush_lsn = sent_flushed_lsn_;
-  s.server_wal_end = std::max(server_wal_end_, received_lsn_);
-  s.lag_bytes = s.server_wal_end.value > s.confirmed_flush_lsn.value ? s.server_wal_end.value - s.confirmed_flush_lsn.value : 0;
-  auto oldest = ledger_.oldest_unacked_commit_time();
-  s.lag_seconds = oldest ? std::max(0.0, (pgoutput::pg_epoch_micros_now() - *oldest) / 1e6) : 0.0;
+  s.server_wal_end = l.wal_end;
+  s.lag_bytes = l.bytes;
+  s.retained_wal_bytes = l.retained_bytes;
+  s.lag_seconds = l.seconds;
   s.inflight_records = ledger_.inflight_records();
   s.inflight_bytes = ledger_.inflight_bytes();
   s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
@@ -735,8 +691,12 @@ asio::awaitable<void> Relay::slot_status_loop() {
     try {
       if (!conn.connected())
         co_await conn.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
+      // On a standby (decoding there needs 16+) the WAL received is the end
+      // the slot can reach, so its lag includes the standby's replay lag.
       auto rows = co_await conn.query(
-          "SELECT wal_status, safe_wal_size, active_pid, confirmed_flush_lsn, restart_lsn "
+          "SELECT wal_status, safe_wal_size, active_pid, confirmed_flush_lsn, restart_lsn, "
+          "CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_receive_lsn() "
+          "ELSE pg_catalog.pg_current_wal_lsn() END AS current_wal_lsn "
           "FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
           params, 10s);
       if (rows.rows.empty()) {
@@ -750,11 +710,13 @@ asio::awaitable<void> Relay::slot_status_loop() {
         if (auto& v = rows.at(0, "active_pid")) info.active_pid = std::stoi(*v);
         if (auto& v = rows.at(0, "confirmed_flush_lsn")) info.confirmed_flush_lsn = Lsn::parse(*v);
         if (auto& v = rows.at(0, "restart_lsn")) info.restart_lsn = Lsn::parse(*v);
+        if (auto& v = rows.at(0, "current_wal_lsn")) info.current_wal_lsn = Lsn::parse(*v);
         info.observed_at_unix_ms = unix_ms_now();
         if (info.wal_status == "lost" && !halt_reason_) {
           metrics_.slot_invalidated.Set(1);
           halt("slot.name: replication slot " + config_.slot_name +
-               " was invalidated (wal_status lost: max_slot_wal_keep_size exceeded); events it held are gone");
+               " has been invalidated (wal_status lost: max_slot_wal_keep_size exceeded): the events it held are "
+               "gone. To accept the gap, run walrelay --reset-slot once");
         }
         server_info_ = std::move(info);
       }
@@ -766,33 +728,6 @@ asio::awaitable<void> Relay::slot_status_loop() {
     boost::system::error_code ec;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
-}
-
-asio::awaitable<std::vector<std::string>> Relay::check(asio::io_context& io, const Config& config, Sink& sink) {
-  std::vector<std::string> problems;
-  PgConnection conn(io);
-  try {
-    co_await conn.connect(config.conninfo(true), std::chrono::milliseconds(config.database_connect_timeout_ms));
-    co_await conn.query("IDENTIFY_SYSTEM");
-    auto facts = co_await inspect_server(conn, config, problems);
-    if (!facts.publication_exists && config.publication_autocreate == PublicationAutocreate::disabled)
-      problems.push_back("publication.name: publication " + config.publication_name +
-                         " does not exist and publication.autocreate.mode=disabled");
-    for (auto& t : facts.publication_missing_tables)
-      if (config.publication_autocreate == PublicationAutocreate::disabled)
-        problems.push_back("publication.name: publication " + config.publication_name + " does not publish " + t);
-    if (!facts.slot_exists) spdlog::info("slot {} does not exist yet: walrelay will create it", config.slot_name);
-    else if (facts.slot_active_pid)
-      spdlog::info("slot {} is active for PID {}: walrelay would wait as a standby", config.slot_name, *facts.slot_active_pid);
-  } catch (const PgError& e) {
-    problems.push_back(std::string("database: ") + e.what());
-  }
-  try {
-    sink.check_connectivity(config.database_connect_timeout_ms);
-  } catch (const std::exception& e) {
-    problems.push_back(std::string("kafka.bootstrap.servers: ") + e.what());
-  }
-  co_return problems;
 }
 
 }  // namespace walrelay

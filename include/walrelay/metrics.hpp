@@ -3,6 +3,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,6 +35,7 @@ class Metrics {
   prometheus::Counter& delivery_errors(std::string_view reason);
   prometheus::Counter& dead_lettered(std::string_view reason);
   prometheus::Counter& mapping_errors(std::string_view reason);
+  prometheus::Counter& skipped_rows(std::string_view table);
 
   prometheus::Counter& bytes_relayed;         // walrelay_bytes_relayed_total (key + value)
   prometheus::Counter& transactions;          // walrelay_transactions_total (commits seen)
@@ -45,8 +47,14 @@ class Metrics {
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes
   prometheus::Gauge& received_lsn;            // walrelay_received_lsn (as a number)
   prometheus::Gauge& flushed_lsn;             // walrelay_flushed_lsn
+  // From pg_replication_slots and pg_current_wal_lsn() (slot.status.interval.ms):
+  // the server's view, which keeps moving while walrelay holds back.
   prometheus::Gauge& server_wal_end;          // walrelay_server_wal_end_lsn
   prometheus::Gauge& lag_bytes;               // walrelay_slot_lag_bytes
+  prometheus::Gauge& retained_wal_bytes;      // walrelay_slot_retained_wal_bytes
+  // walrelay_slot_safe_wal_size_bytes: nullopt removes the sample (no
+  // max_slot_wal_keep_size, or the slot not seen).
+  void set_safe_wal_size(std::optional<double> bytes);
   prometheus::Gauge& lag_seconds;             // walrelay_slot_lag_seconds
   prometheus::Gauge& ready;                   // walrelay_ready (1 while /readyz is 200)
   prometheus::Gauge& halted;                  // walrelay_halted (1 once halted)
@@ -65,6 +73,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* delivery_errors_family_;
   prometheus::Family<prometheus::Counter>* dead_lettered_family_;
   prometheus::Family<prometheus::Counter>* mapping_errors_family_;
+  prometheus::Family<prometheus::Counter>* skipped_rows_family_;
+  prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
+  prometheus::Gauge* safe_wal_size_ = nullptr;
 };
 
 }  // namespace walrelay

@@ -73,6 +73,7 @@ class PgConnection {
   bool connected() const { return conn_ != nullptr; }
   int server_version() const { return conn_ ? PQserverVersion(conn_) : 0; }
   PGconn* raw() { return conn_; }
+  boost::asio::io_context& io() const { return io_; }
   std::string quote_identifier(const std::string& name);
   std::string quote_literal(const std::string& value);
 

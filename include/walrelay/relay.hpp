@@ -19,6 +19,7 @@
 #include <pgoutput/pgoutput.hpp>
 
 #include "walrelay/config.hpp"
+#include "walrelay/exit_codes.hpp"
 #include "walrelay/lsn_ledger.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/outbox_mapper.hpp"
@@ -27,12 +28,6 @@
 #include "walrelay/status.hpp"
 
 namespace walrelay {
-
-// Process exit codes.
-inline constexpr int exit_ok = 0;
-inline constexpr int exit_failure = 1;      // could not run (server checks, --check failed)
-inline constexpr int exit_config = 2;       // invalid configuration
-inline constexpr int exit_halted = 3;       // halted on an error that needs a human
 
 class Relay final : public StatusSource {
  public:
@@ -49,11 +44,6 @@ class Relay final : public StatusSource {
 
   StatusSnapshot status() const override;
 
-  // --check: server settings, slot, publication, table columns and broker
-  // metadata, without creating anything. Returns the problems found.
-  static boost::asio::awaitable<std::vector<std::string>> check(boost::asio::io_context& io, const Config& config,
-                                                                Sink& sink);
-
  private:
   enum class Step { done, retry, stop };  // outcome of handling one CopyData message
 
@@ -69,11 +59,19 @@ class Relay final : public StatusSource {
   Step handle_copy_data(std::span<const std::byte> data);
   Step handle_message(const pgoutput::XLogData& xlog);
   Step relay_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
+  Step skip_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
   Step dead_letter_row(const pgoutput::Insert& insert, const MapError& error, pgoutput::Lsn lsn);
   void on_delivery(const Delivery& delivery);
   void halt(std::string reason);
   void set_state(RelayState state, std::string reason = {});
   bool has_room() const;
+  struct Lag {
+    pgoutput::Lsn wal_end;            // the server's WAL position
+    std::uint64_t bytes = 0;          // wal_end - the slot's confirmed_flush_lsn
+    std::uint64_t retained_bytes = 0; // wal_end - the slot's restart_lsn (0 until the poller answers)
+    double seconds = 0;               // age of the oldest unacknowledged commit
+  };
+  Lag lag() const;
   void update_gauges() const;
   prometheus::Counter& relayed_counter(std::uint16_t table, std::string_view topic);
   std::string context() const;  // "slot=... lsn=... xid=..." for log lines
@@ -111,7 +109,7 @@ class Relay final : public StatusSource {
 
   // Positions
   pgoutput::Lsn received_lsn_;
-  pgoutput::Lsn server_wal_end_;
+  pgoutput::Lsn stream_wal_end_;          // newest WAL end the walsender reported (its decoding position)
   pgoutput::Lsn sent_flushed_lsn_;        // last flushed LSN reported to the server
   std::chrono::steady_clock::time_point last_received_;
   bool reply_requested_ = false;
@@ -131,6 +129,7 @@ class Relay final : public StatusSource {
   using CounterByTopic = std::unordered_map<std::string, prometheus::Counter*, TopicHash, std::equal_to<>>;
   std::vector<std::string> table_names_;  // index = token table (table.include.list order)
   std::vector<CounterByTopic> relayed_counters_;
+  std::unordered_map<std::uint32_t, prometheus::Counter*> skipped_;  // by relation OID: rows not of the outbox
   // Coroutine frames may not hold arrays with g++ 12; this one lives here.
   std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};
   std::string scratch_;                   // dead-letter value and header texts

@@ -31,6 +31,8 @@ struct ServerSlotInfo {
   std::optional<std::int32_t> active_pid;
   std::optional<pgoutput::Lsn> confirmed_flush_lsn;
   std::optional<pgoutput::Lsn> restart_lsn;
+  // pg_current_wal_lsn(), or on a standby pg_last_wal_receive_lsn()
+  std::optional<pgoutput::Lsn> current_wal_lsn;
   std::int64_t observed_at_unix_ms = 0;
 };
 
@@ -41,8 +43,9 @@ struct StatusSnapshot {
   std::string state_reason;             // why not streaming, or why halted
   pgoutput::Lsn received_lsn;           // end of the newest WAL received
   pgoutput::Lsn confirmed_flush_lsn;    // flushed LSN walrelay reported to the server
-  pgoutput::Lsn server_wal_end;         // newest server WAL end seen in the stream
-  std::uint64_t lag_bytes = 0;          // server_wal_end - confirmed_flush_lsn
+  pgoutput::Lsn server_wal_end;         // the server's WAL position (the stream's until the poller answers)
+  std::uint64_t lag_bytes = 0;          // server_wal_end - the slot's confirmed_flush_lsn
+  std::uint64_t retained_wal_bytes = 0; // server_wal_end - the slot's restart_lsn
   double lag_seconds = 0;               // age of the oldest unacknowledged commit
   std::uint64_t inflight_records = 0;
   std::uint64_t inflight_bytes = 0;

@@ -121,3 +121,115 @@ TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error,
   // Still the invalidated slot, not a new one.
   CHECK(f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "lost");
 }
+
+TEST_CASE("fault: a slot dropped while walrelay is stopped - every restart exits 3 creating nothing, --reset-slot "
+          "accepts the gap",
+          "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config());
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Reset", "before", "jsonb_build_object('seq', 0)"));
+  REQUIRE(read_topic(f.topic("Reset"), 1).size() == 1);
+  relay.signal(SIGTERM);
+  REQUIRE(relay.wait_exit() == 0);
+  // The marker lives in the database, beside the slot.
+  CHECK(f.db().scalar("SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = '" +
+                      f.slot + "'").find("walrelay.slot=" + f.slot + " created_lsn=") != std::string::npos);
+
+  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+  f.db().exec(insert_event(f.table, "Reset", "in-the-gap", "jsonb_build_object('seq', 1)"));
+  // A supervisor that restarts on any exit: each start refuses, none creates a slot.
+  for (int start = 0; start < 3; ++start) {
+    relay.start();
+    CHECK(relay.wait_exit(30s) == 3);
+    CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
+  }
+  auto log = relay.this_run_log();
+  INFO(log);
+  CHECK(log.find("is missing, but walrelay created it") != std::string::npos);
+  CHECK(log.find("walrelay --reset-slot") != std::string::npos);
+  CHECK(log.find("streaming: START_REPLICATION") == std::string::npos);
+
+  // --check says the same, and creates nothing either.
+  Walrelay check(f.config());
+  CHECK(check.run({"--check", "--config", check.config_path()}) == 1);
+  CHECK(check.log().find("is missing, but walrelay created it") != std::string::npos);
+
+  // The operator's explicit act: the slot is created, the gap is logged.
+  Walrelay reset(f.config());
+  CHECK(reset.run({"--reset-slot", "--config", reset.config_path()}) == 0);
+  INFO(reset.log());
+  CHECK(reset.log().find("reset by the operator: events committed after") != std::string::npos);
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "1");
+  // A second --reset-slot finds a usable slot and leaves it alone.
+  auto confirmed = f.db().confirmed_flush(f.slot);
+  CHECK(reset.run({"--reset-slot", "--config", reset.config_path()}) == 0);
+  CHECK(reset.this_run_log().find("nothing to reset") != std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) == confirmed);
+
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Reset", "after", "jsonb_build_object('seq', 2)"));
+  REQUIRE(eventually([&] { return count_records(f.topic("Reset")) >= 2; }, 30s));
+  auto recs = read_topic(f.topic("Reset"), 2);
+  std::set<std::string> keys;
+  for (auto& r : recs) keys.insert(r.key.value_or(""));
+  CHECK(keys == std::set<std::string>{"before", "after"});  // the gap is the gap
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}
+
+TEST_CASE("fault: an invalidated slot stays invalidated across restarts until --reset-slot replaces it",
+          "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  f.db().exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
+  f.db().exec("SELECT pg_reload_conf()");
+  struct Reset {  // the setting is for this test only
+    ~Reset() {
+      try {
+        Db db;
+        db.exec("ALTER SYSTEM RESET max_slot_wal_keep_size");
+        db.exec("SELECT pg_reload_conf()");
+      } catch (...) {
+      }
+    }
+  } reset_setting;
+  Walrelay relay(f.config());
+  relay.start();
+  relay.wait_streaming();
+  relay.signal(SIGTERM);
+  REQUIRE(relay.wait_exit() == 0);
+  auto confirmed = f.db().scalar("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '" +
+                                 f.slot + "'");
+  f.db().exec("CREATE TABLE " + f.slot + "_filler (v text)");
+  REQUIRE(eventually(
+      [&] {
+        f.db().exec("INSERT INTO " + f.slot + "_filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)");
+        f.db().exec("SELECT pg_switch_wal()");
+        f.db().exec("CHECKPOINT");
+        return f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") ==
+               "lost";
+      },
+      60s, 10ms));
+  for (int start = 0; start < 2; ++start) {
+    relay.start();
+    CHECK(relay.wait_exit(30s) == 3);
+    CHECK(f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "lost");
+  }
+  CHECK(count_of(relay.log(), "has been invalidated") >= 2);
+
+  Walrelay reset(f.config());
+  CHECK(reset.run({"--reset-slot", "--config", reset.config_path()}) == 0);
+  INFO(reset.log());
+  CHECK(reset.log().find("events committed after " + confirmed + " and before") != std::string::npos);
+  CHECK(f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") != "lost");
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Lost", "after-reset", "jsonb_build_object('seq', 0)"));
+  REQUIRE(read_topic(f.topic("Lost"), 1).size() == 1);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}

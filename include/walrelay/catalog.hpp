@@ -1,0 +1,127 @@
+// What walrelay reads from and writes to PostgreSQL's catalogs: the server
+// checks shared by start-up and --check, the publication, and the slot
+// marker. Catalog tables only, never the outbox; simple queries only, because
+// a walsender in database mode speaks no other protocol.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <pgoutput/pgoutput.hpp>
+
+#include "walrelay/config.hpp"
+#include "walrelay/pg_connection.hpp"
+#include "walrelay/sink.hpp"
+
+namespace walrelay {
+
+// A line of the publication's comment that records a slot walrelay created or
+// used: `walrelay.slot=<name> created_lsn=<lsn> created_at=<time> system=<id>`.
+// The marker lives in the database, not on the sidecar's disk, so that a
+// restarted container can tell a lost slot from a first start.
+struct SlotMarker {
+  std::string slot;
+  std::optional<pgoutput::Lsn> created_lsn;
+  std::string created_at;   // ISO 8601, UTC
+  std::string system;       // IDENTIFY_SYSTEM's systemid where it was written
+};
+
+// Parses the markers in a publication comment; other lines are the owner's.
+std::vector<SlotMarker> parse_slot_markers(const std::string& comment);
+// The comment with the marker for marker.slot added or replaced, every other
+// line kept as it was.
+std::string with_slot_marker(const std::string& comment, const SlotMarker& marker);
+
+struct PublicationFacts {
+  bool exists = false;
+  bool via_root = false;                       // publish_via_partition_root
+  bool publishes_insert = false;
+  bool all_tables = false;                     // FOR ALL TABLES
+  std::string comment;                         // where the slot markers live
+  std::vector<std::string> missing_tables;     // configured tables it does not publish
+  std::vector<std::string> leaf_named_tables;  // partitioned tables it would send under their leaves' names
+  std::vector<std::string> column_list_gaps;   // "table: column" a column list leaves out (15+)
+};
+
+struct SlotFacts {
+  bool exists = false;
+  std::optional<std::string> plugin, database, wal_status;
+  std::optional<pgoutput::Lsn> confirmed_flush_lsn;
+  std::optional<std::int32_t> active_pid;
+  // Why the server will not stream from it: wal_status lost (14+), a
+  // recovery conflict (16+) or invalidation_reason (17+). Empty when usable.
+  std::string invalid_reason;
+};
+
+struct ServerFacts {
+  int version = 0;                             // PQserverVersion, e.g. 150010
+  std::string system;                          // system identifier
+  std::vector<std::string> partitioned_tables; // configured tables that are partitioned
+  PublicationFacts publication;
+  SlotFacts slot;
+  std::optional<SlotMarker> marker;            // this slot's marker on the publication
+};
+
+// Reads the server, tables, publication, slot and marker. What prevents
+// relaying every event is added to `problems`, naming the key and the fix;
+// notes (`warnings`) do not prevent a start. `system` is the systemid from
+// IDENTIFY_SYSTEM (empty on an ordinary connection).
+boost::asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
+                                                   std::vector<std::string>& problems,
+                                                   std::vector<std::string>& warnings);
+
+// The publication problems that publication.autocreate.mode=filtered would
+// repair, as messages; empty when the publication is fit to use as it is.
+std::vector<std::string> publication_problems(const Config& config, const ServerFacts& facts);
+
+// Why the slot cannot be streamed from as it is (invalidated, or missing
+// although its marker says walrelay created it): what --reset-slot repairs.
+std::optional<std::string> slot_problem(const Config& config, const ServerFacts& facts);
+
+// publication.autocreate.mode=filtered: creates the publication, or alters it
+// to publish exactly the configured tables, inserts, and partitioned tables
+// under their root's name. No-op when it is fit already.
+boost::asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& config, const ServerFacts& facts);
+
+// Adds or refreshes this slot's marker in the publication's comment, under an
+// advisory lock so that two walrelays on one publication do not lose each
+// other's lines. Throws PgError (SQLSTATE 42501 when walrelay's user does not
+// own the publication).
+boost::asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker);
+
+// CREATE_REPLICATION_SLOT, with no time-out: the server waits for every
+// running transaction to end before the slot is consistent. While it waits, a
+// second connection logs what it waits for every few seconds. Returns the
+// consistent point.
+boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config);
+
+// The SQL a user who owns the publication can run to add the marker by hand.
+std::string marker_sql(const Config& config);
+
+// Records this slot in the publication's comment; a missing privilege becomes
+// an error that says how the owner can add the marker by hand.
+boost::asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                       std::optional<pgoutput::Lsn> created_lsn);
+
+// What --check found: problems prevent a start; notes say what a start would do.
+struct CheckReport {
+  std::vector<std::string> problems;
+  std::vector<std::string> notes;
+};
+
+// --check: server settings, tables, publication, slot and broker metadata,
+// without creating or changing anything.
+boost::asio::awaitable<CheckReport> check_setup(boost::asio::io_context& io, const Config& config, Sink& sink);
+
+// --reset-slot: the operator's explicit consent to a gap. Drops an
+// invalidated slot, creates the slot anew and records it, and logs the LSN
+// range whose events were skipped. A usable slot is left alone. Returns the
+// process exit code.
+boost::asio::awaitable<int> reset_slot(boost::asio::io_context& io, const Config& config);
+
+}  // namespace walrelay

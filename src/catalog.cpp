@@ -1,0 +1,493 @@
+// Server checks, the publication and the slot marker (see catalog.hpp).
+#include "walrelay/catalog.hpp"
+
+#include "walrelay/exit_codes.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <sstream>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::string_view marker_key = "walrelay.slot=";
+
+std::string utc_now_iso() {
+  auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ") {
+  std::string out;
+  for (auto& i : items) {
+    if (!out.empty()) out += sep;
+    out += i;
+  }
+  return out;
+}
+
+std::string quoted_tables(const Config& config, PgConnection& conn) {
+  std::vector<std::string> names;
+  for (auto& t : config.table_include_list)
+    names.push_back(conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name));
+  return join(names);
+}
+
+// The columns the Outbox Event Router reads, with the key that names each.
+std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& config) {
+  std::vector<std::pair<std::string, std::string>> out{
+      {"table.field.event.id", config.field_event_id},
+      {"table.field.event.key", config.field_event_key},
+      {"table.field.event.payload", config.field_event_payload},
+      {"table.field.event.timestamp", config.field_event_timestamp},
+  };
+  if (config.route_topic_replacement.find("${routedByValue}") != std::string::npos)
+    out.emplace_back("route.by.field", config.route_by_field);
+  if (!config.field_event_type.empty()) out.emplace_back("table.field.event.type", config.field_event_type);
+  for (auto& p : config.additional_placement) out.emplace_back("table.fields.additional.placement", p.column);
+  out.erase(std::remove_if(out.begin(), out.end(), [](auto& kv) { return kv.second.empty(); }), out.end());
+  return out;
+}
+
+std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
+  if (!text) return std::nullopt;
+  return pgoutput::Lsn::parse(*text);
+}
+
+}  // namespace
+
+std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
+  std::vector<SlotMarker> out;
+  std::istringstream lines(comment);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(marker_key, 0) != 0) continue;
+    std::istringstream words(line);
+    std::string word;
+    SlotMarker m;
+    while (words >> word) {
+      auto eq = word.find('=');
+      if (eq == std::string::npos) continue;
+      auto key = word.substr(0, eq), value = word.substr(eq + 1);
+      if (key == "walrelay.slot") m.slot = value;
+      else if (key == "created_lsn") m.created_lsn = pgoutput::Lsn::parse(value);
+      else if (key == "created_at") m.created_at = value;
+      else if (key == "system") m.system = value;
+    }
+    if (!m.slot.empty()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string with_slot_marker(const std::string& comment, const SlotMarker& marker) {
+  std::string line = std::string(marker_key) + marker.slot;
+  if (marker.created_lsn) line += " created_lsn=" + marker.created_lsn->to_string();
+  if (!marker.created_at.empty()) line += " created_at=" + marker.created_at;
+  if (!marker.system.empty()) line += " system=" + marker.system;
+  std::vector<std::string> kept;
+  std::istringstream lines(comment);
+  std::string l;
+  bool replaced = false;
+  while (std::getline(lines, l)) {
+    auto markers = parse_slot_markers(l);
+    if (!markers.empty() && markers[0].slot == marker.slot) {
+      if (!replaced) kept.push_back(line);
+      replaced = true;
+      continue;
+    }
+    kept.push_back(l);
+  }
+  if (!replaced) kept.push_back(line);
+  return join(kept, "\n");
+}
+
+std::string marker_sql(const Config& config) {
+  return "COMMENT ON PUBLICATION \"" + config.publication_name + "\" IS '" + std::string(marker_key) +
+         config.slot_name + "'";
+}
+
+asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
+                                            std::vector<std::string>& problems, std::vector<std::string>& warnings) {
+  ServerFacts facts;
+  facts.version = conn.server_version();
+  facts.system = std::move(system);
+  if (facts.version < 140000)
+    problems.push_back("PostgreSQL " + std::to_string(facts.version / 10000) +
+                       " is not supported: walrelay needs 14 or later");
+
+  auto wal_level = co_await conn.query("SHOW wal_level");
+  auto level = wal_level.rows.empty() ? std::string("?") : wal_level.rows[0][0].value_or("?");
+  if (level != "logical")
+    problems.push_back("wal_level is " + level + ": set wal_level = logical in postgresql.conf and restart the server");
+
+  const auto mapped = mapped_columns(config);
+  for (auto& t : config.table_include_list) {
+    auto rel = co_await conn.query(
+        "SELECT c.oid, c.relkind, c.relispartition FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = " + conn.quote_literal(t.schema) +
+        " AND c.relname = " + conn.quote_literal(t.name));
+    if (rel.rows.empty()) {
+      problems.push_back("table.include.list: table " + t.qualified() + " does not exist");
+      continue;
+    }
+    const std::string oid = rel.rows[0][0].value_or("0");
+    const std::string relkind = rel.rows[0][1].value_or("");
+    if (relkind == "p") facts.partitioned_tables.push_back(t.qualified());
+    else if (relkind != "r")
+      problems.push_back("table.include.list: " + t.qualified() + " is not a table (relkind " + relkind +
+                         "): only tables and partitioned tables are published");
+    auto cols = co_await conn.query("SELECT attname, attgenerated FROM pg_catalog.pg_attribute WHERE attrelid = " +
+                                    oid + " AND attnum > 0 AND NOT attisdropped");
+    for (auto& [key, column] : mapped) {
+      auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
+      if (it == cols.rows.end()) {
+        problems.push_back(key + ": table " + t.qualified() + " has no column \"" + column + "\"");
+      } else if (!(*it)[1].value_or("").empty() && facts.version < 180000) {
+        // Before 18, pgoutput never sends generated columns: the mapped
+        // column would be missing from every row.
+        problems.push_back(key + ": column \"" + column + "\" of " + t.qualified() +
+                           " is a generated column, which PostgreSQL " + std::to_string(facts.version / 10000) +
+                           " does not publish; map a stored column instead");
+      }
+    }
+  }
+
+  auto pub = co_await conn.query(
+      "SELECT p.pubviaroot, p.pubinsert, p.puballtables, obj_description(p.oid, 'pg_publication') "
+      "FROM pg_catalog.pg_publication p WHERE p.pubname = " + conn.quote_literal(config.publication_name));
+  auto& pf = facts.publication;
+  pf.exists = !pub.rows.empty();
+  if (pf.exists) {
+    pf.via_root = pub.rows[0][0] == "t";
+    pf.publishes_insert = pub.rows[0][1] == "t";
+    pf.all_tables = pub.rows[0][2] == "t";
+    pf.comment = pub.rows[0][3].value_or("");
+    const bool has_column_lists = facts.version >= 150000;
+    for (auto& t : config.table_include_list) {
+      bool partitioned = std::find(facts.partitioned_tables.begin(), facts.partitioned_tables.end(),
+                                   t.qualified()) != facts.partitioned_tables.end();
+      if (partitioned && !pf.via_root) {
+        // pg_publication_tables would list the leaves: the root's name never
+        // reaches walrelay, and every row would arrive under a leaf's name.
+        pf.leaf_named_tables.push_back(t.qualified());
+        continue;
+      }
+      auto in = co_await conn.query(
+          std::string("SELECT ") + (has_column_lists ? "array_to_string(attnames, ','), rowfilter" : "NULL, NULL") +
+          " FROM pg_catalog.pg_publication_tables WHERE pubname = " + conn.quote_literal(config.publication_name) +
+          " AND schemaname = " + conn.quote_literal(t.schema) + " AND tablename = " + conn.quote_literal(t.name));
+      if (in.rows.empty()) {
+        pf.missing_tables.push_back(t.qualified());
+        continue;
+      }
+      if (auto& attnames = in.rows[0][0]) {
+        std::string list = "," + *attnames + ",";
+        for (auto& [key, column] : mapped)
+          if (list.find("," + column + ",") == std::string::npos)
+            pf.column_list_gaps.push_back(t.qualified() + " column \"" + column + "\" (" + key + ")");
+      }
+      if (auto& filter = in.rows[0][1])
+        warnings.push_back("publication " + config.publication_name + " filters the rows of " + t.qualified() +
+                           " (WHERE " + *filter + "): rows it leaves out are never relayed");
+    }
+    for (const auto& m : parse_slot_markers(pf.comment))
+      if (m.slot == config.slot_name) facts.marker = m;
+  }
+
+  std::string slot_columns = "plugin, database, active_pid, wal_status, confirmed_flush_lsn";
+  if (facts.version >= 160000) slot_columns += ", conflicting";
+  if (facts.version >= 170000) slot_columns += ", invalidation_reason";
+  auto slot = co_await conn.query("SELECT " + slot_columns + " FROM pg_catalog.pg_replication_slots WHERE slot_name = " +
+                                  conn.quote_literal(config.slot_name));
+  auto& sf = facts.slot;
+  if (!slot.rows.empty()) {
+    sf.exists = true;
+    sf.plugin = slot.at(0, "plugin");
+    sf.database = slot.at(0, "database");
+    if (auto& pid = slot.at(0, "active_pid")) sf.active_pid = std::stoi(*pid);
+    sf.wal_status = slot.at(0, "wal_status");
+    sf.confirmed_flush_lsn = parse_lsn(slot.at(0, "confirmed_flush_lsn"));
+    if (auto& reason = slot.at(0, "invalidation_reason")) sf.invalid_reason = *reason;
+    else if (slot.at(0, "conflicting") == "t") sf.invalid_reason = "recovery conflict";
+    else if (sf.wal_status == "lost") sf.invalid_reason = "wal_status lost: max_slot_wal_keep_size exceeded";
+    if (sf.plugin != "pgoutput")
+      problems.push_back("slot.name: slot " + config.slot_name + " uses plugin " + sf.plugin.value_or("(physical)") +
+                         ", not pgoutput");
+    if (sf.database != config.database_dbname)
+      problems.push_back("slot.name: slot " + config.slot_name + " belongs to database " +
+                         sf.database.value_or("?") + ", not " + config.database_dbname);
+  }
+  co_return facts;
+}
+
+std::optional<std::string> slot_problem(const Config& config, const ServerFacts& facts) {
+  const auto& sf = facts.slot;
+  if (sf.exists && !sf.invalid_reason.empty())
+    return "slot.name: replication slot " + config.slot_name + " has been invalidated (" + sf.invalid_reason +
+           "): the events it held are gone. To accept the gap, run walrelay --reset-slot once: it drops the slot, "
+           "creates a new one and logs the LSN range that was skipped";
+  if (sf.exists || !facts.marker) return std::nullopt;
+  const SlotMarker& m = *facts.marker;
+  return "slot.name: replication slot " + config.slot_name + " is missing, but walrelay created it" +
+         (m.created_lsn ? " at " + m.created_lsn->to_string() : std::string()) +
+         (m.created_at.empty() ? std::string() : " on " + m.created_at) +
+         (m.system.empty() || m.system == facts.system
+              ? std::string()
+              : " in another cluster (system identifier " + m.system + ", this one is " + facts.system +
+                    ": restored, upgraded or failed over?)") +
+         " (marker in the comment of publication " + config.publication_name +
+         "). A new slot would skip every event committed since the old one's last confirmed position. Recover "
+         "those events if you need them, then run walrelay --reset-slot once to create the slot and accept the gap";
+}
+
+std::vector<std::string> publication_problems(const Config& config, const ServerFacts& facts) {
+  std::vector<std::string> out;
+  const auto& pf = facts.publication;
+  const std::string name = "publication " + config.publication_name;
+  if (!pf.exists) {
+    out.push_back("publication.name: " + name + " does not exist");
+    return out;
+  }
+  if (!pf.publishes_insert) out.push_back("publication.name: " + name + " does not publish inserts");
+  if (!pf.missing_tables.empty()) out.push_back("publication.name: " + name + " does not publish " + join(pf.missing_tables));
+  if (!pf.leaf_named_tables.empty())
+    out.push_back("publication.name: " + name + " publishes the partitioned table(s) " + join(pf.leaf_named_tables) +
+                  " under their partitions' names, which walrelay would not recognise as outbox rows; run ALTER "
+                  "PUBLICATION " + config.publication_name + " SET (publish_via_partition_root = true)");
+  if (!pf.column_list_gaps.empty())
+    out.push_back("publication.name: the column list of " + name + " leaves out " + join(pf.column_list_gaps));
+  return out;
+}
+
+asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  const auto& pf = facts.publication;
+  const std::string name = conn.quote_identifier(config.publication_name);
+  const std::string tables = quoted_tables(config, conn);
+  if (!pf.exists) {
+    // publish_via_partition_root: rows of a partitioned outbox carry the
+    // root's name whatever partition they land in, also partitions attached
+    // later.
+    std::string sql = "CREATE PUBLICATION " + name + " FOR TABLE " + tables +
+                      " WITH (publish = 'insert', publish_via_partition_root = true)";
+    spdlog::info("creating publication: {}", sql);
+    co_await conn.query(sql);
+    co_return;
+  }
+  if (!pf.all_tables && (!pf.missing_tables.empty() || !pf.column_list_gaps.empty() ||
+                         !pf.leaf_named_tables.empty())) {
+    // filtered: the publication covers exactly the configured tables, whole.
+    std::string sql = "ALTER PUBLICATION " + name + " SET TABLE " + tables;
+    spdlog::info("updating publication: {}", sql);
+    co_await conn.query(sql);
+  }
+  std::vector<std::string> options;
+  if (!pf.publishes_insert) options.push_back("publish = 'insert'");
+  if (!pf.via_root && !facts.partitioned_tables.empty()) options.push_back("publish_via_partition_root = true");
+  if (!options.empty()) {
+    std::string sql = "ALTER PUBLICATION " + name + " SET (" + join(options) + ")";
+    spdlog::info("updating publication: {}", sql);
+    co_await conn.query(sql);
+  }
+}
+
+asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker) {
+  const std::string name = conn.quote_literal(config.publication_name);
+  co_await conn.query("BEGIN");
+  std::exception_ptr failure;
+  try {
+    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
+                        name + "))");
+    auto current = co_await conn.query(
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    if (current.rows.empty()) throw PgError("publication " + config.publication_name + " does not exist", "42704");
+    std::string comment = with_slot_marker(current.rows[0][0].value_or(""), marker);
+    co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
+                        conn.quote_literal(comment));
+    co_await conn.query("COMMIT");
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    try {
+      co_await conn.query("ROLLBACK");
+    } catch (const PgError&) {
+    }
+    std::rethrow_exception(failure);
+  }
+}
+
+asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config) {
+  // NOEXPORT_SNAPSHOT is the spelling every supported version accepts.
+  std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) +
+                    " LOGICAL pgoutput NOEXPORT_SNAPSHOT";
+  spdlog::info("slot={} creating: {}", config.slot_name, sql);
+
+  // The server makes the slot consistent only once every transaction running
+  // when it started has ended: one long transaction can hold it for hours. A
+  // time-out would cancel it and start over forever; instead say what it
+  // waits for.
+  struct Watch {
+    bool done = false;
+    asio::steady_timer timer;
+    explicit Watch(asio::io_context& io) : timer(io) {}
+  };
+  auto watch = std::make_shared<Watch>(conn.io());
+  asio::co_spawn(
+      conn.io(),
+      [watch, &config, &io = conn.io()]() -> asio::awaitable<void> {
+        PgConnection side(io);
+        auto started = std::chrono::steady_clock::now();
+        while (!watch->done) {
+          watch->timer.expires_after(5s);
+          boost::system::error_code ec;
+          co_await watch->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          if (watch->done) break;
+          try {
+            if (!side.connected())
+              co_await side.connect(config.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+            auto rows = co_await side.query(
+                "SELECT count(*), min(xact_start)::text, (array_agg(pid ORDER BY xact_start))[1], "
+                "(array_agg(state ORDER BY xact_start))[1] FROM pg_catalog.pg_stat_activity "
+                "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
+            auto waited = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started);
+            if (!watch->done && !rows.rows.empty())
+              spdlog::warn("slot={} still being created after {} s: the server waits for the transactions that were "
+                           "running when it started to end; {} transaction(s) with an xid are running now, the oldest "
+                           "since {} (pid {}, {})",
+                           config.slot_name, waited.count(), rows.rows[0][0].value_or("?"),
+                           rows.rows[0][1].value_or("?"), rows.rows[0][2].value_or("?"), rows.rows[0][3].value_or("?"));
+          } catch (const PgError& e) {
+            spdlog::debug("slot={} could not look at running transactions: {}", config.slot_name, e.what());
+            side.close();
+          }
+        }
+      },
+      asio::detached);
+  struct Done {
+    std::shared_ptr<Watch> w;
+    ~Done() {
+      w->done = true;
+      w->timer.cancel();
+    }
+  } done{watch};
+  auto created = co_await conn.query(sql, {}, std::chrono::hours(24 * 365));
+  auto point = created.at(0, "consistent_point");
+  auto lsn = point ? pgoutput::Lsn::parse(*point) : std::nullopt;
+  if (!lsn) throw PgError("could not create the replication slot: no consistent point in the answer", "");
+  spdlog::info("slot={} created at consistent point {}", config.slot_name, lsn->to_string());
+  co_return *lsn;
+}
+
+asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                std::optional<pgoutput::Lsn> created_lsn) {
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system};
+  if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
+  marker.system = facts.system;
+  try {
+    co_await write_slot_marker(conn, config, marker);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "42501") throw;
+    throw PgError("could not record slot " + config.slot_name + " in the comment of publication " +
+                      config.publication_name + " (" + e.what() +
+                      "). walrelay keeps this marker in the database so that a restart can tell a lost slot from a "
+                      "first start. Make walrelay's user the publication's owner, or have the owner run: " +
+                      marker_sql(config),
+                  "42501");
+  }
+  spdlog::info("slot={} recorded in the comment of publication {}", config.slot_name, config.publication_name);
+}
+
+asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& config, Sink& sink) {
+  CheckReport report;
+  PgConnection conn(io);
+  try {
+    co_await conn.connect(config.conninfo(true), std::chrono::milliseconds(config.database_connect_timeout_ms));
+    auto ident = co_await conn.query("IDENTIFY_SYSTEM");
+    auto facts = co_await inspect_server(conn, config, ident.at(0, "systemid").value_or(""), report.problems,
+                                         report.notes);
+    if (auto p = slot_problem(config, facts)) report.problems.push_back(*p);
+    for (auto& p : publication_problems(config, facts)) {
+      if (config.publication_autocreate == PublicationAutocreate::disabled)
+        report.problems.push_back(p + " (publication.autocreate.mode=disabled)");
+      else
+        report.notes.push_back(p + ": walrelay will create or alter it (publication.autocreate.mode=filtered)");
+    }
+    if (!facts.slot.exists && !facts.marker)
+      report.notes.push_back("slot " + config.slot_name + " does not exist yet: walrelay will create it");
+    else if (facts.slot.active_pid)
+      report.notes.push_back("slot " + config.slot_name + " is active for PID " +
+                             std::to_string(*facts.slot.active_pid) + ": walrelay would wait as a standby");
+    if (facts.slot.exists && !facts.marker && facts.publication.exists)
+      report.notes.push_back("slot " + config.slot_name + " is not yet recorded in the comment of publication " +
+                             config.publication_name + ": walrelay will record it at start");
+  } catch (const PgError& e) {
+    report.problems.push_back(std::string("database: ") + e.what());
+  }
+  try {
+    sink.check_connectivity(config.database_connect_timeout_ms);
+  } catch (const std::exception& e) {
+    report.problems.push_back(std::string("kafka.bootstrap.servers: ") + e.what());
+  }
+  co_return report;
+}
+
+asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
+  PgConnection conn(io);
+  try {
+    co_await conn.connect(config.conninfo(true), std::chrono::milliseconds(config.database_connect_timeout_ms));
+    auto ident = co_await conn.query("IDENTIFY_SYSTEM");
+    std::vector<std::string> problems, notes;
+    auto facts = co_await inspect_server(conn, config, ident.at(0, "systemid").value_or(""), problems, notes);
+    for (auto& p : publication_problems(config, facts))
+      if (config.publication_autocreate == PublicationAutocreate::disabled) problems.push_back(p);
+    if (!problems.empty()) {
+      for (auto& p : problems) spdlog::error("--reset-slot: {}", p);
+      co_return exit_failure;
+    }
+    if (config.publication_autocreate == PublicationAutocreate::filtered) co_await ensure_publication(conn, config, facts);
+    if (facts.slot.exists && facts.slot.invalid_reason.empty()) {
+      spdlog::info("slot={} exists and can be streamed from: nothing to reset", config.slot_name);
+      if (!facts.marker) co_await mark_slot(conn, config, facts, std::nullopt);
+      co_return exit_ok;
+    }
+    std::string from;
+    if (facts.slot.exists) {
+      from = facts.slot.confirmed_flush_lsn ? facts.slot.confirmed_flush_lsn->to_string() : std::string("?");
+      spdlog::warn("slot={} dropping the invalidated slot ({}), confirmed up to {}", config.slot_name,
+                   facts.slot.invalid_reason, from);
+      co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name));
+    } else {
+      from = facts.marker && facts.marker->created_lsn
+                 ? "its last confirmed position (unknown once dropped; at or after " +
+                       facts.marker->created_lsn->to_string() + ", where it was created)"
+                 : "its last confirmed position (unknown once dropped)";
+    }
+    auto created = co_await create_slot(conn, config);
+    co_await mark_slot(conn, config, facts, created);
+    spdlog::warn("slot={} reset by the operator: events committed after {} and before {} were not relayed",
+                 config.slot_name, from, created.to_string());
+    co_return exit_ok;
+  } catch (const PgError& e) {
+    spdlog::error("--reset-slot: {}", e.what());
+    co_return exit_failure;
+  }
+}
+
+}  // namespace walrelay
