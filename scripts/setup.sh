@@ -9,12 +9,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 pg_majors="${WALRELAY_PG_MAJORS:-}"
 
+# (postgresql-15 provides postgresql-contrib-15, a virtual package that
+# dpkg-query never reports as installed.)
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev
   libsimdjson-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
-  postgresql-15 postgresql-contrib-15 postgresql-client-15
+  postgresql-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl
   systemd prometheus shellcheck python3-yaml binutils
 )
