@@ -74,7 +74,7 @@ port_free() {
 want_bin() {
   if [[ -n ${PG_BIN:-} ]]; then echo "$PG_BIN"; return; fi
   if [[ $PG_MAJOR == 15 ]]; then echo "$DEBIAN_PG_BIN"; return; fi
-  "$here/pg-install.sh" "$PG_MAJOR" >&2
+  "$here/pg-install.sh" "$PG_MAJOR" >&2 || return 1
   "$here/pg-install.sh" --bindir "$PG_MAJOR"
 }
 
