@@ -232,6 +232,9 @@ standby_start() {
   pg_running || { echo "services: no primary runs (scripts/services.sh start pg)" >&2; return 1; }
   standby_running && return 0
   standby_stop fast
+  # A standby half made would leave its slot holding WAL and, on 17+, the
+  # primary's failover slots waiting for it: undo on any failure below.
+  trap 'standby_stop immediate' EXIT
   local major bin pport port data pdata conninfo bb
   major=$(cur_major); bin=$(cur_bin); pport=$(cat "$RUN_DIR/pg/port"); pdata=$(pg_data_dir "$major")
   data="$SB/data"
@@ -264,13 +267,14 @@ sync_replication_slots = on"
   as_pg "$bin/pg_ctl" -D "$data" -l "$SB/postgres.log" -w -t 120 start >/dev/null \
     || { tail -20 "$SB/postgres.log" >&2; return 1; }
   echo "$port" > "$SB/port"
+  local streaming=0
   for _ in $(seq 1 120); do
-    [[ $(sql "$pport" "SELECT count(*) FROM pg_stat_replication WHERE application_name = '$STANDBY_SLOT' AND state = 'streaming'") == 1 ]] \
-      && return 0
+    streaming=$(sql "$pport" "SELECT count(*) FROM pg_stat_replication WHERE application_name = '$STANDBY_SLOT' AND state = 'streaming'")
+    [[ $streaming == 1 ]] && break
     sleep 0.5
   done
-  echo "services: the standby does not stream after 60 s; see $SB/postgres.log" >&2
-  return 1
+  [[ $streaming == 1 ]] || { echo "services: the standby does not stream after 60 s; see $SB/postgres.log" >&2; return 1; }
+  trap - EXIT
 }
 
 standby_promote() {
