@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Starts and stops the throwaway PostgreSQL 15 and single-node Kafka (KRaft)
-# that the tests, the demo and the benchmarks use. Loopback only, free ports.
+# Starts and stops the throwaway PostgreSQL (15 by default) and single-node
+# Kafka (KRaft) that the tests, the demo and the benchmarks use. Loopback
+# only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|all]   stop what start started (idempotent)
+#   scripts/services.sh stop  [pg|kafka|all]   stop what start started (idempotent; pg: the standby too)
 #   scripts/services.sh env                    print the env file (source it)
 #   scripts/services.sh kafka-stop|kafka-start broker only, keeping its data (fault tests)
+#   scripts/services.sh pg-restart [fast|immediate]
+#   scripts/services.sh standby start|promote|stop [fast|immediate]   a streaming physical standby
+#   scripts/services.sh primary stop [fast|immediate]   the primary only (failover tests); `start pg`
+#                                              brings it back on the same port
+#
+# PG_MAJOR (14..18, default 15) picks the PostgreSQL of `start pg`: 15 is
+# Debian's, the others come from scripts/pg-install.sh (fetched on first use).
+# One cluster runs at a time; each major keeps its own data directory, and
+# starting another major stops the running one first. PG_BIN overrides the
+# server's bin directory (PG_MAJOR then defaults to its version).
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
 # that the postgres user can reach it even when the checkout is under /root.
@@ -13,36 +24,84 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 RUN_DIR="${WALRELAY_RUN_DIR:-/tmp/walrelay-run-$(echo "$repo" | md5sum | cut -c1-8)}"
-PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+DEBIAN_PG_BIN=/usr/lib/postgresql/15/bin
+if [[ -n ${PG_BIN:-} ]]; then
+  PG_MAJOR="${PG_MAJOR:-$("$PG_BIN/postgres" --version | awk '{split($3, v, "."); print v[1]}')}"
+fi
+PG_MAJOR="${PG_MAJOR:-15}"
 export RUN_DIR
 # shellcheck source=scripts/lib.sh
 source "$here/lib.sh"
+STANDBY_SLOT=walrelay_standby
 
 # Runs a command as the postgres user when we are root (PostgreSQL refuses root).
 as_pg() {
   if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-pg_start() {
-  local d="$RUN_DIR/pg"
-  mkdir -p "$d"
-  if [[ -f "$d/port" ]] && as_pg "$PG_BIN/pg_ctl" -D "$d/data" status >/dev/null 2>&1; then return 0; fi
-  if [[ $(id -u) -eq 0 ]]; then chown postgres: "$d"; chmod 755 "$RUN_DIR"; fi
-  if [[ ! -f "$d/data/PG_VERSION" ]]; then
-    as_pg "$PG_BIN/initdb" -D "$d/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$d/initdb.log" 2>&1 \
-      || { cat "$d/initdb.log" >&2; return 1; }
+# The cluster of the run dir ($RUN_DIR/pg): `major` and `bin` name the one
+# started last, `port` is there while it is meant to run. A run dir from
+# before PG_MAJOR has neither file: that is Debian's 15.
+cur_major() { cat "$RUN_DIR/pg/major" 2>/dev/null || echo 15; }
+cur_bin() { cat "$RUN_DIR/pg/bin" 2>/dev/null || echo "$DEBIAN_PG_BIN"; }
+# 15 keeps the data directory and log it always had.
+pg_data_dir() { if [[ $1 == 15 ]]; then echo "$RUN_DIR/pg/data"; else echo "$RUN_DIR/pg/data-$1"; fi; }
+pg_log() { if [[ $1 == 15 ]]; then echo "$RUN_DIR/pg/postgres.log"; else echo "$RUN_DIR/pg/postgres-$1.log"; fi; }
+
+pg_running() {
+  [[ -f "$RUN_DIR/pg/port" ]] && as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" status >/dev/null 2>&1
+}
+
+# psql of the running cluster's bin dir, else Debian's 15 (the npm builds
+# ship no client; a psql talks to newer servers).
+psql_bin() { if [[ -x "$(cur_bin)/psql" ]]; then cur_bin; else echo "$DEBIAN_PG_BIN"; fi; }
+# sql PORT SQL...: runs statements as postgres on the cluster at PORT, prints tuples.
+sql() {
+  local port="$1"; shift
+  local args=() s
+  for s in "$@"; do args+=(-c "$s"); done
+  PGOPTIONS="-c client_min_messages=warning" \
+    as_pg "$(psql_bin)/psql" -X -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 "${args[@]}"
+}
+
+# Whether a server could listen on PORT (SO_REUSEADDR as PostgreSQL: a port
+# in TIME_WAIT after a stop is free to it).
+port_free() {
+  python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen()' "$1" 2>/dev/null
+}
+
+# The bin directory of PG_MAJOR's server, installed when missing.
+want_bin() {
+  if [[ -n ${PG_BIN:-} ]]; then echo "$PG_BIN"; return; fi
+  if [[ $PG_MAJOR == 15 ]]; then echo "$DEBIAN_PG_BIN"; return; fi
+  "$here/pg-install.sh" "$PG_MAJOR" >&2 || return 1
+  "$here/pg-install.sh" --bindir "$PG_MAJOR"
+}
+
+has_pg_stat_statements() {
+  local bin="$1"
+  [[ -f "$bin/../lib/postgresql/pg_stat_statements.so" || -f "$bin/../lib/pg_stat_statements.so" ]]
+}
+
+# pg_conf DATA PORT SOCKET_DIR BIN [EXTRA]: the settings of a test cluster,
+# in DATA/walrelay.conf, included from its postgresql.conf.
+pg_conf() {
+  local data="$1" port="$2" sock="$3" bin="$4" extra="${5:-}" preload
+  if has_pg_stat_statements "$bin"; then
+    preload="shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = all"
+  else
+    preload="# no pg_stat_statements in $bin"
   fi
-  local port; port=$(free_port)
-  cat > "$d/data/walrelay.conf" <<CONF
+  cat > "$data/walrelay.conf" <<CONF
 listen_addresses = '127.0.0.1'
 port = $port
-unix_socket_directories = '$d'
+unix_socket_directories = '$sock'
 wal_level = logical
 max_replication_slots = 32
 max_wal_senders = 32
 max_prepared_transactions = 16
-shared_preload_libraries = 'pg_stat_statements'
-pg_stat_statements.track = all
+$preload
 track_counts = on
 fsync = off
 synchronous_commit = on
@@ -50,27 +109,210 @@ full_page_writes = off
 logging_collector = off
 log_min_messages = warning
 wal_sender_timeout = 60s
+$extra
 CONF
-  grep -q "include_if_exists = 'walrelay.conf'" "$d/data/postgresql.conf" \
-    || echo "include_if_exists = 'walrelay.conf'" >> "$d/data/postgresql.conf"
+}
+
+pg_start() {
+  local d="$RUN_DIR/pg" major="$PG_MAJOR" bin data log
+  bin=$(want_bin)
+  mkdir -p "$d"
+  if [[ $(cur_major) != "$major" ]]; then
+    if pg_running || standby_running; then echo "services: stopping PostgreSQL $(cur_major) to start $major" >&2; fi
+    pg_stop
+  elif pg_running; then
+    return 0
+  fi
+  echo "$major" > "$d/major"
+  echo "$bin" > "$d/bin"
+  data=$(pg_data_dir "$major"); log=$(pg_log "$major")
+  if [[ $(id -u) -eq 0 ]]; then chown postgres: "$d"; chmod 755 "$RUN_DIR"; fi
+  if [[ ! -f "$data/PG_VERSION" ]]; then
+    as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$d/initdb.log" 2>&1 \
+      || { cat "$d/initdb.log" >&2; return 1; }
+  fi
+  # Back on the port it had when `primary stop` stopped it, so that the
+  # connection facts a test already read stay true.
+  local port=""
+  if [[ -f "$d/port" ]] && port_free "$(cat "$d/port")"; then port=$(cat "$d/port"); fi
+  [[ -n $port ]] || port=$(free_port)
+  pg_conf "$data" "$port" "$d" "$bin"
+  has_pg_stat_statements "$bin" || echo "services: PostgreSQL $major in $bin has no pg_stat_statements; left out" >&2
+  # The primary's settings for a standby (empty while none runs), apart so
+  # that the standby's copy can do without them.
+  standby_running || primary_standby_conf ""
+  local inc
+  for inc in walrelay.conf walrelay-standby.conf; do
+    grep -q "include_if_exists = '$inc'" "$data/postgresql.conf" \
+      || echo "include_if_exists = '$inc'" >> "$data/postgresql.conf"
+  done
   # trust for the local test users only, on loopback only
-  cat > "$d/data/pg_hba.conf" <<HBA
+  cat > "$data/pg_hba.conf" <<HBA
 local all         all                 trust
 host  all         all   127.0.0.1/32  trust
 host  replication all   127.0.0.1/32  trust
 local replication all                 trust
 HBA
-  as_pg "$PG_BIN/pg_ctl" -D "$d/data" -l "$d/postgres.log" -w -t 60 start >/dev/null
+  as_pg "$bin/pg_ctl" -D "$data" -l "$log" -w -t 60 start >/dev/null
   echo "$port" > "$d/port"
-  as_pg "$PG_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAt \
-    -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+  if has_pg_stat_statements "$bin"; then
+    sql "$port" "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+  fi
+  # Left over by a standby that went away with the primary down (failover tests).
+  standby_running || drop_standby_slot
 }
 
 pg_stop() {
-  local d="$RUN_DIR/pg"
-  [[ -d "$d/data" ]] || return 0
-  as_pg "$PG_BIN/pg_ctl" -D "$d/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+  local d="$RUN_DIR/pg" data
+  standby_stop fast
+  data=$(pg_data_dir "$(cur_major)")
+  [[ -d "$data" ]] || return 0
+  as_pg "$(cur_bin)/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
   rm -f "$d/port"
+}
+
+# primary_stop MODE: the primary alone, keeping its port for `start pg`.
+primary_stop() {
+  [[ -f "$RUN_DIR/pg/port" ]] || { echo "services: no primary started" >&2; return 1; }
+  as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "$1" -w -t 60 stop >/dev/null 2>&1 || true
+}
+
+# The standby: a physical copy of the running primary in $RUN_DIR/pg/standby,
+# streaming through the physical slot walrelay_standby, made anew by each
+# `standby start`. 16+ allow logical decoding on it; on 17+ it synchronizes
+# the primary's failover slots, and the primary holds back logical decoding
+# of those until the standby has the WAL (synchronized_standby_slots).
+SB="$RUN_DIR/pg/standby"
+
+# primary_standby_conf TEXT: the primary's walrelay-standby.conf, reloaded
+# when it changed and the primary runs.
+primary_standby_conf() {
+  local f; f="$(pg_data_dir "$(cur_major)")/walrelay-standby.conf"
+  [[ -d $(dirname "$f") ]] || return 0
+  [[ ! -f $f || $(cat "$f") != "$1" ]] || return 0
+  echo "$1" | as_pg tee "$f" >/dev/null
+  ! pg_running || sql "$(cat "$RUN_DIR/pg/port")" "SELECT pg_reload_conf()" >/dev/null
+}
+
+standby_running() { [[ -f "$SB/port" ]] && as_pg "$(cur_bin)/pg_ctl" -D "$SB/data" status >/dev/null 2>&1; }
+
+# A pg_basebackup that can copy this major: its own, or Debian's 15 for 15
+# and older (pg_basebackup refuses newer servers). Empty when none.
+basebackup_bin() {
+  local major="$1" bin="$2"
+  if [[ -x "$bin/pg_basebackup" ]]; then echo "$bin/pg_basebackup"
+  elif ((major <= 15)); then echo "$DEBIAN_PG_BIN/pg_basebackup"; fi
+}
+
+# copy_cluster PORT SRC DST: a base backup with the SQL API (pg_backup_start
+# and _stop, 15+) where no pg_basebackup fits: psql holds the backup open
+# while tar copies the files, then writes the backup_label it returns. Leaves
+# out what pg_basebackup leaves out. The WAL comes by streaming from the slot.
+copy_cluster() {
+  local port="$1" src="$2" dst="$3" x excludes=""
+  for x in postmaster.pid postmaster.opts backup_label backup_label.old tablespace_map standby.signal \
+    recovery.signal current_logfiles 'pg_wal/*' 'pg_replslot/*' 'pg_dynshmem/*' \
+    'pg_notify/*' 'pg_serial/*' 'pg_snapshots/*' 'pg_stat_tmp/*' 'pg_subtrans/*' '*pgsql_tmp*' '*pg_internal.init'; do
+    excludes+=" --exclude='./$x'"
+  done
+  cat > "$SB/backup.sql" <<SQL
+\\set ON_ERROR_STOP on
+SELECT pg_backup_start('$STANDBY_SLOT', true);
+\\! tar -C '$src' $excludes --ignore-failed-read --warning=none -cf - . | tar -C '$dst' -xf -
+SELECT labelfile FROM pg_backup_stop(false) \\g (format=unaligned tuples_only=on) '$dst/backup_label'
+SQL
+  as_pg "$(psql_bin)/psql" -X -h 127.0.0.1 -p "$port" -U postgres -d postgres -q -f "$SB/backup.sql" \
+    >"$SB/backup.log" 2>&1 || { cat "$SB/backup.log" >&2; return 1; }
+  [[ -f "$dst/global/pg_control" && -s "$dst/backup_label" ]] \
+    || { echo "services: the copy of $src is incomplete" >&2; cat "$SB/backup.log" >&2; return 1; }
+  as_pg mkdir -p "$dst/pg_wal/archive_status"
+}
+
+standby_start() {
+  pg_running || { echo "services: no primary runs (scripts/services.sh start pg)" >&2; return 1; }
+  standby_running && return 0
+  standby_stop fast
+  # A standby half made would leave its slot holding WAL and, on 17+, the
+  # primary's failover slots waiting for it: undo on any failure below.
+  trap 'standby_stop immediate' EXIT
+  local major bin pport port data pdata conninfo bb
+  major=$(cur_major); bin=$(cur_bin); pport=$(cat "$RUN_DIR/pg/port"); pdata=$(pg_data_dir "$major")
+  data="$SB/data"
+  rm -rf "$SB"; mkdir -p "$SB"
+  [[ $(id -u) -ne 0 ]] || chown postgres: "$SB"
+  # Reserves WAL from now on: the copy's WAL streams from it.
+  sql "$pport" "SELECT pg_create_physical_replication_slot('$STANDBY_SLOT', true)" >/dev/null
+  ((major < 17)) || primary_standby_conf "synchronized_standby_slots = '$STANDBY_SLOT'"
+  conninfo="host=127.0.0.1 port=$pport user=postgres dbname=postgres application_name=$STANDBY_SLOT"
+  bb=$(basebackup_bin "$major" "$bin")
+  if [[ -n $bb ]]; then
+    as_pg "$bb" -D "$data" -d "$conninfo" -X stream -S "$STANDBY_SLOT" -c fast >"$SB/backup.log" 2>&1 \
+      || { cat "$SB/backup.log" >&2; return 1; }
+  else
+    as_pg mkdir -m 700 "$data"
+    copy_cluster "$pport" "$pdata" "$data"
+  fi
+  # The settings of pg_basebackup -R, written here for both ways of copying
+  # (and with dbname, which slot synchronization needs on 17+).
+  port=$(free_port)
+  local extra="hot_standby = on
+hot_standby_feedback = on
+primary_conninfo = '$conninfo'
+primary_slot_name = '$STANDBY_SLOT'"
+  ((major < 17)) || extra+="
+sync_replication_slots = on"
+  pg_conf "$data" "$port" "$SB" "$bin" "$extra"
+  as_pg truncate -s 0 "$data/walrelay-standby.conf"
+  as_pg touch "$data/standby.signal"
+  as_pg "$bin/pg_ctl" -D "$data" -l "$SB/postgres.log" -w -t 120 start >/dev/null \
+    || { tail -20 "$SB/postgres.log" >&2; return 1; }
+  echo "$port" > "$SB/port"
+  local streaming=0
+  for _ in $(seq 1 120); do
+    streaming=$(sql "$pport" "SELECT count(*) FROM pg_stat_replication WHERE application_name = '$STANDBY_SLOT' AND state = 'streaming'")
+    [[ $streaming == 1 ]] && break
+    sleep 0.5
+  done
+  [[ $streaming == 1 ]] || { echo "services: the standby does not stream after 60 s; see $SB/postgres.log" >&2; return 1; }
+  trap - EXIT
+}
+
+standby_promote() {
+  standby_running || { echo "services: no standby runs" >&2; return 1; }
+  local port; port=$(cat "$SB/port")
+  as_pg "$(cur_bin)/pg_ctl" -D "$SB/data" -w -t 60 promote >/dev/null
+  # Out of recovery and handing out transaction ids: it takes writes.
+  for _ in $(seq 1 120); do
+    sql "$port" "SELECT pg_current_xact_id()" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "services: the promoted standby takes no writes after 60 s; see $SB/postgres.log" >&2
+  return 1
+}
+
+# standby_stop MODE: stops it and, when the primary runs, drops its slot
+# there and lifts synchronized_standby_slots (which would otherwise hold back
+# failover slots forever).
+standby_stop() {
+  if [[ -f "$SB/data/PG_VERSION" ]]; then
+    as_pg "$(cur_bin)/pg_ctl" -D "$SB/data" -m "$1" -w -t 60 stop >/dev/null 2>&1 || true
+  fi
+  rm -f "$SB/port"
+  primary_standby_conf ""
+  drop_standby_slot
+}
+
+# The standby's slot on the primary, if both are there: it would hold WAL
+# forever once the standby is gone.
+drop_standby_slot() {
+  pg_running || return 0
+  local pport; pport=$(cat "$RUN_DIR/pg/port")
+  # The walsender may take a moment to notice that the standby is gone.
+  for _ in $(seq 1 20); do
+    [[ $(sql "$pport" "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$STANDBY_SLOT'") == 0 ]] && return 0
+    sql "$pport" "SELECT pg_drop_replication_slot('$STANDBY_SLOT')" >/dev/null 2>&1 || sleep 0.5
+  done
+  echo "services: could not drop the slot $STANDBY_SLOT on the primary" >&2
 }
 
 kafka_up() {
@@ -104,7 +346,13 @@ write_env() {
       echo "export WALRELAY_TEST_PGPORT=$(cat "$RUN_DIR/pg/port")"
       echo "export WALRELAY_TEST_PGUSER=postgres"
       echo "export WALRELAY_TEST_PGDATABASE=postgres"
-      echo "export WALRELAY_TEST_PGDATA='$RUN_DIR/pg/data'"
+      echo "export WALRELAY_TEST_PGDATA='$(pg_data_dir "$(cur_major)")'"
+      echo "export WALRELAY_TEST_PGMAJOR=$(cur_major)"
+      echo "export WALRELAY_TEST_PGBIN='$(cur_bin)'"
+    fi
+    if [[ -f "$SB/port" ]]; then
+      echo "export WALRELAY_TEST_STANDBY_PGPORT=$(cat "$SB/port")"
+      echo "export WALRELAY_TEST_STANDBY_PGDATA='$SB/data'"
     fi
     if [[ -f "$RUN_DIR/kafka/port" ]]; then
       echo "export WALRELAY_TEST_KAFKA=127.0.0.1:$(cat "$RUN_DIR/kafka/port")"
@@ -128,11 +376,23 @@ case "${1:-}" in
     true ;;
   kafka-stop) kafka_stop ;;
   kafka-start) kafka_up ;;
-  pg-restart) as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg/data" -m "${2:-fast}" -w -t 60 restart -l "$RUN_DIR/pg/postgres.log" >/dev/null ;;
+  pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
+      -l "$(pg_log "$(cur_major)")" >/dev/null ;;
+  standby)
+    case "${2:-}" in
+      start) standby_start ;;
+      promote) standby_promote ;;
+      stop) standby_stop "${3:-fast}" ;;
+      *) echo "usage: $0 standby start|promote|stop [fast|immediate]" >&2; exit 2 ;;
+    esac
+    write_env ;;
+  primary)
+    [[ ${2:-} == stop ]] || { echo "usage: $0 primary stop [fast|immediate]" >&2; exit 2; }
+    primary_stop "${3:-fast}" ;;
   env) cat "$RUN_DIR/env" ;;
   status)  # exit 0 when both services run
-    [[ -f "$RUN_DIR/pg/port" ]] && as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg/data" status >/dev/null 2>&1 \
-      && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
+    pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;
-  *) echo "usage: $0 start|stop [pg|kafka|all] | env | status | kafka-stop | kafka-start | pg-restart [fast|immediate] | clean" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop [pg|kafka|all] | env | status | kafka-stop | kafka-start | pg-restart [fast|immediate]" \
+       "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

@@ -2,18 +2,27 @@
 # Installs what a fresh Debian 12 machine lacks to build, test and benchmark
 # walrelay, then fetches the Kafka broker jars. Idempotent: a second run
 # installs nothing and reuses the jar cache.
+#
+#   WALRELAY_PG_MAJORS="14 16 17 18" scripts/setup.sh   also the PostgreSQL
+#       servers of these majors (scripts/pg-install.sh; 15 is Debian's, always)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+pg_majors="${WALRELAY_PG_MAJORS:-}"
 
+# (postgresql-15 provides postgresql-contrib-15, a virtual package that
+# dpkg-query never reports as installed.)
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev
   libsimdjson-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
-  postgresql-15 postgresql-contrib-15 postgresql-client-15
+  postgresql-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl
   systemd prometheus shellcheck python3-yaml binutils
 )
+# The other majors come from the npm registry.
+other_majors="${pg_majors//15/}"
+if [[ -n ${other_majors// /} ]] && ! command -v npm >/dev/null; then packages+=(npm); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,4 +34,6 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 "$here/kafka-jars.sh" >/dev/null
+# shellcheck disable=SC2086  # a list of majors
+[[ -z $pg_majors ]] || "$here/pg-install.sh" $pg_majors
 echo "setup: ok" >&2
