@@ -21,6 +21,7 @@ namespace walrelay {
 struct KafkaSink::Pending {
   std::uint64_t token;
   std::size_t bytes;
+  std::string reason;  // why it is being dead-lettered
 };
 
 namespace {
@@ -39,6 +40,29 @@ void log_cb(const rd_kafka_t*, int level, const char* fac, const char* buf) {
   else if (level == 4) spdlog::warn("kafka: {}: {}", fac, buf);
   else if (level <= 6) spdlog::info("kafka: {}: {}", fac, buf);
   else spdlog::debug("kafka: {}: {}", fac, buf);
+}
+
+// Errors that belong to the record itself: sending it again would fail the
+// same way, so errors.tolerance decides (halt, or the dead-letter topic).
+// Everything else (time-outs, broker, network, authentication errors) says
+// nothing about the record: it must be sent again, never dead-lettered.
+bool is_record_error(rd_kafka_resp_err_t err) {
+  switch (err) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+    case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+    case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+    case RD_KAFKA_RESP_ERR__INVALID_ARG:
+    case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
+      return true;
+    default:
+      return false;
+  }
 }
 
 std::string error_code_name(rd_kafka_resp_err_t err) {
@@ -122,13 +146,21 @@ void KafkaSink::poll() {
   }
 }
 
+void KafkaSink::abort_queued() {
+  // Queued records only: a request already sent may still be acknowledged,
+  // and its records are then duplicates of the replay, not losses.
+  auto err = rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE);
+  if (err) spdlog::warn("kafka: could not purge queued records: {}", rd_kafka_err2str(err));
+}
+
 SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::string_view> key,
                                 std::optional<std::string_view> value, std::int64_t timestamp_ms,
                                 const std::vector<OutboxRecord::Header>& headers, Pending* pending) {
   // Rejected before it entered the queue: reported like a failed delivery.
-  auto reject = [&](std::string code, std::string message) {
+  auto reject = [&](std::string code, std::string message, bool transient) {
     Delivery d;
     d.ok = false;
+    d.transient = transient;
     d.error_code = std::move(code);
     d.error_message = std::move(message);
     d.topic = topic;
@@ -142,13 +174,14 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
       d.token = pending->token;
       d.bytes = pending->bytes;
       d.dead_lettered = true;
+      d.dead_letter_reason = pending->reason;
       delete pending;
     }
     if (on_delivery_) on_delivery_(d);
     return SubmitStatus::failed;
   };
   rd_kafka_topic_t* rkt = topic_handle(topic);
-  if (!rkt) return reject(error_code_name(rd_kafka_last_error()), "invalid topic name");
+  if (!rkt) return reject(error_code_name(rd_kafka_last_error()), "invalid topic name", false);
   std::array<rd_kafka_vu_t, 64> vus;
   std::size_t n = 0;
   vus[n].vtype = RD_KAFKA_VTYPE_RKT;
@@ -174,7 +207,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
   // Header names point at NUL-terminated storage (see OutboxRecord::Header);
   // librdkafka copies names and values into the message.
   if (n + headers.size() > vus.size())
-    return reject("too_many_headers", "more than " + std::to_string(vus.size() - n) + " headers");
+    return reject("too_many_headers", "more than " + std::to_string(vus.size() - n) + " headers", false);
   for (const auto& h : headers) {
     vus[n].vtype = RD_KAFKA_VTYPE_HEADER;
     vus[n].u.header.name = h.name.data();
@@ -187,7 +220,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
   std::string msg = rd_kafka_error_string(error);
   rd_kafka_error_destroy(error);
   if (code == RD_KAFKA_RESP_ERR__QUEUE_FULL) return SubmitStatus::queue_full;
-  return reject(error_code_name(code), msg);
+  return reject(error_code_name(code), msg, !is_record_error(code));
 }
 
 rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
@@ -205,11 +238,12 @@ SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) 
   return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
 }
 
-SubmitStatus KafkaSink::submit_dead_letter(std::string_view topic, std::optional<std::string_view> key,
+SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_view topic,
+                                           std::optional<std::string_view> key,
                                            std::optional<std::string_view> value,
                                            const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                            std::size_t bytes) {
-  auto* pending = new Pending{token, bytes};
+  auto* pending = new Pending{token, bytes, std::string(reason)};
   auto status = produce(topic, key, value, 0, headers, pending);
   if (status == SubmitStatus::queue_full) delete pending;
   return status;
@@ -226,11 +260,13 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
     d.token = p->token;
     d.bytes = p->bytes;
     d.dead_lettered = true;
+    d.dead_letter_reason = std::move(p->reason);
     delete p;
   }
   d.topic = rd_kafka_topic_name(m->rkt);
   if (m->err) {
     d.ok = false;
+    d.transient = !is_record_error(m->err);
     d.error_code = error_code_name(m->err);
     d.error_message = rd_kafka_err2str(m->err);
     if (m->key) d.key = std::string_view(static_cast<const char*>(m->key), m->key_len);

@@ -1,7 +1,6 @@
 #include "walrelay/lsn_ledger.hpp"
 
 #include <algorithm>
-#include <cassert>
 
 namespace walrelay {
 
@@ -21,9 +20,17 @@ LsnLedger::Txn* LsnLedger::find(TxnId id) {
   return (it != txns_.end() && it->id == id) ? &*it : nullptr;
 }
 
+void LsnLedger::violate(std::string what) {
+  if (!violation_) violation_ = std::move(what);
+}
+
 void LsnLedger::add_record(TxnId txn, std::size_t bytes) {
   Txn* t = find(txn);
-  assert(t && !t->committed);
+  if (!t || t->committed) {
+    violate("a record was added to transaction " + std::to_string(txn) + ", which is " +
+            (t ? "already committed" : "not open"));
+    return;
+  }
   ++t->pending;
   t->had_records = true;
   ++inflight_records_;
@@ -58,19 +65,34 @@ void LsnLedger::abandon_open() {
   advance();
 }
 
-void LsnLedger::ack(TxnId txn, std::size_t bytes) {
-  assert(inflight_records_ > 0);
+bool LsnLedger::settle(TxnId txn, std::size_t bytes, const char* what) {
+  Txn* t = find(txn);
+  if (inflight_records_ == 0 || !t || t->pending == 0) {
+    violate(std::string(what) + " of a record of transaction " + std::to_string(txn) + ", which has " +
+            (t ? "no record in flight" : "no entry (already complete or never opened)") + "; " +
+            std::to_string(inflight_records_) + " records in flight in all");
+    return false;
+  }
   --inflight_records_;
   inflight_bytes_ -= std::min<std::uint64_t>(bytes, inflight_bytes_);
-  Txn* t = find(txn);
-  if (!t) return;
-  assert(t->pending > 0);
   --t->pending;
   if (t == &txns_.front()) advance();
+  return true;
+}
+
+void LsnLedger::ack(TxnId txn, std::size_t bytes) { settle(txn, bytes, "acknowledgement"); }
+
+void LsnLedger::withdraw(TxnId txn, std::size_t bytes) { settle(txn, bytes, "withdrawal"); }
+
+void LsnLedger::reset() {
+  txns_.clear();
+  open_.reset();
+  inflight_records_ = 0;
+  inflight_bytes_ = 0;
 }
 
 void LsnLedger::advance() {
-  while (!txns_.empty()) {
+  while (!txns_.empty() && !violation_) {
     Txn& t = txns_.front();
     if (!t.committed || t.pending > 0) break;
     if (!t.abandoned) {
@@ -82,7 +104,7 @@ void LsnLedger::advance() {
 }
 
 void LsnLedger::server_position(Lsn wal_end) {
-  if (txns_.empty() && !open_) flushed_ = std::max(flushed_, wal_end);
+  if (txns_.empty() && !open_ && !violation_) flushed_ = std::max(flushed_, wal_end);
 }
 
 std::optional<std::int64_t> LsnLedger::oldest_unacked_commit_time() const {

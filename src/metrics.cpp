@@ -214,6 +214,9 @@ Metrics::Metrics()
                                  "Standby status updates (flush feedback) sent to the server.")),
       reconnects(add_counter(*registry_, "walrelay_reconnects_total",
                              "Times the replication connection was re-opened after a loss.")),
+      replays(add_counter(*registry_, "walrelay_replays_total",
+                          "Times a transient delivery failure made walrelay send everything from the slot's "
+                          "confirmed position again.")),
       decode_errors(add_counter(*registry_, "walrelay_decode_errors_total",
                                 "Replication messages that could not be decoded.")),
       inflight_records(add_gauge(*registry_, "walrelay_inflight_records",

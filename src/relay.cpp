@@ -88,6 +88,8 @@ void Relay::request_stop() {
   if (stop_requested_) return;
   spdlog::info("{} stop requested: finishing in-flight records", context());
   stop_requested_ = true;
+  // One deadline for the whole shutdown, however many places wait on it.
+  drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
   wake_.cancel();
   conn_.cancel_wait();
 }
@@ -109,10 +111,29 @@ void Relay::halt(std::string reason) {
   if (halt_reason_) return;
   spdlog::critical("{} halted: {}", context(), reason);
   halt_reason_ = reason;
+  if (!drain_deadline_)
+    drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
   set_state(RelayState::halted, std::move(reason));
   metrics_.halted.Set(1);
   wake_.cancel();
   conn_.cancel_wait();
+}
+
+void Relay::replay(std::string reason) {
+  if (halt_reason_ || stop_requested_ || replay_reason_) return;  // nothing past it is confirmed either way
+  spdlog::error("{} {}; sending everything from the slot's confirmed position again once the records in flight "
+                "have settled",
+                context(), reason);
+  replay_reason_ = std::move(reason);
+  set_state(RelayState::reconnecting, "sending again after a delivery failure: " + *replay_reason_);
+  wake_.cancel();
+  conn_.cancel_wait();
+}
+
+void Relay::check_ledger() {
+  if (auto& v = ledger_.violation(); v && !halt_reason_)
+    halt("internal error: the LSN ledger's bookkeeping broke (" + *v +
+         "); walrelay stops rather than confirm a position it cannot vouch for");
 }
 
 bool Relay::has_room() const {
@@ -158,6 +179,18 @@ asio::awaitable<void> Relay::run() {
     ledger_.abandon_open();
     txn_.reset();
     if (stop_requested_ || halt_reason_) break;
+    if (replay_reason_) {
+      // Every record still in flight must settle first: a late report must
+      // never meet the fresh ledger.
+      co_await drain(nullptr);
+      if (stop_requested_ || halt_reason_) break;
+      ledger_.reset();
+      failed_records_ = 0;
+      replay_reason_.reset();
+      metrics_.replays.Increment();
+      spdlog::info("slot={} every record has settled; replaying from the slot's confirmed position",
+                   config_.slot_name);
+    }
     metrics_.reconnects.Increment();
     if (sessions_streamed_ > streamed_before) backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
     auto jitter = std::uniform_int_distribution<int>(0, static_cast<int>(backoff.count() / 4))(rng);
@@ -267,7 +300,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
     }
   } free_pending{pending};
 
-  while (!stop_requested_ && !halt_reason_) {
+  while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
     auto now = std::chrono::steady_clock::now();
     if (now >= next_status || reply_requested_) {
       bool ask = !pinged && now - last_received_ > timeout / 3;
@@ -337,7 +370,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       PQfreemem(buf);
       if (step == Step::stop) break;
     }
-    if (stop_requested_ || halt_reason_) break;
+    if (stop_requested_ || halt_reason_ || replay_reason_) break;
     if (handled > 0 || pending) {
       sink_.poll();
       if (handled >= 2048) {
@@ -383,13 +416,21 @@ asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requeste
 }
 
 asio::awaitable<void> Relay::drain(PgConnection* conn) {
-  if (halt_reason_ || stop_requested_) set_state(halt_reason_ ? RelayState::halted : RelayState::draining,
-                                                 halt_reason_.value_or("shutting down"));
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
+  // A replay waits for every record to settle, however long the broker takes
+  // (each either lands or fails, within kafka.message.timeout.ms); a
+  // shutdown or a halt waits up to the one deadline set when it began.
+  const bool settle_all = replay_reason_ && !stop_requested_ && !halt_reason_;
+  if (!settle_all)
+    set_state(halt_reason_ ? RelayState::halted : RelayState::draining, halt_reason_.value_or("shutting down"));
+  auto past_deadline = [&] {
+    if (settle_all) return stop_requested_ || halt_reason_.has_value();
+    return !drain_deadline_ || std::chrono::steady_clock::now() >= *drain_deadline_;
+  };
+  // Nothing queued behind a failed record may land before it is sent again.
+  if (settle_all) sink_.abort_queued();
   // A record whose delivery failed for good is never acknowledged: waiting
-  // for it would only spend shutdown.timeout.ms (twice: stream, then run).
-  while (ledger_.inflight_records() > failed_records_ && std::chrono::steady_clock::now() < deadline &&
-         !sink_.fatal_error()) {
+  // for it would only spend the deadline.
+  while (ledger_.inflight_records() > failed_records_ && !past_deadline() && !sink_.fatal_error()) {
     sink_.poll();
     co_await sleep(20ms);
     if (conn && conn->connected() && std::chrono::steady_clock::now() - last_received_ > 1s) {
@@ -402,7 +443,7 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
       last_received_ = std::chrono::steady_clock::now();
     }
   }
-  if (ledger_.inflight_records() > failed_records_)
+  if (!settle_all && ledger_.inflight_records() > failed_records_)
     spdlog::warn("{} {} records still unacknowledged at shutdown; they will be sent again on restart", context(),
                  ledger_.inflight_records() - failed_records_);
   if (conn && conn->connected()) {
@@ -493,12 +534,13 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
   std::uint16_t table = record_.table_index;
   // Counted before submit: a synchronous rejection reports its delivery at once.
   ledger_.add_record(*txn_, bytes);
+  check_ledger();
   switch (sink_.submit(record_, make_token(*txn_, table))) {
     case SubmitStatus::accepted:
     case SubmitStatus::failed:  // its Delivery has been handled already
       return halt_reason_ ? Step::stop : Step::done;
     case SubmitStatus::queue_full:
-      ledger_.ack(*txn_, bytes);  // not taken: undo and try again later
+      ledger_.withdraw(*txn_, bytes);  // not taken: offered again later
       return Step::retry;
   }
   return Step::done;
@@ -535,22 +577,23 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
   spdlog::error("{} could not map the outbox row of {}: {}; sending it to {}", context(), where, error.message,
                 config_.dlq_topic);
   scratch_ = mapper_.row_json(insert);
-  dlq_texts_ = {std::string(mapper_.table_name(insert.relation_oid)), lsn.to_string(), error.reason, error.message,
-                mapper_.event_id_of(insert)};
+  const std::string table(mapper_.table_name(insert.relation_oid)), lsn_text = lsn.to_string(),
+      id = mapper_.event_id_of(insert);
   std::vector<OutboxRecord::Header> headers;
   if (config_.dlq_context_headers) {
     headers.push_back({"__connect.errors.exception.class.name", std::string_view("walrelay.MappingError")});
-    headers.push_back({"__connect.errors.exception.message", dlq_texts_[3]});
-    headers.push_back({"walrelay.error.reason", dlq_texts_[2]});
-    headers.push_back({"walrelay.source.table", dlq_texts_[0]});
-    headers.push_back({"walrelay.source.lsn", dlq_texts_[1]});
+    headers.push_back({"__connect.errors.exception.message", error.message});
+    headers.push_back({"walrelay.error.reason", error.reason});
+    headers.push_back({"walrelay.source.table", table});
+    headers.push_back({"walrelay.source.lsn", lsn_text});
   }
-  headers.push_back({"id", dlq_texts_[4]});
+  headers.push_back({"id", id});
   std::size_t bytes = scratch_.size();
   ledger_.add_record(*txn_, bytes);
-  auto status = sink_.submit_dead_letter(config_.dlq_topic, std::nullopt, scratch_, headers, make_token(*txn_, 0), bytes);
+  auto status = sink_.submit_dead_letter(error.reason, config_.dlq_topic, std::nullopt, scratch_, headers,
+                                         make_token(*txn_, 0), bytes);
   if (status == SubmitStatus::queue_full) {
-    ledger_.ack(*txn_, bytes);
+    ledger_.withdraw(*txn_, bytes);
     return Step::retry;
   }
   return halt_reason_ ? Step::stop : Step::done;
@@ -569,8 +612,9 @@ void Relay::on_delivery(const Delivery& d) {
   auto txn = token_txn(d.token);
   if (d.ok) {
     ledger_.ack(txn, d.bytes);
+    check_ledger();
     if (d.dead_lettered) {
-      metrics_.dead_lettered(d.error_code.empty() ? "mapping" : d.error_code).Increment();
+      metrics_.dead_lettered(d.dead_letter_reason).Increment();
     } else {
       relayed_counter(token_table(d.token), d.topic).Increment();
       metrics_.bytes_relayed.Increment(static_cast<double>(d.bytes));
@@ -587,35 +631,42 @@ void Relay::on_delivery(const Delivery& d) {
   std::string where = "record for topic " + std::string(d.topic) + " (table " +
                       table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
                       (lsn ? lsn->to_string() : std::string("?")) + ")";
+  if (d.transient) {
+    // Not the record's fault: it is sent again, never dead-lettered. Sending
+    // it alone would overtake nothing but could be overtaken; the slot gives
+    // every record from the first unacknowledged one again, in order.
+    replay("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code + ", transient)");
+    return;
+  }
   if (d.dead_lettered) {
     halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
     return;
   }
   if (config_.errors_tolerance == ErrorTolerance::none) {
-    halt("could not deliver the " + where + ": " + d.error_message +
-         " (errors.tolerance=none; nothing past this record is confirmed)");
+    halt("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
+         "; errors.tolerance=none; nothing past this record is confirmed)");
     return;
   }
-  spdlog::error("{} could not deliver the {}: {}; sending it to {}", context(), where, d.error_message,
-                config_.dlq_topic);
+  spdlog::error("{} could not deliver the {}: {} ({}); sending it to {}", context(), where, d.error_message,
+                d.error_code, config_.dlq_topic);
   // The dead-letter copy keeps the original key and headers. A record the
   // broker refused for its size goes without its value, or it would be
   // refused again; the headers say where the row is.
-  dlq_texts_ = {std::string(d.topic), d.error_code, d.error_message, std::to_string(d.value ? d.value->size() : 0)};
+  const std::string value_size = std::to_string(d.value ? d.value->size() : 0);
   std::vector<OutboxRecord::Header> headers = d.headers;
   bool drop_value = d.error_code == "msg_size_too_large" || d.error_code == "record_list_too_large" ||
                     d.error_code == "invalid_record";
   if (config_.dlq_context_headers) {
-    headers.push_back({"__connect.errors.topic", dlq_texts_[0]});
+    headers.push_back({"__connect.errors.topic", d.topic});
     headers.push_back({"__connect.errors.exception.class.name", std::string_view("walrelay.DeliveryError")});
-    headers.push_back({"__connect.errors.exception.message", dlq_texts_[2]});
-    headers.push_back({"walrelay.error.reason", dlq_texts_[1]});
-    if (drop_value) headers.push_back({"walrelay.value.dropped.bytes", dlq_texts_[3]});
+    headers.push_back({"__connect.errors.exception.message", d.error_message});
+    headers.push_back({"walrelay.error.reason", d.error_code});
+    if (drop_value) headers.push_back({"walrelay.value.dropped.bytes", value_size});
   }
   // This record's ledger entry stays counted until the copy is acknowledged.
   --failed_records_;  // handed on: its dead-letter copy settles it
-  auto status = sink_.submit_dead_letter(config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
-                                         d.token, d.bytes);
+  auto status = sink_.submit_dead_letter(d.error_code, config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value,
+                                         headers, d.token, d.bytes);
   if (status == SubmitStatus::queue_full) {
     ++failed_records_;  // the copy was not taken: the record stays unsettled
     halt("could not queue the dead-letter copy of the " + where + ": producer queue full");

@@ -31,11 +31,13 @@ class KafkaSink final : public Sink {
   KafkaSink& operator=(const KafkaSink&) = delete;
 
   SubmitStatus submit(const OutboxRecord& record, std::uint64_t token) override;
-  SubmitStatus submit_dead_letter(std::string_view topic, std::optional<std::string_view> key,
+  SubmitStatus submit_dead_letter(std::string_view reason, std::string_view topic,
+                                  std::optional<std::string_view> key,
                                   std::optional<std::string_view> value,
                                   const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                   std::size_t bytes) override;
   void poll() override;
+  void abort_queued() override;
   std::size_t flush(int timeout_ms) override;
   // Not ready until librdkafka's statistics show a broker up (within
   // statistics.interval.ms of start), so a broker that refuses walrelay from

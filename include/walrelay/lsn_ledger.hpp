@@ -5,12 +5,18 @@
 // of the newest transaction such that it and every earlier one are fully
 // acknowledged: acks arriving out of order (partitions complete at different
 // speeds) never move it further. It never goes backwards.
+//
+// Its own bookkeeping is checked on every call, in every build: a double
+// acknowledgement or an acknowledgement of an unknown record would otherwise
+// pin or advance the slot wrongly forever. The first violation is kept, and
+// from then on flushed() no longer moves; the relay halts on it.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include <pgoutput/pgoutput.hpp>
 
@@ -40,6 +46,13 @@ class LsnLedger {
   void abandon_open();
   // A record of txn is acknowledged (delivered, or dead-lettered by policy).
   void ack(TxnId txn, std::size_t bytes);
+  // The sink did not take a record just added (its queue was full): the
+  // addition is undone, to be made again when the record is offered again.
+  void withdraw(TxnId txn, std::size_t bytes);
+  // Every record has settled and the unacknowledged ones will be sent again
+  // from the slot's confirmed position: forget all transactions, keep
+  // flushed(). Ids keep growing, so a stale token can never match a new entry.
+  void reset();
 
   // A keepalive or XLogData told us how far the server's WAL reaches. With
   // nothing in flight and no transaction open, everything up to it is done:
@@ -56,6 +69,8 @@ class LsnLedger {
   std::optional<std::int64_t> oldest_unacked_commit_time() const;
   // The commit LSN of a transaction still in the ledger.
   std::optional<Lsn> commit_lsn_of(TxnId txn) const;
+  // The first broken invariant, if any (flushed() is frozen since).
+  const std::optional<std::string>& violation() const { return violation_; }
   // Whether a transaction still in the ledger has had a record added.
   bool had_records(TxnId txn) const;
   // Called once for each committed transaction that carried records, when it
@@ -76,6 +91,10 @@ class LsnLedger {
   Txn* find(TxnId id);
   const Txn* find(TxnId id) const { return const_cast<LsnLedger*>(this)->find(id); }
   void advance();
+  void violate(std::string what);
+  // Removes one record of txn from the counts; false (and a violation) when
+  // there is none to remove.
+  bool settle(TxnId txn, std::size_t bytes, const char* what);
 
   std::deque<Txn> txns_;       // ascending ids, oldest first
   std::optional<TxnId> open_;
@@ -84,6 +103,7 @@ class LsnLedger {
   std::uint64_t inflight_records_ = 0;
   std::uint64_t inflight_bytes_ = 0;
   std::function<void(std::int64_t)> on_retired_;
+  std::optional<std::string> violation_;
 };
 
 }  // namespace walrelay

@@ -42,6 +42,7 @@ class Metrics {
   prometheus::Counter& messages_received;     // walrelay_replication_messages_total
   prometheus::Counter& status_updates;        // walrelay_status_updates_total
   prometheus::Counter& reconnects;            // walrelay_reconnects_total
+  prometheus::Counter& replays;               // walrelay_replays_total
   prometheus::Counter& decode_errors;         // walrelay_decode_errors_total
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes

@@ -63,6 +63,12 @@ class Relay final : public StatusSource {
   Step dead_letter_row(const pgoutput::Insert& insert, const MapError& error, pgoutput::Lsn lsn);
   void on_delivery(const Delivery& delivery);
   void halt(std::string reason);
+  // A delivery failed for a reason that is not the record's own: stop
+  // reading, let every record in flight settle, then stream again from the
+  // slot's confirmed position (at least once, in order).
+  void replay(std::string reason);
+  // Halts when the ledger reports a broken invariant.
+  void check_ledger();
   void set_state(RelayState state, std::string reason = {});
   bool has_room() const;
   struct Lag {
@@ -96,6 +102,9 @@ class Relay final : public StatusSource {
   std::string state_reason_;
   bool stop_requested_ = false;
   std::optional<std::string> halt_reason_;
+  std::optional<std::string> replay_reason_;  // set until the replay has started
+  // Set by the stop request or the halt: the one deadline for draining.
+  std::optional<std::chrono::steady_clock::time_point> drain_deadline_;
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
@@ -132,8 +141,7 @@ class Relay final : public StatusSource {
   std::unordered_map<std::uint32_t, prometheus::Counter*> skipped_;  // by relation OID: rows not of the outbox
   // Coroutine frames may not hold arrays with g++ 12; this one lives here.
   std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};
-  std::string scratch_;                   // dead-letter value and header texts
-  std::vector<std::string> dlq_texts_;
+  std::string scratch_;                   // a dead-letter record's value (the row as JSON)
 };
 
 }  // namespace walrelay

@@ -17,7 +17,13 @@ struct Delivery {
   std::uint64_t token = 0;       // what submit() was given
   std::size_t bytes = 0;         // what submit() counted
   bool ok = true;
+  // On failure: true when the error is not the record's own (a time-out, a
+  // broker or network error): the record must be sent again, never
+  // dead-lettered. False for what belongs to the record (too large, invalid
+  // or unauthorised topic, policy violation), which errors.tolerance governs.
+  bool transient = false;
   bool dead_lettered = false;    // delivered to the dead-letter topic instead
+  std::string dead_letter_reason;// for dead_lettered: why the record went there (a metric label)
   std::string error_code;        // short code, a metric label (msg_size_too_large ...)
   std::string error_message;     // human-readable
   std::string_view topic;        // the record's topic (valid during the handler call)
@@ -42,13 +48,19 @@ class Sink {
   // Hands one record over. `token` comes back in its Delivery.
   virtual SubmitStatus submit(const OutboxRecord& record, std::uint64_t token) = 0;
   // Sends a record as-is to the dead-letter topic, with error headers; its
-  // Delivery comes back with dead_lettered=true.
-  virtual SubmitStatus submit_dead_letter(std::string_view topic, std::optional<std::string_view> key,
+  // Delivery comes back with dead_lettered=true and `reason` as its
+  // dead_letter_reason.
+  virtual SubmitStatus submit_dead_letter(std::string_view reason, std::string_view topic,
+                                          std::optional<std::string_view> key,
                                           std::optional<std::string_view> value,
                                           const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                           std::size_t bytes) = 0;
   // Serves delivery reports (on the caller's thread).
   virtual void poll() = 0;
+  // Fails every record not yet sent to a broker; each reports a transient
+  // failure. After one record failed, none queued behind it may land before
+  // it is sent again.
+  virtual void abort_queued() = 0;
   // Waits up to timeout_ms for all submitted records; returns how many remain.
   virtual std::size_t flush(int timeout_ms) = 0;
   // Whether the broker is reachable; reason when not.

@@ -32,8 +32,8 @@ double metric(const std::string& text, const std::string& name_with_labels) {
 }
 
 struct SlotJson {
-  std::string state, confirmed, server_wal_end, received;
-  std::uint64_t lag_bytes = 0;
+  std::string state, confirmed, server_wal_end, received, server_confirmed;
+  std::uint64_t lag_bytes = 0, retained_wal_bytes = 0;
   double lag_seconds = 0;
   std::uint64_t inflight = 0;
   bool has_server = false;
@@ -50,12 +50,14 @@ SlotJson parse_slot(const std::string& body) {
   s.confirmed = std::string(std::string_view(doc["confirmed_flush_lsn"].get_string().value()));
   s.server_wal_end = std::string(std::string_view(doc["server_wal_end"].get_string().value()));
   s.lag_bytes = doc["lag_bytes"].get_uint64().value();
+  s.retained_wal_bytes = doc["retained_wal_bytes"].get_uint64().value();
   s.lag_seconds = doc["lag_seconds"].get_double().value();
   s.inflight = doc["inflight_records"].get_uint64().value();
   auto server = doc["server"];
   if (!server.is_null()) {
     s.has_server = true;
     s.wal_status = std::string(std::string_view(server["wal_status"].get_string().value()));
+    s.server_confirmed = std::string(std::string_view(server["confirmed_flush_lsn"].get_string().value()));
   }
   return s;
 }
@@ -100,10 +102,11 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
   CHECK(s.inflight == 0);
   CHECK(s.lag_seconds == 0);
   CHECK(s.wal_status == "reserved");
-  // lag_bytes = server WAL end (as walrelay last heard it) - confirmed flush,
-  // and walrelay's server_wal_end never exceeds the server's real WAL end.
+  // lag_bytes = the server's WAL position - the slot's confirmed_flush_lsn,
+  // both as the slot poller last read them from the server.
   CHECK(parse_lsn(s.server_wal_end) <= db.current_wal_lsn());
-  CHECK(s.lag_bytes == parse_lsn(s.server_wal_end) - parse_lsn(s.confirmed));
+  CHECK(parse_lsn(s.server_confirmed) <= db.confirmed_flush(slot));
+  CHECK(s.lag_bytes == parse_lsn(s.server_wal_end) - parse_lsn(s.server_confirmed));
   CHECK(s.lag_bytes <= db.current_wal_lsn() - db.confirmed_flush(slot) + 1024 * 1024);
 
   // /metrics: events relayed equals what kcat read; LSN gauges match /slot.
@@ -170,4 +173,51 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
     s = parse_slot(relay.get("/slot").body);
     return s.inflight == 0 && s.lag_seconds == 0;
   }, 30s));
+}
+
+TEST_CASE("admin: slot lag follows the server's WAL while walrelay holds back - 50 MB written, lag past 50 MB",
+          "[admin][broker]") {
+  Db db;
+  std::string slot = unique_name("adm");
+  std::string table = "public." + slot + "_outbox";
+  create_outbox(db, table);
+  db.exec("CREATE TABLE " + slot + "_filler (v text)");
+  // One record in flight is the limit: with the broker down, walrelay stops
+  // reading at once and the stream's own WAL end stands still.
+  Walrelay relay(base_config(slot) + "table.include.list=" + table + "\nroute.topic.replacement=" + slot +
+                 ".events\nmax.inflight.records=1\n");
+  relay.start();
+  relay.wait_streaming();
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k', 't', '{}')");
+  REQUIRE(consume(slot + ".events", 1).size() == 1);
+
+  Services::control("kafka-stop");
+  struct Restart {
+    ~Restart() { try { Services::control("kafka-start"); } catch (...) {} }
+  } restart_broker;
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k2', 't', '{}')");
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k3', 't', '{}')");
+  REQUIRE(eventually([&] { return metric(relay.get("/metrics").body, "walrelay_backpressure") == 1; }, 20s));
+  const std::uint64_t written_from = db.current_wal_lsn();
+  db.exec("INSERT INTO " + slot + "_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 50000) g");
+  const std::uint64_t written = db.current_wal_lsn() - written_from;
+  REQUIRE(written > 50ull * 1024 * 1024);
+  SlotJson s;
+  double metric_lag = 0;
+  CHECK(eventually([&] {
+    s = parse_slot(relay.get("/slot").body);
+    metric_lag = metric(relay.get("/metrics").body, "walrelay_slot_lag_bytes");
+    return s.lag_bytes > written && metric_lag > static_cast<double>(written);
+  }, 30s));
+  INFO("written " << written << " lag_bytes " << s.lag_bytes << " metric " << metric_lag);
+  CHECK(s.retained_wal_bytes >= s.lag_bytes);
+  CHECK(metric(relay.get("/metrics").body, "walrelay_slot_retained_wal_bytes") >= static_cast<double>(written));
+  // The server agrees.
+  CHECK(db.current_wal_lsn() - db.confirmed_flush(slot) >= written);
+
+  Services::control("kafka-start");
+  REQUIRE(consume(slot + ".events", 3, 60s).size() == 3);
+  CHECK(eventually([&] { return parse_slot(relay.get("/slot").body).lag_bytes < 1024 * 1024; }, 60s));
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
 }

@@ -80,3 +80,68 @@ TEST_CASE("fault: broker down mid-run - slot held, backpressure, bounded RSS, ev
   CHECK(relay.running());
   CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
 }
+
+TEST_CASE("fault: a finite kafka.message.timeout.ms with errors.tolerance=all - an outage dead-letters nothing, every "
+          "event arrives after it",
+          "[fault][broker]") {
+  // Kafka Connect's delivery.timeout.ms=300000 copied as 5 s: records time
+  // out while the broker is down. A time-out is not the record's fault: it is
+  // sent again from the slot, never dead-lettered, and walrelay never halts.
+  const auto outage = std::chrono::seconds(15);
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string dlq = f.slot + ".dlq";
+  Walrelay relay(f.config("kafka.message.timeout.ms=5000\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                          dlq + "\nreconnect.backoff.ms=200\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Timeout", "k0", "jsonb_build_object('seq', -1)"));
+  REQUIRE(read_topic(f.topic("Timeout"), 1).size() == 1);
+  auto settled = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= settled; }, 15s));
+
+  Services::control("kafka-stop");
+  struct Restart {
+    bool done = false;
+    ~Restart() {
+      if (!done) try { Services::control("kafka-start"); } catch (...) {}
+    }
+  } restart_broker;
+  auto down_at = std::chrono::steady_clock::now();
+  f.db().exec(insert_event(f.table, "Timeout", "first-during-outage", "jsonb_build_object('seq', -2)"));
+  auto before_rows = f.db().current_wal_lsn();
+  Writer writer(f.table, "Timeout", 600, 1, 20ms);
+  while (std::chrono::steady_clock::now() - down_at < outage) {
+    REQUIRE(f.db().confirmed_flush(f.slot) < before_rows);
+    REQUIRE(relay.running());
+    std::this_thread::sleep_for(250ms);
+  }
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  // The premise: records did time out while the broker was down.
+  double timeouts = 0, replays = 0;
+  auto body = relay.get("/metrics").body;
+  timeouts = metric(relay, "walrelay_delivery_errors_total").value_or(0);
+  replays = metric(relay, "walrelay_replays_total").value_or(0);
+  INFO("delivery errors " << timeouts << " replays " << replays);
+  CHECK(body.find("walrelay_delivery_errors_total{reason=\"msg_timed_out\"}") != std::string::npos);
+  CHECK(replays >= 1);
+  Services::control("kafka-start");
+  restart_broker.done = true;
+
+  const long rows = 600 + 2;
+  auto recs = read_topic(f.topic("Timeout"), rows, 180s);
+  auto seen = ids_of(recs);
+  auto after_rows = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= after_rows; }, 120s));
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(seen.count.size() == static_cast<std::size_t>(rows));
+  check_order_per_key(recs);
+  // Nothing went to the dead-letter topic, and walrelay never halted.
+  CHECK(count_records(dlq) == 0);
+  CHECK_FALSE(metric(relay, "walrelay_dead_lettered_total").has_value());
+  CHECK(metric(relay, "walrelay_halted").value_or(-1) == 0);
+  CHECK(relay.running());
+  std::cout << "fault broker timeouts: delivery errors " << timeouts << ", replays " << replays << ", records "
+            << seen.records << ", duplicates " << seen.duplicates() << "\n";
+}

@@ -171,8 +171,44 @@ TEST_CASE("kafka sink: a permanent error is reported once with its code and the 
   CHECK_FALSE(reports[0].ok);
   CHECK(reports[0].token == 9);
   CHECK(reports[0].error_code == "topic_authorization_failed");
+  CHECK_FALSE(reports[0].transient);  // the record's own: errors.tolerance decides
   CHECK(seen_value == "payload");  // the record comes back for a dead-letter copy
   CHECK(seen_header == "42");
+}
+
+TEST_CASE("kafka sink: a record that times out is a transient failure, never the record's own", "[sink]") {
+  // A finite message.timeout.ms (Kafka Connect's 300000, copied) and the
+  // broker down: the report must not let the relay dead-letter the record.
+  MockCluster cluster;
+  boost::asio::io_context io;
+  auto settings = cluster.settings();
+  settings["message.timeout.ms"] = "500";
+  KafkaSink sink(io, settings);
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  rd_kafka_mock_broker_set_down(cluster.mc, 1);
+  REQUIRE(sink.submit(record("v"), 5) == SubmitStatus::accepted);
+  REQUIRE(run_until(io, [&] { return !reports.empty(); }, 20s));
+  REQUIRE(reports.size() == 1);
+  CHECK_FALSE(reports[0].ok);
+  CHECK(reports[0].error_code == "msg_timed_out");
+  CHECK(reports[0].transient);
+}
+
+TEST_CASE("kafka sink: a dead-letter record's report carries the reason it was sent there", "[sink]") {
+  MockCluster cluster;
+  boost::asio::io_context io;
+  KafkaSink sink(io, cluster.settings());
+  std::vector<Delivery> reports;
+  sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
+  REQUIRE(sink.submit_dead_letter("msg_size_too_large", "events", std::string_view("k"), std::nullopt, {}, 11, 3) ==
+          SubmitStatus::accepted);
+  REQUIRE(run_until(io, [&] { return !reports.empty(); }, 20s));
+  CHECK(reports[0].ok);
+  CHECK(reports[0].dead_lettered);
+  CHECK(reports[0].dead_letter_reason == "msg_size_too_large");
+  CHECK(reports[0].token == 11);
+  CHECK(reports[0].bytes == 3);
 }
 
 TEST_CASE("kafka sink: a record over message.max.bytes is rejected at once and reported", "[sink]") {
@@ -186,6 +222,7 @@ TEST_CASE("kafka sink: a record over message.max.bytes is rejected at once and r
   CHECK(sink.submit(record(std::string(20000, 'x')), 3) == SubmitStatus::failed);
   REQUIRE(reports.size() == 1);  // synchronously
   CHECK(reports[0].error_code == "msg_size_too_large");
+  CHECK_FALSE(reports[0].transient);
   CHECK(reports[0].token == 3);
   CHECK(reports[0].bytes == 20001);
 }

@@ -171,3 +171,72 @@ TEST_CASE("ledger: a transaction retires once, in commit order, only with record
   CHECK(retired == std::vector<std::int64_t>{1001, 1003});
   CHECK(l.flushed() == Lsn{400});
 }
+
+TEST_CASE("ledger: a double acknowledgement is a violation that freezes the position, in every build", "[ledger]") {
+  LsnLedger l(Lsn{100});
+  auto t1 = l.open(0);
+  l.add_record(t1, 1);
+  l.commit(t1, Lsn{200});
+  auto t2 = l.open(0);
+  l.add_record(t2, 1);
+  l.commit(t2, Lsn{300});
+  l.ack(t1, 1);
+  CHECK(l.flushed() == Lsn{200});
+  CHECK_FALSE(l.violation());
+  l.ack(t1, 1);  // again: t1 is gone, and this must not count as t2's
+  REQUIRE(l.violation());
+  CHECK(l.violation()->find("acknowledgement") != std::string::npos);
+  l.ack(t2, 1);
+  CHECK(l.flushed() == Lsn{200});  // frozen: nothing past the violation is confirmable
+  l.server_position(Lsn{400});
+  CHECK(l.flushed() == Lsn{200});
+}
+
+TEST_CASE("ledger: records added to a committed or unknown transaction are violations", "[ledger]") {
+  LsnLedger l;
+  auto t = l.open(0);
+  l.commit(t, Lsn{10});
+  l.add_record(t, 1);
+  REQUIRE(l.violation());
+  LsnLedger m;
+  m.add_record(42, 1);
+  CHECK(m.violation());
+  LsnLedger n;
+  auto u = n.open(0);
+  n.ack(u, 1);  // nothing in flight
+  CHECK(n.violation());
+}
+
+TEST_CASE("ledger: withdraw undoes an addition the sink did not take", "[ledger]") {
+  LsnLedger l(Lsn{5});
+  auto t = l.open(0);
+  l.add_record(t, 7);
+  l.withdraw(t, 7);
+  CHECK(l.inflight_records() == 0);
+  CHECK(l.inflight_bytes() == 0);
+  l.commit(t, Lsn{50});
+  CHECK(l.flushed() == Lsn{50});
+  CHECK_FALSE(l.violation());
+}
+
+TEST_CASE("ledger: reset after a replay forgets every transaction, keeps the position and never reuses ids",
+          "[ledger]") {
+  LsnLedger l(Lsn{100});
+  auto t1 = l.open(0);
+  l.add_record(t1, 1);
+  l.add_record(t1, 1);
+  l.commit(t1, Lsn{200});
+  l.ack(t1, 1);  // one delivered, one failed for good: t1 can never complete
+  CHECK(l.flushed() == Lsn{100});
+  l.reset();
+  CHECK(l.inflight_records() == 0);
+  CHECK(l.pending_transactions() == 0);
+  CHECK(l.flushed() == Lsn{100});
+  auto t2 = l.open(0);
+  CHECK(t2 > t1);
+  l.add_record(t2, 1);
+  l.commit(t2, Lsn{200});
+  l.ack(t2, 1);
+  CHECK(l.flushed() == Lsn{200});
+  CHECK_FALSE(l.violation());
+}
