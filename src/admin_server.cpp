@@ -347,8 +347,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     do_read();
   }
 
+  // Since when the connection has waited for a request, or nullopt while it
+  // serves one (or is closed): what decides who gives way at the cap.
+  std::optional<std::chrono::steady_clock::time_point> waiting_since() const { return waiting_since_; }
+
   // Closes the socket at once; pending operations complete with operation_aborted.
   void close() {
+    waiting_since_.reset();
     error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -361,13 +366,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(options.max_header_bytes, UINT32_MAX)));
     parser_->body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
-    stream_.expires_after(std::chrono::milliseconds(options.request_timeout_ms));
+    // A probe sends its whole request at once: a short header deadline keeps
+    // slow or silent clients from holding connections.
+    stream_.expires_after(std::chrono::milliseconds(std::min(options.header_timeout_ms, options.request_timeout_ms)));
+    waiting_since_ = std::chrono::steady_clock::now();
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_read(ec); });
   }
 
   // Serves a complete request, or maps the read error to a response or close.
   void on_read(const error_code& ec) {
+    waiting_since_.reset();
     if (ec == net::error::operation_aborted || !core_->running()) return;
     if (ec) {
       on_read_error(ec);
@@ -487,6 +496,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::size_t lingered_ = 0;                                              // bytes discarded so far
   std::list<std::weak_ptr<Connection>>::iterator self_;                   // our entry in the core's list
   bool registered_ = false;                                               // self_ is valid
+  std::optional<std::chrono::steady_clock::time_point> waiting_since_;    // reading a request since
 };
 
 // Parses the address, binds, listens and starts accepting.
@@ -560,14 +570,32 @@ void Core::on_accept(const error_code& ec, tcp::socket socket) {
     });
     return;
   }
+  bool admit = true;
+  std::shared_ptr<Connection> longest_waiting;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (!c || !c->waiting_since()) continue;
+    if (!longest_waiting || *c->waiting_since() < *longest_waiting->waiting_since()) longest_waiting = c;
+  }
   if (connections_.size() >= options_.max_connections) {
-    spdlog::debug("admin: refusing connection: {} connections open (admin.max_connections)",
-                  connections_.size());
+    // At the cap, the connection that has waited longest for a request gives
+    // way: half-open or idle clients can never lock a liveness probe out.
+    if (longest_waiting) {
+      spdlog::debug("admin: {} connections open (max {}): closing one idle for the longest", connections_.size(),
+                    options_.max_connections);
+      longest_waiting->close();
+    } else {
+      admit = false;  // every one is being answered: they will be done soon
+    }
+  }
+  if (admit) {
+    std::make_shared<Connection>(shared_from_this(), std::move(socket))->start();
+  } else {
+    spdlog::debug("admin: refusing connection: {} connections busy (max {})", connections_.size(),
+                  options_.max_connections);
     error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
-  } else {
-    std::make_shared<Connection>(shared_from_this(), std::move(socket))->start();
   }
   do_accept();
 }

@@ -253,7 +253,24 @@ void validate(Config& c) {
     throw ConfigError("route.by.field", "must name a column while route.topic.replacement uses ${routedByValue}");
   for (auto& f : c.additional_placement)
     if (f.alias.empty()) throw ConfigError("table.fields.additional.placement", "empty header name for column " + f.column);
+  if (!c.dlq_topic.empty())
+    if (auto why = illegal_topic_reason(c.dlq_topic))
+      throw ConfigError("errors.deadletterqueue.topic.name", "\"" + c.dlq_topic + "\" is not a legal Kafka topic name: " + *why);
+  {
+    // The fixed parts of the route must be legal whatever the row supplies.
+    std::string fixed = c.route_topic_replacement;
+    for (auto p = fixed.find("${routedByValue}"); p != std::string::npos; p = fixed.find("${routedByValue}"))
+      fixed.replace(p, 16, "x");
+    if (auto why = illegal_topic_reason(fixed))
+      throw ConfigError("route.topic.replacement",
+                        "\"" + c.route_topic_replacement + "\" cannot make a legal Kafka topic name: " + *why);
+  }
   apply_kafka_policy(c);
+}
+
+std::string fmt_hex(unsigned char c) {
+  static const char* digits = "0123456789abcdef";
+  return {digits[c >> 4], digits[c & 15]};
 }
 
 std::string quote_conninfo(const std::string& v) {
@@ -266,6 +283,16 @@ std::string quote_conninfo(const std::string& v) {
 }
 
 }  // namespace
+
+std::optional<std::string> illegal_topic_reason(std::string_view name) {
+  if (name.empty()) return "it is empty";
+  if (name.size() > 249) return "it is " + std::to_string(name.size()) + " characters long, more than 249";
+  if (name == "." || name == "..") return "\".\" and \"..\" are reserved";
+  for (unsigned char c : name)
+    if (!(std::isalnum(c) && c < 0x80) && c != '.' && c != '_' && c != '-')
+      return c < 0x20 || c >= 0x7f ? "it contains the byte 0x" + fmt_hex(c) : std::string("it contains '") + static_cast<char>(c) + "'";
+  return std::nullopt;
+}
 
 bool is_secret_key(const std::string& key) {
   auto has = [&](const char* s) { return key.find(s) != std::string::npos; };
@@ -353,6 +380,10 @@ std::string Config::conninfo(bool replication) const {
   std::string s = "host=" + quote_conninfo(database_hostname) + " port=" + std::to_string(database_port) +
                   " user=" + quote_conninfo(database_user) + " dbname=" + quote_conninfo(database_dbname) +
                   " sslmode=" + database_sslmode + " application_name=walrelay" +
+                  // The walsender sends text in the client's encoding: UTF-8 is
+                  // what Kafka consumers and the dead-letter JSON expect,
+                  // whatever the database's encoding.
+                  " client_encoding=UTF8" +
                   " connect_timeout=" + std::to_string(std::max(1, database_connect_timeout_ms / 1000)) +
                   " keepalives=1 keepalives_idle=10 keepalives_interval=5 keepalives_count=3";
   if (!database_sslrootcert.empty()) s += " sslrootcert=" + quote_conninfo(database_sslrootcert);

@@ -87,6 +87,10 @@ KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, st
   for (auto& [k, v] : settings) set(k, v);
   if (!settings.count("statistics.interval.ms")) set("statistics.interval.ms", "1000");
   if (!settings.count("client.id")) set("client.id", "walrelay");
+  // librdkafka logs from its own threads unless told to queue them; spdlog's
+  // sinks here are single-threaded, so logs are served on the loop by poll(),
+  // like delivery reports.
+  set("log.queue", "true");
   rd_kafka_conf_set_opaque(conf, this);
   rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
   rd_kafka_conf_set_error_cb(conf, error_cb);
@@ -99,6 +103,7 @@ KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, st
   }
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
   rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk_);
+  rd_kafka_set_log_queue(rk_, main_queue);
   rd_kafka_queue_io_event_enable(main_queue, wake_pipe_[1], "1", 1);
   rd_kafka_queue_destroy(main_queue);
   wake_.assign(wake_pipe_[0]);
@@ -225,6 +230,13 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
 
 rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
   if (auto it = topics_.find(topic); it != topics_.end()) return it->second;
+  if (topics_.size() >= max_topic_handles) {
+    // Topics come from row data: keep the cache bounded. Records in flight
+    // hold their own reference to their topic, so dropping ours is safe.
+    spdlog::info("kafka: {} topic handles cached; releasing them all", topics_.size());
+    for (auto& [name, rkt] : topics_) rd_kafka_topic_destroy(rkt);
+    topics_.clear();
+  }
   std::string name(topic);
   rd_kafka_topic_t* rkt = rd_kafka_topic_new(rk_, name.c_str(), nullptr);
   if (!rkt) return nullptr;

@@ -316,6 +316,14 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     topic_buf_.assign(pattern, 0, marker);
     topic_buf_.append(route);
     topic_buf_.append(pattern, marker + 16);
+    // Row data names the topic: check it as Kafka would, so that a bad value
+    // is this row's mapping error, not a producer or broker refusal later.
+    if (auto why = illegal_topic_reason(topic_buf_)) {
+      std::string shown;
+      for (unsigned char c : route.substr(0, 100)) shown += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+      return MapError{"invalid_topic", "route column \"" + config_.route_by_field + "\" value \"" + shown +
+                                           "\" makes an illegal Kafka topic name: " + *why};
+    }
     out.topic = topic_buf_;
   }
 

@@ -1,5 +1,10 @@
 #include "walrelay/pg_connection.hpp"
 
+#include <algorithm>
+#include <map>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -38,9 +43,9 @@ void PgConnection::close() {
   }
 }
 
-void PgConnection::watch_socket() {
+void PgConnection::watch_socket(bool anew) {
   int fd = conn_ ? PQsocket(conn_) : -1;
-  if (socket_ && socket_->native_handle() == fd) return;
+  if (!anew && socket_ && socket_->native_handle() == fd) return;
   if (socket_) {
     boost::system::error_code ec;
     socket_->cancel(ec);
@@ -82,10 +87,138 @@ asio::awaitable<void> PgConnection::wait(asio::posix::stream_descriptor::wait_ty
   if (state->timed_out) throw PgError(std::string("timed out: ") + what, "");
 }
 
+std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::string& conninfo) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(conninfo.c_str(), &error);
+  if (!options) {
+    std::string why = error ? error : "out of memory";
+    if (error) PQfreemem(error);
+    while (!why.empty() && why.back() == '\n') why.pop_back();
+    throw PgError("could not parse the connection string: " + why, "");
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (PQconninfoOption* o = options; o->keyword; ++o)
+    if (o->val) out.emplace_back(o->keyword, o->val);
+  PQconninfoFree(options);
+  return out;
+}
+
+namespace {
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string::size_type start = 0;
+  for (;;) {
+    auto comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+std::string join_commas(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out;
+}
+
+std::string option(const std::vector<std::pair<std::string, std::string>>& options, const std::string& key) {
+  for (auto& [k, v] : options)
+    if (k == key) return v;
+  return {};
+}
+
+void set_option(std::vector<std::pair<std::string, std::string>>& options, const std::string& key,
+                const std::string& value) {
+  for (auto& [k, v] : options)
+    if (k == key) {
+      v = value;
+      return;
+    }
+  options.emplace_back(key, value);
+}
+
+}  // namespace
+
+bool needs_resolving(const std::string& host) {
+  if (host.empty() || host.front() == '/' || host.front() == '@') return false;  // socket directory, abstract socket
+  boost::system::error_code ec;
+  asio::ip::make_address(host, ec);
+  return static_cast<bool>(ec);
+}
+
+std::vector<std::pair<std::string, std::string>> with_host_addresses(
+    std::vector<std::pair<std::string, std::string>> options,
+    const std::map<std::string, std::vector<std::string>>& addresses) {
+  auto hosts = split_commas(option(options, "host"));
+  auto ports = split_commas(option(options, "port"));
+  std::vector<std::string> out_hosts, out_addrs, out_ports;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    const std::string port = ports.size() == hosts.size() ? ports[i] : ports.front();
+    auto it = addresses.find(hosts[i]);
+    if (!needs_resolving(hosts[i]) || it == addresses.end()) {
+      if (needs_resolving(hosts[i])) continue;  // unresolvable: libpq would only block on it again
+      out_hosts.push_back(hosts[i]);
+      out_addrs.emplace_back();  // empty: libpq uses the host itself
+      out_ports.push_back(port);
+      continue;
+    }
+    // One entry per address, each with the name, which TLS verifies against.
+    for (auto& a : it->second) {
+      out_hosts.push_back(hosts[i]);
+      out_addrs.push_back(a);
+      out_ports.push_back(port);
+    }
+  }
+  set_option(options, "host", join_commas(out_hosts));
+  set_option(options, "hostaddr", join_commas(out_addrs));
+  set_option(options, "port", join_commas(out_ports));
+  return options;
+}
+
 asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::chrono::milliseconds timeout) {
   close();
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  conn_ = PQconnectStart(conninfo.c_str());
+  auto options = parse_conninfo(conninfo);
+  // libpq resolves host names with a blocking getaddrinfo inside
+  // PQconnectStart/PQconnectPoll; a slow DNS would stall the loop that also
+  // answers the liveness probe. Resolve here, off the loop, and hand libpq
+  // the addresses.
+  if (option(options, "hostaddr").empty()) {
+    std::map<std::string, std::vector<std::string>> addresses;
+    std::string last_error;
+    for (auto& host : split_commas(option(options, "host"))) {
+      if (!needs_resolving(host) || addresses.count(host)) continue;
+      asio::ip::tcp::resolver resolver(io_);
+      asio::steady_timer timer(io_);
+      timer.expires_at(deadline);
+      timer.async_wait([&resolver](boost::system::error_code ec) {
+        if (!ec) resolver.cancel();
+      });
+      boost::system::error_code ec;
+      auto results = co_await resolver.async_resolve(host, "", asio::redirect_error(asio::use_awaitable, ec));
+      timer.cancel();
+      if (ec) {
+        last_error = "could not resolve host \"" + host + "\": " + ec.message();
+        continue;
+      }
+      auto& list = addresses[host];
+      for (auto& r : results) {
+        auto a = r.endpoint().address().to_string();
+        if (std::find(list.begin(), list.end(), a) == list.end()) list.push_back(a);
+      }
+    }
+    options = with_host_addresses(std::move(options), addresses);
+    if (option(options, "host").empty()) throw PgError(last_error.empty() ? "could not connect: no host" : last_error, "");
+  }
+  std::vector<const char*> keys, values;
+  for (auto& [k, v] : options) {
+    keys.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
   if (!conn_) throw PgError("could not connect: out of memory", "");
   if (PQstatus(conn_) == CONNECTION_BAD) throw_conn_error("could not connect");
   for (;;) {
@@ -96,12 +229,15 @@ asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::ch
       // server's SQLSTATE-free text, it names the cause.
       throw_conn_error("could not connect");
     }
-    watch_socket();
+    // Each step may have closed the socket and opened another (the next
+    // address, or a retry without TLS), possibly with the same number: watch
+    // it anew every time.
+    watch_socket(true);
     co_await wait(st == PGRES_POLLING_READING ? asio::posix::stream_descriptor::wait_read
                                               : asio::posix::stream_descriptor::wait_write,
                   deadline, "connecting to the server");
   }
-  watch_socket();
+  watch_socket(true);
   if (PQsetnonblocking(conn_, 1) != 0) throw_conn_error("could not set the connection non-blocking");
 }
 

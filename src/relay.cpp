@@ -265,7 +265,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   decoder_ = pgoutput::Decoder(proto_version_);
   std::string cmd = "START_REPLICATION SLOT " + conn.quote_identifier(config_.slot_name) + " LOGICAL 0/0 (" +
                     "proto_version '" + std::to_string(proto_version_) + "', publication_names " +
-                    conn.quote_literal(conn.quote_identifier(config_.publication_name)) + ", messages 'true'" +
+                    conn.quote_literal(conn.quote_identifier(config_.publication_name)) +
                     (config_.binary ? ", binary 'true'" : "") + ")";
   try {
     co_await conn.start_copy_both(cmd, std::chrono::milliseconds(config_.database_connect_timeout_ms));
@@ -504,17 +504,19 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
         } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
           step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
-        } else if constexpr (std::is_same_v<T, pgoutput::StreamStart> || std::is_same_v<T, pgoutput::StreamCommit> ||
-                             std::is_same_v<T, pgoutput::StreamAbort> || std::is_same_v<T, pgoutput::BeginPrepare> ||
-                             std::is_same_v<T, pgoutput::Prepare> || std::is_same_v<T, pgoutput::StreamPrepare>) {
-          // walrelay never asks for streaming or two-phase; receiving them
-          // means the stream is not what the ledger assumes.
+        } else if constexpr (std::is_same_v<T, pgoutput::Update> || std::is_same_v<T, pgoutput::Delete> ||
+                             std::is_same_v<T, pgoutput::Truncate> || std::is_same_v<T, pgoutput::Type> ||
+                             std::is_same_v<T, pgoutput::Origin>) {
+          // Not outbox events: a publication that someone else widened.
+        } else {
+          // Streamed or prepared transactions and logical messages are never
+          // requested; receiving one means the stream is not what the ledger
+          // assumes (committed transactions only, each whole).
           metrics_.decode_errors.Increment();
-          halt("unexpected streamed or prepared transaction message at " + xlog.wal_start.to_string() +
-               ": walrelay relays committed transactions only");
+          halt(std::string("unexpected ") + pgoutput::message_name(decoded.value()) + " message at " +
+               xlog.wal_start.to_string() + ": walrelay asked for committed transactions only");
           step = Step::stop;
         }
-        // Update, Delete, Truncate, Type, Origin, logical messages: not outbox events.
       },
       decoded.value());
   if (step != Step::retry) received_lsn_ = std::max(received_lsn_, xlog.wal_start);
@@ -603,6 +605,17 @@ prometheus::Counter& Relay::relayed_counter(std::uint16_t table, std::string_vie
   auto& by_topic = relayed_counters_.at(table);
   auto it = by_topic.find(topic);  // heterogeneous: no string built per ack
   if (it != by_topic.end()) return *it->second;
+  // Topics come from row data: past a bound, new ones share one series whose
+  // label no Kafka topic can have, so the scrape stays small.
+  std::size_t series = 0;
+  for (auto& t : relayed_counters_) series += t.size();
+  if (series >= max_topic_series) {
+    auto other = by_topic.find(other_topics_label);
+    if (other != by_topic.end()) return *other->second;
+    spdlog::warn("{} events for more than {} topics: further topics are counted under topic=\"{}\"", context(),
+                 max_topic_series, other_topics_label);
+    topic = other_topics_label;
+  }
   auto& c = metrics_.events_relayed(table_names_.at(table), topic);
   by_topic.emplace(std::string(topic), &c);
   return c;

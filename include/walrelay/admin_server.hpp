@@ -15,9 +15,10 @@ namespace walrelay {
 struct AdminOptions {
   std::string listen = "127.0.0.1:8080";   // host:port; [::1]:port for IPv6
   std::string token;                        // empty: no auth; else Bearer token on all but /healthz
-  std::size_t max_connections = 64;         // beyond this, new connections are closed at once
+  std::size_t max_connections = 64;         // at the cap, the longest-idle connection gives way to a new one
   std::size_t max_header_bytes = 8192;
   std::size_t max_body_bytes = 0;           // GET only: any body is refused
+  int header_timeout_ms = 2000;             // from waiting for a request to its complete header
   int request_timeout_ms = 5000;            // per connection deadline (slow clients)
 };
 

@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace walrelay {
@@ -110,6 +112,11 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& environ);
 Config parse_config(const std::string& text, const std::string& source_name,
                     const std::vector<std::string>& environ);
+
+// Why `name` is not a topic Kafka accepts (legal characters are ASCII
+// letters, digits, '.', '_' and '-'; 1 to 249 of them; not "." or ".."), or
+// nullopt when it is one.
+std::optional<std::string> illegal_topic_reason(std::string_view name);
 
 // True for keys whose values are never shown (passwords, tokens, sasl secrets).
 bool is_secret_key(const std::string& key);

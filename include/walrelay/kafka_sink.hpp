@@ -77,6 +77,7 @@ class KafkaSink final : public Sink {
   // broker for a new topic's metadata at once; producing by name would leave
   // it to librdkafka's 1 s topic scan, and the first records would wait.
   std::unordered_map<std::string, rd_kafka_topic_s*, NameHash, std::equal_to<>> topics_;
+  static constexpr std::size_t max_topic_handles = 4096;
 };
 
 }  // namespace walrelay

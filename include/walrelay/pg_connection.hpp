@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
 #include <memory>
 #include <optional>
@@ -82,7 +83,7 @@ class PgConnection {
                                     std::chrono::steady_clock::time_point deadline, const char* what);
   boost::asio::awaitable<PgResultPtr> last_result(std::chrono::steady_clock::time_point deadline);
   [[noreturn]] void throw_conn_error(const std::string& what);
-  void watch_socket();
+  void watch_socket(bool anew = false);
 
   boost::asio::io_context& io_;
   PGconn* conn_ = nullptr;
@@ -92,5 +93,16 @@ class PgConnection {
 
 // "could not X: <first line of libpq's message>"
 std::string pg_message(PGconn* conn);
+
+// The keyword/value pairs of a libpq connection string; PgError when it does not parse.
+std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::string& conninfo);
+// Whether libpq would resolve `host` by name (not an IP literal or a socket directory).
+bool needs_resolving(const std::string& host);
+// The options with each host name replaced by one entry per resolved address
+// (host keeps the name for TLS, hostaddr gets the address, port follows);
+// names without addresses are left out.
+std::vector<std::pair<std::string, std::string>> with_host_addresses(
+    std::vector<std::pair<std::string, std::string>> options,
+    const std::map<std::string, std::vector<std::string>>& addresses);
 
 }  // namespace walrelay

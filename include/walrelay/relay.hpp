@@ -138,6 +138,8 @@ class Relay final : public StatusSource {
   using CounterByTopic = std::unordered_map<std::string, prometheus::Counter*, TopicHash, std::equal_to<>>;
   std::vector<std::string> table_names_;  // index = token table (table.include.list order)
   std::vector<CounterByTopic> relayed_counters_;
+  static constexpr std::size_t max_topic_series = 1000;
+  static constexpr std::string_view other_topics_label = "(other)";
   std::unordered_map<std::uint32_t, prometheus::Counter*> skipped_;  // by relation OID: rows not of the outbox
   // Coroutine frames may not hold arrays with g++ 12; this one lives here.
   std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};

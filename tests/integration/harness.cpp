@@ -83,9 +83,10 @@ std::string unique_name(const std::string& prefix) {
   return s;
 }
 
-Db::Db() {
+Db::Db(const std::string& dbname) {
   const auto& s = Services::get();
-  std::string conninfo = "host=" + s.pg_host + " port=" + s.pg_port + " user=" + s.pg_user + " dbname=" + s.pg_database;
+  std::string conninfo = "host=" + s.pg_host + " port=" + s.pg_port + " user=" + s.pg_user +
+                         " dbname=" + (dbname.empty() ? s.pg_database : dbname) + " client_encoding=UTF8";
   conn_ = PQconnectdb(conninfo.c_str());
   if (PQstatus(conn_) != CONNECTION_OK) throw std::runtime_error(std::string("could not connect: ") + PQerrorMessage(conn_));
 }

@@ -31,7 +31,8 @@ std::string unique_name(const std::string& prefix);
 // A plain libpq connection for test set-up and server-side truth.
 class Db {
  public:
-  Db();
+  // The services' database, or `dbname` on the same server; UTF-8 always.
+  explicit Db(const std::string& dbname = "");
   ~Db();
   Db(const Db&) = delete;
   Db& operator=(const Db&) = delete;

@@ -66,6 +66,9 @@ TEST_CASE("config: bad input names the key", "[config]") {
   CHECK(error_key("log.format=xml\n") == "log.format");
   CHECK(error_key("publication.autocreate.mode=all_tables\n") == "publication.autocreate.mode");
   CHECK(error_key("max.inflight.records=0\n") == "max.inflight.records");
+  CHECK(error_key("errors.tolerance=all\nerrors.deadletterqueue.topic.name=dead letters\n") ==
+        "errors.deadletterqueue.topic.name");
+  CHECK(error_key("route.topic.replacement=outbox/${routedByValue}\n") == "route.topic.replacement");
   CHECK(error_key("just a line\n") == "");
   CHECK_THROWS_AS(parse_config("", "x", {}), ConfigError);  // bootstrap servers required
 }

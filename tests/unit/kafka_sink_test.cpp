@@ -7,12 +7,15 @@
 
 #include <boost/asio/io_context.hpp>
 #include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/details/os.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
+#include <thread>
 #include <vector>
 
 #include "walrelay/config.hpp"
@@ -124,7 +127,9 @@ TEST_CASE("kafka sink: a new topic's metadata is requested when its first record
   };
   CHECK_FALSE(asked());
   REQUIRE(sink.submit(record("v"), 1) == SubmitStatus::accepted);
-  CHECK(asked());  // at submit, not at the next topic scan
+  // A leader query made by the new handle, not the scan of unknown topics;
+  // librdkafka's log lines reach spdlog when the loop polls.
+  CHECK(run_until(io, asked, 2s));
   auto second = record("w");
   second.topic = "second";
   REQUIRE(sink.submit(second, 2) == SubmitStatus::accepted);
@@ -256,5 +261,41 @@ TEST_CASE("kafka sink: a bad librdkafka property is a configuration error naming
     FAIL("no error");
   } catch (const ConfigError& e) {
     CHECK(e.key() == "kafka.no.such.property");
+  }
+}
+
+TEST_CASE("kafka sink: librdkafka's logs are written on the thread that polls, never on its own threads", "[sink]") {
+  // spdlog's sinks here are single-threaded: a log line from a broker thread
+  // would race the loop's own lines.
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(2000);
+  auto logger = std::make_shared<spdlog::logger>("ring", ring);
+  logger->set_pattern("%t %v");
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::debug);
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() {
+      spdlog::set_default_logger(logger);
+      spdlog::set_level(spdlog::level::info);
+    }
+  } restore{previous};
+  boost::asio::io_context io;
+  // Nothing listens there: the broker threads log connection failures.
+  KafkaSink sink(io, {{"bootstrap.servers", "127.0.0.1:1"}, {"debug", "broker"}, {"reconnect.backoff.ms", "10"}});
+  std::this_thread::sleep_for(300ms);  // let broker threads fail to connect a few times
+  auto kafka_lines = [&] {
+    std::vector<std::string> out;
+    for (auto& line : ring->last_formatted())
+      if (line.find("kafka: ") != std::string::npos) out.push_back(line);
+    return out;
+  };
+  auto queued_before_poll = kafka_lines().size();
+  REQUIRE(run_until(io, [&] { return kafka_lines().size() > queued_before_poll + 3; }, 10s));
+  std::ostringstream self;
+  self << spdlog::details::os::thread_id();
+  for (auto& line : kafka_lines()) {
+    INFO(line);
+    CHECK(line.rfind(self.str() + " ", 0) == 0);
   }
 }

@@ -149,6 +149,32 @@ TEST_CASE("mapper: rows that cannot be mapped say why", "[mapper]") {
   CHECK(m.row_json(decode_as<pgoutput::Insert>(row)) == R"({"id":"1","aggregatetype":"A","aggregateid":"k"})");
 }
 
+TEST_CASE("mapper: a route value that makes an illegal Kafka topic is the row's mapping error", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  m.on_relation(decode_as<pgoutput::Relation>(relation(9, "public", "outbox", outbox_cols)));
+  OutboxRecord rec;
+  auto map_route = [&](const std::string& route) {
+    auto row = insert(9, {"1", route, "k", "t", "{}", "2026-01-01 00:00:00+00"});
+    return m.map(decode_as<pgoutput::Insert>(row), 0, rec);
+  };
+  CHECK_FALSE(map_route("Order_v2.eu-west"));
+  CHECK(rec.topic == "outbox.event.Order_v2.eu-west");
+  for (std::string bad : {std::string("bad topic"), std::string("a/b"), std::string("Ordér"), std::string(240, 'x'),
+                          std::string("line\nbreak")}) {
+    INFO(bad);
+    auto e = map_route(bad);
+    REQUIRE(e);
+    CHECK(e->reason == "invalid_topic");
+    CHECK(e->message.find("illegal Kafka topic name") != std::string::npos);
+    CHECK(e->message.find('\n') == std::string::npos);  // row data never breaks a log line
+  }
+  CHECK(illegal_topic_reason(".."));
+  CHECK(illegal_topic_reason(""));
+  CHECK_FALSE(illegal_topic_reason(std::string(249, 'a')));
+  CHECK(illegal_topic_reason(std::string(250, 'a')));
+}
+
 TEST_CASE("mapper: ALTER TABLE mid-stream: a new Relation message remaps columns", "[mapper]") {
   Config cfg = base_config();
   OutboxMapper m(cfg);
