@@ -215,6 +215,24 @@ const std::vector<KeySpec>& key_specs() {
 // librdkafka settings walrelay's guarantees rest on: defaults that the user
 // may not weaken.
 void apply_kafka_policy(Config& c) {
+  // librdkafka accepts two names for some properties; a copied Kafka Connect
+  // or Java producer setting uses the other one. Fold them so that the checks
+  // below see every spelling, and refuse both at once.
+  static const std::pair<const char*, const char*> aliases[] = {
+      {"request.required.acks", "acks"},
+      {"delivery.timeout.ms", "message.timeout.ms"},
+      {"queue.buffering.max.ms", "linger.ms"},
+      {"retries", "message.send.max.retries"},
+  };
+  for (auto& [alias, name] : aliases) {
+    auto it = c.kafka.find(alias);
+    if (it == c.kafka.end()) continue;
+    if (c.kafka.count(name))
+      throw ConfigError("kafka." + std::string(alias),
+                        "conflicting or redundant: kafka." + std::string(name) + " is the same librdkafka property");
+    c.kafka[name] = it->second;
+    c.kafka.erase(it);
+  }
   auto require = [&](const std::string& key, const std::string& safe, std::initializer_list<const char*> allowed) {
     auto it = c.kafka.find(key);
     if (it == c.kafka.end()) {
@@ -292,6 +310,18 @@ std::optional<std::string> illegal_topic_reason(std::string_view name) {
     if (!(std::isalnum(c) && c < 0x80) && c != '.' && c != '_' && c != '-')
       return c < 0x20 || c >= 0x7f ? "it contains the byte 0x" + fmt_hex(c) : std::string("it contains '") + static_cast<char>(c) + "'";
   return std::nullopt;
+}
+
+std::vector<std::string> config_warnings(const Config& c) {
+  std::vector<std::string> out;
+  auto timeout = c.kafka.find("message.timeout.ms");
+  if (timeout != c.kafka.end() && timeout->second != "0")
+    out.push_back("kafka.message.timeout.ms=" + timeout->second +
+                  ": a record the brokers have not acknowledged by then fails; walrelay then sends everything from "
+                  "the slot's confirmed position again, so nothing is lost or dead-lettered, but during a long "
+                  "outage a record may reach its topic after a later one of the same key. 0, walrelay's default "
+                  "(like Kafka Connect's delivery.timeout.ms=2147483647), waits instead");
+  return out;
 }
 
 bool is_secret_key(const std::string& key) {

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
     return exit_ok;
   }
   setup_logging(config.log_level, config.log_format);
+  for (auto& w : config_warnings(config)) spdlog::warn("{}", w);
 
   asio::io_context io(1);
   Metrics metrics;

@@ -118,6 +118,10 @@ Config parse_config(const std::string& text, const std::string& source_name,
 // nullopt when it is one.
 std::optional<std::string> illegal_topic_reason(std::string_view name);
 
+// What a valid configuration still does that an operator should know at
+// start (logged as warnings).
+std::vector<std::string> config_warnings(const Config& config);
+
 // True for keys whose values are never shown (passwords, tokens, sasl secrets).
 bool is_secret_key(const std::string& key);
 

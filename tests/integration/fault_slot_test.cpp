@@ -233,3 +233,31 @@ TEST_CASE("fault: an invalidated slot stays invalidated across restarts until --
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
 }
+
+TEST_CASE("fault: creating the slot waits for a long transaction with no time-out, saying what it waits for",
+          "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // A transaction with an xid, open while walrelay creates its slot: the
+  // server cannot make the slot consistent until it ends.
+  Db holder;
+  holder.exec("BEGIN; INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Held', 'k', 'x', '{}')");
+  Walrelay relay(f.config());
+  relay.start();
+  REQUIRE(eventually([&] { return relay.log().find("still being created") != std::string::npos; }, 30s));
+  auto log = relay.log();
+  INFO(log);
+  CHECK(log.find("transaction(s) with an xid are running now") != std::string::npos);
+  CHECK(relay.running());
+  CHECK(relay.get("/readyz").status == 503);
+  holder.exec("COMMIT");
+  relay.wait_streaming();
+  CHECK(relay.log().find("timed out") == std::string::npos);
+  f.db().exec(insert_event(f.table, "Held", "after", "'{}'"));
+  auto recs = read_topic(f.topic("Held"), 1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].key == std::optional<std::string>("after"));
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}

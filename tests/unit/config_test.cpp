@@ -69,6 +69,9 @@ TEST_CASE("config: bad input names the key", "[config]") {
   CHECK(error_key("errors.tolerance=all\nerrors.deadletterqueue.topic.name=dead letters\n") ==
         "errors.deadletterqueue.topic.name");
   CHECK(error_key("route.topic.replacement=outbox/${routedByValue}\n") == "route.topic.replacement");
+  // librdkafka's other names for a property are checked like the first.
+  CHECK(error_key("kafka.request.required.acks=1\n") == "kafka.acks");
+  CHECK(error_key("kafka.acks=all\nkafka.request.required.acks=all\n") == "kafka.request.required.acks");
   CHECK(error_key("just a line\n") == "");
   CHECK_THROWS_AS(parse_config("", "x", {}), ConfigError);  // bootstrap servers required
 }
@@ -98,4 +101,14 @@ TEST_CASE("config: conninfo quotes values", "[config]") {
   auto c = parse("database.password=it's\\x\n");
   CHECK(c.conninfo(false).find("password='it\\'s\\\\x'") != std::string::npos);
   CHECK(c.conninfo(true).find("replication=database") != std::string::npos);
+}
+
+TEST_CASE("config: a copied Kafka Connect delivery.timeout.ms is honoured and warned about", "[config]") {
+  auto c = parse_config("kafka.bootstrap.servers=x:1\nkafka.delivery.timeout.ms=300000\n", "t", {});
+  CHECK(c.kafka.at("message.timeout.ms") == "300000");
+  CHECK(c.kafka.count("delivery.timeout.ms") == 0);
+  auto warnings = config_warnings(c);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("kafka.message.timeout.ms=300000") != std::string::npos);
+  CHECK(config_warnings(parse_config("kafka.bootstrap.servers=x:1\n", "t", {})).empty());
 }
