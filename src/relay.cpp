@@ -8,8 +8,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <random>
 
+#include "walrelay/backoff.hpp"
 #include "walrelay/catalog.hpp"
 
 namespace walrelay {
@@ -148,15 +148,15 @@ asio::awaitable<void> Relay::sleep(std::chrono::milliseconds duration) {
 }
 
 asio::awaitable<void> Relay::run() {
-  auto backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
-  std::mt19937 rng(std::random_device{}());
+  Backoff backoff(std::chrono::milliseconds(config_.reconnect_backoff_ms),
+                  std::chrono::milliseconds(config_.reconnect_backoff_max_ms));
   while (!stop_requested_ && !halt_reason_) {
     set_state(RelayState::connecting);
-    bool streamed_before = sessions_streamed_;
+    int streamed_before = sessions_streamed_;
     bool standby = false;
     try {
       co_await session();
-      backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
+      backoff.reset();
     } catch (const Fatal& e) {
       if (!halt_reason_) halt(e.what());
     } catch (const PgError& e) {
@@ -192,11 +192,10 @@ asio::awaitable<void> Relay::run() {
                    config_.slot_name);
     }
     metrics_.reconnects.Increment();
-    if (sessions_streamed_ > streamed_before) backoff = std::chrono::milliseconds(config_.reconnect_backoff_ms);
-    auto jitter = std::uniform_int_distribution<int>(0, static_cast<int>(backoff.count() / 4))(rng);
-    spdlog::info("slot={} reconnecting in {} ms", config_.slot_name, backoff.count() + jitter);
-    co_await sleep(backoff + std::chrono::milliseconds(jitter));
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(config_.reconnect_backoff_max_ms));
+    if (sessions_streamed_ > streamed_before) backoff.reset();
+    auto delay = backoff.next();
+    spdlog::info("slot={} reconnecting in {} ms", config_.slot_name, delay.count());
+    co_await sleep(delay);
   }
   // Shutdown or halt: let what is in flight land, confirm as far as it goes.
   co_await drain(nullptr);
@@ -275,8 +274,11 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
       throw Fatal(std::string("slot.name: ") + e.what());
     }
     if (e.sqlstate() == sqlstate_prerequisite_state) {
+      // Invalidated between the catalog check and START_REPLICATION: the
+      // same condition, the same words.
       metrics_.slot_invalidated.Set(1);
-      throw Fatal(std::string("slot.name: replication slot cannot be used: ") + e.what());
+      throw Fatal("slot.name: replication slot " + config_.slot_name + " has been invalidated (" + e.what() +
+                  "): the events it held are gone. To accept the gap, run walrelay --reset-slot once");
     }
     throw;
   }

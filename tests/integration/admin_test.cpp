@@ -8,28 +8,11 @@
 
 #include <simdjson.h>
 
-#include "harness.hpp"
+#include "test_util.hpp"
 
 using namespace it;
 
 namespace {
-
-double metric(const std::string& text, const std::string& name_with_labels) {
-  // Lines look like: name{labels} value
-  std::istringstream in(text);
-  std::string line;
-  double sum = 0;
-  bool found = false;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (line.rfind(name_with_labels, 0) != 0) continue;
-    auto rest = line.substr(name_with_labels.size());
-    if (!rest.empty() && rest[0] != ' ' && rest[0] != '{') continue;
-    sum += std::stod(line.substr(line.rfind(' ') + 1));
-    found = true;
-  }
-  return found ? sum : -1;
-}
 
 struct SlotJson {
   std::string state, confirmed, server_wal_end, received, server_confirmed;
@@ -65,9 +48,10 @@ SlotJson parse_slot(const std::string& body) {
 }  // namespace
 
 TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[admin]") {
-  Db db;
-  std::string slot = unique_name("adm");
-  std::string table = "public." + slot + "_outbox";
+  Fixture f;
+  Db& db = f.db();
+  const std::string& slot = f.slot;
+  const std::string& table = f.table;
   create_outbox(db, table);
   Walrelay relay(base_config(slot) + "table.include.list=" + table + "\nroute.topic.replacement=" + slot +
                  ".events\nadmin.token=s3cret-token\n");
@@ -112,23 +96,23 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
   // /metrics: events relayed equals what kcat read; LSN gauges match /slot.
   auto m = relay.get("/metrics", "s3cret-token");
   REQUIRE(m.status == 200);
-  CHECK(metric(m.body, "walrelay_events_relayed_total") == 1000);
-  CHECK(metric(m.body, "walrelay_transactions_total") >= 20);
-  CHECK(metric(m.body, "walrelay_inflight_records") == 0);
-  CHECK(metric(m.body, "walrelay_ready") == 1);
-  CHECK(metric(m.body, "walrelay_halted") == 0);
-  CHECK(metric(m.body, "walrelay_status_updates_total") > 0);
-  CHECK(metric(m.body, "process_resident_memory_bytes") > 0);
-  CHECK(metric(m.body, "walrelay_flushed_lsn") == static_cast<double>(parse_lsn(s.confirmed)));
+  CHECK(metric_value(m.body, "walrelay_events_relayed_total") == 1000);
+  CHECK(metric_value(m.body, "walrelay_transactions_total") >= 20);
+  CHECK(metric_value(m.body, "walrelay_inflight_records") == 0);
+  CHECK(metric_value(m.body, "walrelay_ready") == 1);
+  CHECK(metric_value(m.body, "walrelay_halted") == 0);
+  CHECK(metric_value(m.body, "walrelay_status_updates_total") > 0);
+  CHECK(metric_value(m.body, "process_resident_memory_bytes") > 0);
+  CHECK(metric_value(m.body, "walrelay_flushed_lsn") == static_cast<double>(parse_lsn(s.confirmed)));
   // Latency histograms: one observation per transaction with outbox events
   // (20 statements of 50 rows), each well under a minute.
-  CHECK(metric(m.body, "walrelay_commit_to_receive_seconds_count") == 20);
-  CHECK(metric(m.body, "walrelay_commit_to_ack_seconds_count") == 20);
-  CHECK(metric(m.body, "walrelay_commit_to_ack_seconds_bucket{le=\"+Inf\"}") == 20);
-  double ack_sum = metric(m.body, "walrelay_commit_to_ack_seconds_sum");
+  CHECK(metric_value(m.body, "walrelay_commit_to_receive_seconds_count") == 20);
+  CHECK(metric_value(m.body, "walrelay_commit_to_ack_seconds_count") == 20);
+  CHECK(metric_value(m.body, "walrelay_commit_to_ack_seconds_bucket{le=\"+Inf\"}") == 20);
+  double ack_sum = metric_value(m.body, "walrelay_commit_to_ack_seconds_sum").value_or(-1);
   CHECK(ack_sum > 0);
   CHECK(ack_sum < 20 * 60);
-  CHECK(metric(m.body, "walrelay_commit_to_receive_seconds_sum") <= ack_sum);
+  CHECK(metric_value(m.body, "walrelay_commit_to_receive_seconds_sum") <= ack_sum);
 
   // The token appears nowhere in what walrelay printed or serves.
   CHECK(relay.log().find("s3cret-token") == std::string::npos);
@@ -139,9 +123,10 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
 }
 
 TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[admin][broker]") {
-  Db db;
-  std::string slot = unique_name("adm");
-  std::string table = "public." + slot + "_outbox";
+  Fixture f;
+  Db& db = f.db();
+  const std::string& slot = f.slot;
+  const std::string& table = f.table;
   create_outbox(db, table);
   Walrelay relay(base_config(slot) + "table.include.list=" + table + "\nroute.topic.replacement=" + slot + ".events\n");
   relay.start();
@@ -150,10 +135,7 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
   REQUIRE(consume(slot + ".events", 1).size() == 1);
   REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 10s));
 
-  Services::control("kafka-stop");
-  struct Restart {
-    ~Restart() { try { Services::control("kafka-start"); } catch (...) {} }
-  } restart_broker;
+  BrokerOutage outage;
   HttpResponse ready;
   REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).status == 503; }, 30s));
   CHECK(ready.body.find("broker unreachable") != std::string::npos);
@@ -166,7 +148,7 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
   }, 20s));
   CHECK(parse_lsn(s.confirmed) == db.confirmed_flush(slot));
 
-  Services::control("kafka-start");
+  outage.restart();
   REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 60s));
   REQUIRE(consume(slot + ".events", 2, 60s).size() == 2);
   REQUIRE(eventually([&] {
@@ -177,9 +159,10 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
 
 TEST_CASE("admin: slot lag follows the server's WAL while walrelay holds back - 50 MB written, lag past 50 MB",
           "[admin][broker]") {
-  Db db;
-  std::string slot = unique_name("adm");
-  std::string table = "public." + slot + "_outbox";
+  Fixture f;
+  Db& db = f.db();
+  const std::string& slot = f.slot;
+  const std::string& table = f.table;
   create_outbox(db, table);
   db.exec("CREATE TABLE " + slot + "_filler (v text)");
   // One record in flight is the limit: with the broker down, walrelay stops
@@ -191,13 +174,10 @@ TEST_CASE("admin: slot lag follows the server's WAL while walrelay holds back - 
   db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k', 't', '{}')");
   REQUIRE(consume(slot + ".events", 1).size() == 1);
 
-  Services::control("kafka-stop");
-  struct Restart {
-    ~Restart() { try { Services::control("kafka-start"); } catch (...) {} }
-  } restart_broker;
+  BrokerOutage outage;
   db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k2', 't', '{}')");
   db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload) VALUES ('A', 'k3', 't', '{}')");
-  REQUIRE(eventually([&] { return metric(relay.get("/metrics").body, "walrelay_backpressure") == 1; }, 20s));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_backpressure") == 1; }, 20s));
   const std::uint64_t written_from = db.current_wal_lsn();
   db.exec("INSERT INTO " + slot + "_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 50000) g");
   const std::uint64_t written = db.current_wal_lsn() - written_from;
@@ -206,16 +186,16 @@ TEST_CASE("admin: slot lag follows the server's WAL while walrelay holds back - 
   double metric_lag = 0;
   CHECK(eventually([&] {
     s = parse_slot(relay.get("/slot").body);
-    metric_lag = metric(relay.get("/metrics").body, "walrelay_slot_lag_bytes");
+    metric_lag = relay.metric("walrelay_slot_lag_bytes").value_or(-1);
     return s.lag_bytes > written && metric_lag > static_cast<double>(written);
   }, 30s));
   INFO("written " << written << " lag_bytes " << s.lag_bytes << " metric " << metric_lag);
   CHECK(s.retained_wal_bytes >= s.lag_bytes);
-  CHECK(metric(relay.get("/metrics").body, "walrelay_slot_retained_wal_bytes") >= static_cast<double>(written));
+  CHECK(relay.metric("walrelay_slot_retained_wal_bytes") >= static_cast<double>(written));
   // The server agrees.
   CHECK(db.current_wal_lsn() - db.confirmed_flush(slot) >= written);
 
-  Services::control("kafka-start");
+  outage.restart();
   REQUIRE(consume(slot + ".events", 3, 60s).size() == 3);
   CHECK(eventually([&] { return parse_slot(relay.get("/slot").body).lag_bytes < 1024 * 1024; }, 60s));
   relay.signal(SIGTERM);

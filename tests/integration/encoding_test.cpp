@@ -1,9 +1,9 @@
 // A database in another encoding: what reaches Kafka is UTF-8 all the same.
 #include <csignal>
 
-#include "fault_util.hpp"
+#include "test_util.hpp"
 
-using namespace fault;
+using namespace it;
 
 TEST_CASE("relay: a LATIN1 database - accented payloads, keys and dead-letter JSON reach Kafka as UTF-8",
           "[relay][encoding]") {

@@ -5,9 +5,9 @@
 // topic with the error headers and keeps going.
 #include <csignal>
 
-#include "fault_util.hpp"
+#include "test_util.hpp"
 
-using namespace fault;
+using namespace it;
 
 namespace {
 
@@ -61,10 +61,13 @@ TEST_CASE("fault: errors.tolerance=none halts on a row it cannot relay, names it
       relay.wait_streaming();
       f.db().exec(good_row(f.table, 0));
       REQUIRE(read_topic(f.topic("Good"), 1).size() == 1);
+      // A good row right before the bad one, not waited for: the halt must
+      // drain it and confirm it. Its position is taken inside its transaction.
+      auto inside_good = parse_lsn(f.db().scalar("BEGIN;" + good_row(f.table, 1) +
+                                                 "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
       auto before_bad = f.db().current_wal_lsn();
-      REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= before_bad; }, 15s));
       auto id = insert_bad(f.db(), f.table, bad);
-      f.db().exec(good_row(f.table, 1));
+      f.db().exec(good_row(f.table, 2));
 
       int code = relay.wait_exit(60s);
       auto log = relay.log();
@@ -79,11 +82,13 @@ TEST_CASE("fault: errors.tolerance=none halts on a row it cannot relay, names it
       CHECK(line.find("id " + id) != std::string::npos);
       CHECK(line.find("LSN ") != std::string::npos);
       CHECK(line.find(bad.log_reason) != std::string::npos);
-      // Nothing at or past the bad row's transaction was confirmed, and the
-      // row after it was not relayed: a mapping error and a producer-side
-      // rejection both stop walrelay before the next row.
+      // The row before it was relayed and confirmed; nothing at or past the
+      // bad row's transaction was confirmed, and the row after it was not
+      // relayed: a mapping error and a producer-side rejection both stop
+      // walrelay before the next row.
+      CHECK(f.db().confirmed_flush(f.slot) > inside_good);
       CHECK(f.db().confirmed_flush(f.slot) <= before_bad);
-      CHECK(count_records(f.topic("Good")) == 1);
+      CHECK(count_records(f.topic("Good")) == 2);
       // A restart halts again on the same row: it is not skipped.
       Walrelay again(f.config("errors.tolerance=none\n"));
       again.start();
@@ -135,11 +140,38 @@ TEST_CASE("fault: errors.tolerance=all sends a row it cannot relay to the dead-l
         }
       }
       CHECK(relay.running());
-      CHECK(metric(relay, "walrelay_dead_lettered_total").value_or(0) == 1);
+      CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
       CHECK(relay.get("/metrics").body.find("walrelay_dead_lettered_total{reason=\"" + bad.reason + "\"} 1") !=
             std::string::npos);
       auto settled = f.db().current_wal_lsn();
       CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= settled; }, 20s));
     }
   }
+}
+
+TEST_CASE("fault: a mapped column dropped while walrelay runs - the next row halts naming it, the rows before are "
+          "confirmed",
+          "[fault][badinput]") {
+  Fixture f;
+  create_loose_outbox(f.db(), f.table);
+  Walrelay relay(f.config("errors.tolerance=none\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(good_row(f.table, 0));
+  REQUIRE(read_topic(f.topic("Good"), 1).size() == 1);
+  auto inside_good = parse_lsn(f.db().scalar("BEGIN;" + good_row(f.table, 1) +
+                                             "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
+  f.db().exec("ALTER TABLE " + f.table + " DROP COLUMN aggregateid");
+  auto before_bad = f.db().current_wal_lsn();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, type, payload) VALUES ('Good', 'x', '{\"seq\": 2}')");
+  CHECK(relay.wait_exit(60s) == 3);
+  auto log = relay.log();
+  auto halt = log.find("halted: ");
+  REQUIRE(halt != std::string::npos);
+  auto line = log.substr(halt, log.find('\n', halt) - halt);
+  INFO(line);
+  CHECK(line.find("has no column aggregateid") != std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) > inside_good);
+  CHECK(f.db().confirmed_flush(f.slot) <= before_bad);
+  CHECK(count_records(f.topic("Good")) == 2);
 }

@@ -3,9 +3,9 @@
 // in-flight limits, not by the size of the transaction.
 #include <csignal>
 
-#include "fault_util.hpp"
+#include "test_util.hpp"
 
-using namespace fault;
+using namespace it;
 
 TEST_CASE("fault: a single transaction of many outbox rows and a large unrelated one, with bounded memory",
           "[fault][bigtxn]") {
@@ -42,7 +42,7 @@ TEST_CASE("fault: a single transaction of many outbox rows and a large unrelated
   long rss_peak = 0;
   REQUIRE(eventually(
       [&] {
-        inflight_peak = std::max(inflight_peak, metric(relay, "walrelay_inflight_records").value_or(0));
+        inflight_peak = std::max(inflight_peak, relay.metric("walrelay_inflight_records").value_or(0));
         rss_peak = std::max(rss_peak, proc_status_kb(relay.pid(), "VmRSS"));
         return f.db().confirmed_flush(f.slot) >= after_big;
       },

@@ -7,9 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fault_util.hpp"
+#include "test_util.hpp"
 
-using namespace fault;
+using namespace it;
 
 namespace {
 

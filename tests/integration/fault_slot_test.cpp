@@ -3,9 +3,9 @@
 // never a silently recreated slot.
 #include <csignal>
 
-#include "fault_util.hpp"
+#include "test_util.hpp"
 
-using namespace fault;
+using namespace it;
 
 TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
           "[fault][standby]") {
@@ -26,7 +26,7 @@ TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over 
 
   const long rows = scaled(4000, 20000);
   Writer writer(f.table, "Standby", rows, 10, 10ms);
-  REQUIRE(eventually([&] { return metric(first, "walrelay_events_relayed_total").value_or(0) > 500; }, 60s, 200ms));
+  REQUIRE(eventually([&] { return first.metric("walrelay_events_relayed_total").value_or(0) > 500; }, 60s, 200ms));
   first.signal(SIGKILL);
   REQUIRE(first.wait_exit(10s) == 128 + SIGKILL);
   auto t0 = std::chrono::steady_clock::now();
@@ -117,7 +117,9 @@ TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error,
   CHECK(relay.wait_exit(30s) == 3);
   auto log = relay.log();
   INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
-  CHECK((log.find("invalidated") != std::string::npos || log.find("cannot be used") != std::string::npos));
+  // Whichever notices first (the slot poller, the catalog check or
+  // START_REPLICATION's refusal), the words are the same.
+  CHECK(log.find("halted: slot.name: replication slot " + f.slot + " has been invalidated (") != std::string::npos);
   // Still the invalidated slot, not a new one.
   CHECK(f.db().scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "lost");
 }
@@ -260,4 +262,40 @@ TEST_CASE("fault: creating the slot waits for a long transaction with no time-ou
   CHECK(recs[0].key == std::optional<std::string>("after"));
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
+}
+
+TEST_CASE("fault: halted on a dropped slot and still draining - walrelay_slot_invalid 1, walrelay_halted 1, /healthz "
+          "503 naming why, then exit 3",
+          "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("reconnect.backoff.ms=1000\nreconnect.backoff.max.ms=1000\nshutdown.timeout.ms=60000\n"));
+  relay.start();
+  relay.wait_streaming();
+  BrokerOutage outage;  // a record in flight keeps the halted relay draining
+  f.db().exec(insert_event(f.table, "Invalid", "k", "jsonb_build_object('seq', 0)"));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_inflight_records").value_or(0) == 1; }, 20s));
+  REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
+                        f.slot + "'") == "t");
+  REQUIRE(eventually(
+      [&] {
+        try {
+          f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+          return true;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      5s, 10ms));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_slot_invalid") == std::optional<double>(1); }, 30s));
+  CHECK(relay.metric("walrelay_halted") == std::optional<double>(1));
+  CHECK(relay.metric("walrelay_ready") == std::optional<double>(0));
+  auto health = relay.get("/healthz");
+  CHECK(health.status == 503);
+  CHECK(health.body.rfind("halted: slot.name: replication slot " + f.slot + " was dropped while walrelay was using it",
+                          0) == 0);
+  CHECK(relay.running());
+  outage.restart();
+  CHECK(relay.wait_exit(60s) == 3);
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
 }

@@ -13,6 +13,7 @@
 #include <simdjson.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -26,18 +27,6 @@ extern char** environ;
 namespace it {
 namespace {
 
-std::string run_capture(const std::string& cmd, int* status = nullptr) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("could not run " + cmd);
-  std::array<char, 65536> buf;
-  std::size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  if (status) *status = st;
-  return out;
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
@@ -47,11 +36,21 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
+CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("could not run " + cmd);
+  std::array<char, 65536> buf;
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  r.status = pclose(p);
+  return r;
+}
+
 const Services& Services::get() {
   static Services s = [] {
     Services out;
-    int status = 0;
-    std::string env = run_capture(std::string(WALRELAY_SERVICES) + " env", &status);
+    auto [status, env] = run_command(std::string(WALRELAY_SERVICES) + " env");
     if (status != 0) throw std::runtime_error("services are not running: run scripts/services.sh start");
     std::regex line(R"(export (\w+)='?([^'\n]*)'?)");
     std::map<std::string, std::string> vars;
@@ -70,8 +69,7 @@ const Services& Services::get() {
 }
 
 void Services::control(const std::string& args) {
-  int status = 0;
-  std::string out = run_capture(std::string(WALRELAY_SERVICES) + " " + args + " 2>&1", &status);
+  auto [status, out] = run_command(std::string(WALRELAY_SERVICES) + " " + args + " 2>&1");
   if (status != 0) throw std::runtime_error("services.sh " + args + " failed:\n" + out);
 }
 
@@ -132,6 +130,16 @@ std::uint64_t Db::confirmed_flush(const std::string& slot) {
 
 std::uint64_t Db::current_wal_lsn() { return parse_lsn(scalar("SELECT pg_current_wal_lsn()")); }
 
+int Db::walsender_pid(const std::string& slot) {
+  auto v = scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = '" + slot + "'");
+  return v.empty() ? 0 : std::stoi(v);
+}
+
+std::uint64_t Db::sent_lsn(const std::string& slot) {
+  return parse_lsn(scalar("SELECT r.sent_lsn FROM pg_stat_replication r JOIN pg_replication_slots s ON "
+                          "s.active_pid = r.pid WHERE s.slot_name = '" + slot + "'"));
+}
+
 std::optional<std::string> KafkaRecord::header(const std::string& name) const {
   for (auto& [k, v] : headers)
     if (k == name) return v;
@@ -143,7 +151,7 @@ std::vector<KafkaRecord> consume_once(const std::string& topic) {
   // Bounded: on a topic still being written kcat's -e may never see the end.
   std::string cmd = "timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
                     "' -o beginning -e -q -J -m 10 -X topic.metadata.refresh.interval.ms=1000 2>/dev/null";
-  std::string out = run_capture(cmd);
+  std::string out = run_command(cmd).output;
   std::vector<KafkaRecord> recs;
   simdjson::ondemand::parser parser;
   std::istringstream lines(out);
@@ -192,8 +200,8 @@ std::vector<std::optional<std::string>> consume_values_raw(const std::string& to
   std::vector<std::optional<std::string>> values;
   for (;;) {
     // %R: payload length as a big-endian int32 (-1 for NULL), then the bytes.
-    std::string out = run_capture("timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                                  "' -o beginning -e -q -f '%R%s' 2>/dev/null");
+    std::string out = run_command("timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
+                                  "' -o beginning -e -q -f '%R%s' 2>/dev/null").output;
     values.clear();
     std::size_t p = 0;
     while (p + 4 <= out.size()) {
@@ -212,7 +220,39 @@ std::vector<std::optional<std::string>> consume_values_raw(const std::string& to
   }
 }
 
-std::size_t topic_count(const std::string& topic) { return consume_once(topic).size(); }
+std::size_t count_records(const std::string& topic) {
+  return run_command("timeout 60 kcat -b " + Services::get().kafka + " -C -t '" + topic +
+                     "' -o beginning -e -q -f '.' 2>/dev/null")
+      .output.size();
+}
+
+bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeout) {
+  return eventually(
+      [&] {
+        return !run_command("timeout 10 kcat -b " + Services::get().kafka + " -C -t '" + topic +
+                            "' -o beginning -c 1 -q -f '.' 2>/dev/null")
+                    .output.empty();
+      },
+      timeout, 200ms);
+}
+
+std::vector<KafkaRecord> read_topic(const std::string& topic, std::size_t expected, std::chrono::milliseconds timeout) {
+  if (!wait_first_record(topic, timeout)) return {};
+  return consume(topic, expected, timeout);
+}
+
+std::optional<double> metric_value(const std::string& exposition, const std::string& name) {
+  std::istringstream in(exposition);
+  std::string line;
+  std::optional<double> sum;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#' || line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    sum = sum.value_or(0) + std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
 
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout, std::chrono::milliseconds every) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -293,6 +333,8 @@ void Walrelay::start(const std::vector<std::string>& args) {
     if (kv.rfind("WALRELAY_", 0) == 0) continue;  // only what the test says
     envs.push_back(kv);
   }
+  // A mutation run's broken binary refuses to start without this.
+  if (const char* allow = std::getenv("WALRELAY_ALLOW_MUTATION")) envs.push_back(std::string("WALRELAY_ALLOW_MUTATION=") + allow);
   for (auto& [k, v] : env_) envs.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (auto& e : envs) envp.push_back(e.data());
@@ -301,7 +343,8 @@ void Walrelay::start(const std::vector<std::string>& args) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&fa, 1, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  std::vector<std::string> argv_s{WALRELAY_BINARY};
+  const char* binary = std::getenv("WALRELAY_TEST_BINARY");
+  std::vector<std::string> argv_s{binary && *binary ? binary : WALRELAY_BINARY};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -366,6 +409,12 @@ int Walrelay::admin_port() {
 
 HttpResponse Walrelay::get(const std::string& path, const std::string& bearer) {
   return http_get(admin_port(), path, bearer);
+}
+
+std::optional<double> Walrelay::metric(const std::string& name, const std::string& bearer) {
+  auto resp = get("/metrics", bearer);
+  if (resp.status != 200) return std::nullopt;
+  return metric_value(resp.body, name);
 }
 
 }  // namespace it

@@ -28,6 +28,14 @@ struct Services {
 // A lower-case name unique to this test run: prefix_<random>.
 std::string unique_name(const std::string& prefix);
 
+// The one way tests run a shell command: its exit status (as system()
+// returns it, 0 for success) and its standard output.
+struct CommandResult {
+  int status = -1;
+  std::string output;
+};
+CommandResult run_command(const std::string& cmd);
+
 // A plain libpq connection for test set-up and server-side truth.
 class Db {
  public:
@@ -43,6 +51,10 @@ class Db {
   // The slot's confirmed_flush_lsn as a number (0 when absent).
   std::uint64_t confirmed_flush(const std::string& slot);
   std::uint64_t current_wal_lsn();
+  // The walsender streaming the slot (0 when none) and, from
+  // pg_stat_replication, how far it has sent (0 when not streaming).
+  int walsender_pid(const std::string& slot);
+  std::uint64_t sent_lsn(const std::string& slot);
 
  private:
   PGconn* conn_;
@@ -68,8 +80,19 @@ std::vector<KafkaRecord> consume(const std::string& topic, std::size_t expected,
 // Same, but only the payload bytes exactly as stored (binary-safe).
 std::vector<std::optional<std::string>> consume_values_raw(const std::string& topic, std::size_t expected,
                                                            std::chrono::milliseconds timeout = 60s);
-// Number of records in a topic (sum of high watermarks), with kcat -Q style lookups.
-std::size_t topic_count(const std::string& topic);
+// Records in `topic` now (0 when it does not exist yet), read in full with kcat.
+std::size_t count_records(const std::string& topic);
+// True once one record of `topic` can be read (the topic exists and has a leader).
+bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeout = 60s);
+// consume(), once the topic can be read: kcat's consumer can hang for good
+// when it starts while the broker is still creating the topic.
+std::vector<KafkaRecord> read_topic(const std::string& topic, std::size_t expected,
+                                    std::chrono::milliseconds timeout = 60s);
+
+// Sum of every sample of a Prometheus metric in an exposition (all label
+// sets; `name` may carry a full label set, e.g. name{reason="x"}); nullopt
+// when absent, so that a missing metric never passes for zero.
+std::optional<double> metric_value(const std::string& exposition, const std::string& name);
 
 // Polls cond until true or timeout; true if it became true.
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout,
@@ -81,7 +104,9 @@ struct HttpResponse {
 };
 HttpResponse http_get(int port, const std::string& path, const std::string& bearer = {});
 
-// walrelay as a child process with its own configuration file and log.
+// walrelay as a child process with its own configuration file and log. The
+// binary is the build's, or $WALRELAY_TEST_BINARY (the mutation runs point it
+// at a deliberately broken build).
 class Walrelay {
  public:
   // config: key=value lines added after the harness's own (database, kafka,
@@ -106,6 +131,9 @@ class Walrelay {
   std::string this_run_log() const;  // since the last start()
   int admin_port();
   HttpResponse get(const std::string& path, const std::string& bearer = {});
+  // metric_value() of this process's /metrics; nullopt when absent or when
+  // the endpoint does not answer.
+  std::optional<double> metric(const std::string& name, const std::string& bearer = {});
   const std::string& config_path() const { return config_path_; }
   pid_t pid() const { return pid_; }
 

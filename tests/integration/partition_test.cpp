@@ -3,9 +3,9 @@
 // count and a warning.
 #include <csignal>
 
-#include "fault_util.hpp"
+#include "test_util.hpp"
 
-using namespace fault;
+using namespace it;
 
 namespace {
 
@@ -83,7 +83,7 @@ TEST_CASE("relay: a partitioned outbox - leaf, sub-partitioned, default and newl
     CHECK(seen[k] == 1);
   }
   CHECK(seen.size() == keys.size());
-  CHECK_FALSE(metric(relay, "walrelay_skipped_rows_total").has_value());
+  CHECK_FALSE(relay.metric("walrelay_skipped_rows_total").has_value());
   // Confirmed past every event: nothing was held back either.
   auto end = f.db().current_wal_lsn();
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 15s));
@@ -142,7 +142,7 @@ TEST_CASE("relay: rows the publication sends from other tables are counted and w
   f.db().exec("INSERT INTO " + other + " SELECT generate_series(1, 3)");
   f.db().exec(insert_at(f.table, "Order", "leaf-named-1", "2026-01-16 10:00+00"));
   f.db().exec(insert_at(f.table, "Order", "leaf-named-2", "2026-01-17 10:00+00"));
-  REQUIRE(eventually([&] { return metric(relay, "walrelay_skipped_rows_total").value_or(0) >= 5; }, 20s));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_skipped_rows_total").value_or(0) >= 5; }, 20s));
   auto body = relay.get("/metrics").body;
   INFO(body);
   CHECK(body.find("walrelay_skipped_rows_total{table=\"" + other + "\"} 3") != std::string::npos);

@@ -232,7 +232,7 @@ TEST_CASE("kafka sink: a record over message.max.bytes is rejected at once and r
   CHECK(reports[0].bytes == 20001);
 }
 
-TEST_CASE("kafka sink: broker down makes it unhealthy; records wait and arrive when it is back", "[sink]") {
+TEST_CASE("kafka sink: broker down makes it unhealthy, records wait and arrive when it is back", "[sink]") {
   MockCluster cluster;
   boost::asio::io_context io;
   KafkaSink sink(io, cluster.settings());

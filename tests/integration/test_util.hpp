@@ -1,7 +1,7 @@
-// Helpers shared by the [fault] tests: sizes scaled by WALRELAY_FAULT_SCALE,
-// a fixture that survives database restarts, /proc and /metrics readers.
-// Header-only so that harness.hpp/.cpp (shared with the integration tests)
-// stay as they are.
+// Helpers shared by every integration and fault test, on top of the
+// harness: the per-test fixture, a writer, a broker outage, the checks of
+// ids and order, sizes scaled by WALRELAY_FAULT_SCALE. One of each: a test
+// that needs something new adds it here.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -10,7 +10,11 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <algorithm>
+#include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -19,9 +23,8 @@
 
 #include "harness.hpp"
 
-namespace fault {
+namespace it {
 
-using namespace it;
 using namespace std::chrono_literals;
 
 // True when WALRELAY_FAULT_SCALE=full: the sizes recorded in docs/reliability.md.
@@ -42,24 +45,6 @@ inline long proc_status_kb(pid_t pid, const std::string& field) {
   return 0;
 }
 
-// Sum of every sample of a Prometheus metric (all label sets); nullopt when
-// the endpoint does not answer or the metric is absent.
-inline std::optional<double> metric(Walrelay& relay, const std::string& name, const std::string& bearer = {}) {
-  auto resp = relay.get("/metrics", bearer);
-  if (resp.status != 200) return std::nullopt;
-  std::istringstream in(resp.body);
-  std::string line;
-  std::optional<double> sum;
-  while (std::getline(in, line)) {
-    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
-    char next = line[name.size()];
-    if (next != ' ' && next != '{') continue;
-    auto sp = line.rfind(' ');
-    sum = sum.value_or(0) + std::atof(line.c_str() + sp + 1);
-  }
-  return sum;
-}
-
 // Number of times `needle` occurs in `hay`.
 inline std::size_t count_of(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
@@ -67,11 +52,14 @@ inline std::size_t count_of(const std::string& hay, const std::string& needle) {
   return n;
 }
 
-// Per-test slot, publication, outbox table and topic prefix. The Db
-// connection can be reopened after a server restart.
+// Per-test slot, publication, outbox table and topic prefix, all named after
+// the slot. The Db connection can be reopened after a server restart. At the
+// end the fixture drops what it made (the slot once it is released, the
+// publication, every table named <slot>_...), so that PostgreSQL's data,
+// which outlives a test run, never carries one test's leftovers into another.
 struct Fixture {
   std::unique_ptr<Db> db_ = std::make_unique<Db>();
-  std::string slot = unique_name("fault");
+  std::string slot = unique_name("it");
   std::string table = "public." + slot + "_outbox";
   std::string topic_prefix = slot + ".";
 
@@ -96,9 +84,9 @@ struct Fixture {
   }
   std::string topic(const std::string& type) const { return topic_prefix + type; }
   ~Fixture() {
-    // The slot is released a moment after walrelay is killed; then drop it.
     try {
       Db db;
+      // A killed walrelay's slot is released a moment later.
       eventually(
           [&] {
             return db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + slot +
@@ -107,50 +95,36 @@ struct Fixture {
           10s, 100ms);
       db.exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '" + slot +
               "' AND NOT active");
+      db.exec("DROP PUBLICATION IF EXISTS " + slot);
+      for (auto& row : db.exec("SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE tablename LIKE '" +
+                               slot + "\\_%'"))
+        db.exec("DROP TABLE IF EXISTS " + *row[0] + " CASCADE");
     } catch (...) {
     }
   }
 };
 
-// kcat's consumer can hang for good when it starts while the broker is still
-// creating the topic (seen once in ~50 runs: `-e` never fired). Every read
-// here is bounded by `timeout`, and a topic is read in full only once a
-// first record of it could be read.
-inline std::string shell_output(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[65536];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+// The broker stopped for the life of the object and started again at its
+// end (or earlier with restart()), also when an assertion fails in between.
+class BrokerOutage {
+ public:
+  BrokerOutage() { Services::control("kafka-stop"); }
+  ~BrokerOutage() {
+    if (down_) try {
+        Services::control("kafka-start");
+      } catch (...) {
+      }
+  }
+  BrokerOutage(const BrokerOutage&) = delete;
+  BrokerOutage& operator=(const BrokerOutage&) = delete;
+  void restart() {
+    Services::control("kafka-start");
+    down_ = false;
+  }
 
-// True once one record of `topic` can be read (the topic exists and has a leader).
-inline bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeout = 60s) {
-  return eventually(
-      [&] {
-        return !shell_output("timeout 10 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                             "' -o beginning -c 1 -q -f '.' 2>/dev/null")
-                    .empty();
-      },
-      timeout, 200ms);
-}
-
-// Records in `topic` now (0 when it does not exist yet), read with a time limit.
-inline std::size_t count_records(const std::string& topic) {
-  auto out = shell_output("timeout 60 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                          "' -o beginning -e -q -f '.' 2>/dev/null");
-  return out.size();
-}
-
-// it::consume, once the topic can be read (see above).
-inline std::vector<KafkaRecord> read_topic(const std::string& topic, std::size_t expected,
-                                           std::chrono::milliseconds timeout = 60s) {
-  if (!wait_first_record(topic, timeout)) return {};
-  return consume(topic, expected, timeout);
-}
+ private:
+  bool down_ = true;
+};
 
 // A configuration with one key's line replaced (a repeated key is a config error).
 inline std::string with_key(std::string config, const std::string& key, const std::string& value) {
@@ -205,8 +179,11 @@ inline std::vector<std::string> missing_ids(Db& db, const std::string& table, co
 // key can be checked: {"k": key, "seq": n}.
 class Writer {
  public:
-  Writer(std::string table, std::string type, long total, int per_txn, std::chrono::milliseconds pause, int keys = 16)
-      : table_(std::move(table)), type_(std::move(type)), total_(total), per_txn_(per_txn), pause_(pause), keys_(keys) {
+  // pad_sql: an SQL text expression added to each payload as "pad".
+  Writer(std::string table, std::string type, long total, int per_txn, std::chrono::milliseconds pause, int keys = 16,
+         std::string pad_sql = "")
+      : table_(std::move(table)), type_(std::move(type)), total_(total), per_txn_(per_txn), pause_(pause), keys_(keys),
+        pad_sql_(std::move(pad_sql)) {
     thread_ = std::jthread([this](std::stop_token st) { run(st); });
   }
   ~Writer() { stop(); }
@@ -220,7 +197,16 @@ class Writer {
     if (thread_.joinable()) thread_.join();
   }
   long committed() const { return committed_.load(); }
+  // Statements that failed (a lost connection: the transaction may or may not
+  // have committed). A test without a database fault expects none.
   long failures() const { return failures_.load(); }
+  // The first few distinct errors, for the test's message.
+  std::string errors() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (auto& e : errors_) out += e + "\n";
+    return out;
+  }
 
  private:
   void run(std::stop_token st) {
@@ -234,14 +220,20 @@ class Writer {
         // sequence grows with commit order (one writer).
         db->exec("INSERT INTO " + table_ + " (aggregatetype, aggregateid, type, payload) SELECT '" + type_ +
                  "', 'k' || ((" + std::to_string(n) + " + g) % " + std::to_string(keys_) +
-                 "), 'x', jsonb_build_object('seq', " + std::to_string(n) + " + g) FROM generate_series(0, " +
+                 "), 'x', jsonb_build_object('seq', " + std::to_string(n) + " + g" +
+                 (pad_sql_.empty() ? "" : ", 'pad', " + pad_sql_) + ") FROM generate_series(0, " +
                  std::to_string(rows - 1) + ") g");
         n += rows;
         committed_ = n;
-      } catch (...) {
+      } catch (const std::exception& e) {
         // Lost connection: the transaction may or may not have committed;
         // the table is the truth at the end. Start the next one fresh.
         failures_++;
+        {
+          std::lock_guard lock(mutex_);
+          if (errors_.size() < 5 && std::find(errors_.begin(), errors_.end(), e.what()) == errors_.end())
+            errors_.emplace_back(e.what());
+        }
         db.reset();
         std::this_thread::sleep_for(100ms);
         continue;
@@ -254,8 +246,11 @@ class Writer {
   int per_txn_;
   std::chrono::milliseconds pause_;
   int keys_;
+  std::string pad_sql_;
   std::atomic<long> committed_{0};
   std::atomic<long> failures_{0};
+  mutable std::mutex mutex_;
+  std::vector<std::string> errors_;
   std::jthread thread_;
 };
 
@@ -263,14 +258,20 @@ class Writer {
 // partition offset order, ignoring redelivered duplicates (an at-least-once
 // replay restarts an older run of sequence numbers; the first delivery of
 // each seq must still be in order).
+// Every key also stays on one partition (the producer's partitioner), or
+// offsets would not order it.
 inline void check_order_per_key(const std::vector<KafkaRecord>& recs) {
   std::map<std::string, std::vector<std::pair<std::int64_t, long>>> by_key;  // key -> (offset, seq)
+  std::map<std::string, int> partition_of;
   for (auto& r : recs) {
     REQUIRE(r.key);
     REQUIRE(r.value);
     auto p = r.value->find("\"seq\": ");
     REQUIRE(p != std::string::npos);
     by_key[*r.key].push_back({r.offset, std::stol(r.value->substr(p + 7))});
+    auto [it, first] = partition_of.try_emplace(*r.key, r.partition);
+    INFO("key " << *r.key);
+    REQUIRE(it->second == r.partition);
   }
   for (auto& [key, v] : by_key) {
     std::sort(v.begin(), v.end());
@@ -286,4 +287,4 @@ inline void check_order_per_key(const std::vector<KafkaRecord>& recs) {
   }
 }
 
-}  // namespace fault
+}  // namespace it
