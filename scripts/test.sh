@@ -5,7 +5,7 @@
 # started, also when a test fails.
 #
 #   scripts/test.sh               everything
-#   scripts/test.sh -L unit       one label (unit, integration, fault, fuzz, deploy)
+#   scripts/test.sh -L unit       one label (unit, integration, fault, fuzz, deploy, mutation)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -29,6 +29,9 @@ trap cleanup EXIT
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "==> unit tests under sanitizers"
 ctest --test-dir build-asan -L unit --output-on-failure -j2
+# PostgreSQL's and Kafka's data outlive a run: start from nothing, so that
+# no earlier run's slots or topics can change this one's outcome.
+scripts/services.sh clean >/dev/null 2>&1 || true
 echo "==> all tests"
 if [[ $# -gt 0 ]]; then
   ctest --test-dir build --output-on-failure "$@"

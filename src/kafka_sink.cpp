@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "walrelay/config.hpp"
+#include "walrelay/mutation.hpp"
 
 namespace walrelay {
 
@@ -146,6 +147,9 @@ void KafkaSink::watch_queue() {
 }
 
 void KafkaSink::poll() {
+  if (mutation::active(mutation::Break::reorder_key) && held_ &&
+      std::chrono::steady_clock::now() - held_->since > std::chrono::seconds(1))
+    produce_held();
   // Bounded so that one poll cannot starve the replication socket.
   for (int i = 0; i < 64 && rd_kafka_poll(rk_, 0) > 0; ++i) {
   }
@@ -247,6 +251,38 @@ rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
 
 SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) {
   auto* opaque = reinterpret_cast<Pending*>(static_cast<std::uintptr_t>((token << 1) | 1));
+  if (mutation::active(mutation::Break::drop_records) && mutation_count_++ % 10 == 2)
+    return SubmitStatus::accepted;  // gone: no report, ever
+  if (mutation::active(mutation::Break::reorder_key)) return submit_reordered(record, opaque);
+  return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
+}
+
+void KafkaSink::produce_held() {
+  std::vector<OutboxRecord::Header> headers;
+  for (auto& [name, value] : held_->headers)
+    headers.push_back({name, value ? std::optional<std::string_view>(*value) : std::nullopt});
+  produce(held_->topic, held_->key, held_->value, held_->timestamp_ms, headers, held_->opaque);
+  held_.reset();
+}
+
+SubmitStatus KafkaSink::submit_reordered(const OutboxRecord& record, Pending* opaque) {
+  // Every fifth record waits for the next one of its key and goes after it;
+  // one that waits for more than a second goes alone.
+  if (held_ && held_->key == record.key) {
+    auto r = produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
+    produce_held();
+    return r;
+  }
+  if (held_ && std::chrono::steady_clock::now() - held_->since > std::chrono::seconds(1)) produce_held();
+  if (!held_ && mutation_count_++ % 5 == 4) {
+    Held h{std::string(record.topic), record.key ? std::optional<std::string>(*record.key) : std::nullopt,
+           record.value ? std::optional<std::string>(*record.value) : std::nullopt, record.timestamp_ms, {}, opaque,
+           std::chrono::steady_clock::now()};
+    for (auto& hd : record.headers)
+      h.headers.emplace_back(std::string(hd.name), hd.value ? std::optional<std::string>(*hd.value) : std::nullopt);
+    held_ = std::move(h);
+    return SubmitStatus::accepted;
+  }
   return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
 }
 

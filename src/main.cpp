@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include "walrelay/admin_server.hpp"
@@ -17,6 +18,7 @@
 #include "walrelay/kafka_sink.hpp"
 #include "walrelay/logging.hpp"
 #include "walrelay/metrics.hpp"
+#include "walrelay/mutation.hpp"
 #include "walrelay/relay.hpp"
 
 extern char** environ;
@@ -52,9 +54,14 @@ int main(int argc, char** argv) {
   }
   if (vm.count("version")) {
     std::cout << "walrelay " WALRELAY_VERSION " (librdkafka " << rd_kafka_version_str() << ", libpq "
-              << PQlibVersion() / 10000 << ")\n";
+              << PQlibVersion() / 10000 << ")";
+    if (mutation::compiled_in) std::cout << " MUTATION TESTING: " << mutation::name(mutation::selected());
+    std::cout << "\n";
     return exit_ok;
   }
+  if (mutation::compiled_in && mutation::selected() != mutation::Break::none)
+    std::cerr << "walrelay-mutation: '" << mutation::name(mutation::selected())
+              << "' is broken on purpose (tests/mutation/run.sh)\n";
 
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);

@@ -11,6 +11,7 @@
 
 #include "walrelay/backoff.hpp"
 #include "walrelay/catalog.hpp"
+#include "walrelay/mutation.hpp"
 
 namespace walrelay {
 namespace asio = boost::asio;
@@ -407,6 +408,9 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
 asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requested) {
   auto& msg = status_msg_;
   Lsn flushed = ledger_.flushed();
+  if (mutation::active(mutation::Break::confirm_before_ack)) flushed = std::max(flushed, last_commit_end_);
+  if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_)
+    flushed = std::max(flushed, last_commit_end_);
   Lsn written = std::max(received_lsn_, flushed);
   pgoutput::encode_standby_status_update(msg, written, flushed, flushed, pgoutput::pg_epoch_micros_now(),
                                          reply_requested);
@@ -430,6 +434,8 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
   };
   // Nothing queued behind a failed record may land before it is sent again.
   if (settle_all) sink_.abort_queued();
+  if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_ && !halt_reason_)
+    drain_deadline_ = std::chrono::steady_clock::now();
   // A record whose delivery failed for good is never acknowledged: waiting
   // for it would only spend the deadline.
   while (ledger_.inflight_records() > failed_records_ && !past_deadline() && !sink_.fatal_error()) {
@@ -500,6 +506,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           if (txn_ && ledger_.had_records(*txn_)) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
           if (txn_) ledger_.commit(*txn_, m.end_lsn);
           txn_.reset();
+          last_commit_end_ = m.end_lsn;
           metrics_.transactions.Increment();
         } else if constexpr (std::is_same_v<T, pgoutput::Relation>) {
           bool outbox = mapper_.on_relation(m);
@@ -593,6 +600,12 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
   }
   headers.push_back({"id", id});
   std::size_t bytes = scratch_.size();
+  if (mutation::active(mutation::Break::skip_dlq_wait)) {
+    // The row counts as settled at once; its copy's report is ignored.
+    sink_.submit_dead_letter(error.reason, config_.dlq_topic, std::nullopt, scratch_, headers,
+                             make_token(*txn_, mutation_ignored_table), bytes);
+    return Step::done;
+  }
   ledger_.add_record(*txn_, bytes);
   auto status = sink_.submit_dead_letter(error.reason, config_.dlq_topic, std::nullopt, scratch_, headers,
                                          make_token(*txn_, 0), bytes);
@@ -624,6 +637,7 @@ prometheus::Counter& Relay::relayed_counter(std::uint16_t table, std::string_vie
 }
 
 void Relay::on_delivery(const Delivery& d) {
+  if (mutation::active(mutation::Break::skip_dlq_wait) && token_table(d.token) == mutation_ignored_table) return;
   auto txn = token_txn(d.token);
   if (d.ok) {
     ledger_.ack(txn, d.bytes);
@@ -680,6 +694,12 @@ void Relay::on_delivery(const Delivery& d) {
   }
   // This record's ledger entry stays counted until the copy is acknowledged.
   --failed_records_;  // handed on: its dead-letter copy settles it
+  if (mutation::active(mutation::Break::skip_dlq_wait)) {
+    ledger_.ack(txn, d.bytes);
+    sink_.submit_dead_letter(d.error_code, config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
+                             make_token(txn, mutation_ignored_table), d.bytes);
+    return;
+  }
   auto status = sink_.submit_dead_letter(d.error_code, config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value,
                                          headers, d.token, d.bytes);
   if (status == SubmitStatus::queue_full) {

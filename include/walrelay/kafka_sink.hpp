@@ -2,7 +2,10 @@
 // delivery reports are served on the relay's io_context thread.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <optional>
+#include <vector>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +63,9 @@ class KafkaSink final : public Sink {
   };
   void watch_queue();
   rd_kafka_topic_s* topic_handle(std::string_view topic);
+  // reorder_key mutation (tests/mutation/run.sh) only.
+  SubmitStatus submit_reordered(const OutboxRecord& record, Pending* opaque);
+  void produce_held();
   SubmitStatus produce(std::string_view topic, std::optional<std::string_view> key,
                        std::optional<std::string_view> value, std::int64_t timestamp_ms,
                        const std::vector<OutboxRecord::Header>& headers, Pending* pending);
@@ -78,6 +84,17 @@ class KafkaSink final : public Sink {
   // it to librdkafka's 1 s topic scan, and the first records would wait.
   std::unordered_map<std::string, rd_kafka_topic_s*, NameHash, std::equal_to<>> topics_;
   static constexpr std::size_t max_topic_handles = 4096;
+  // State of the mutation builds (tests/mutation/run.sh); unused otherwise.
+  struct Held {
+    std::string topic;
+    std::optional<std::string> key, value;
+    std::int64_t timestamp_ms;
+    std::vector<std::pair<std::string, std::optional<std::string>>> headers;
+    Pending* opaque;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::optional<Held> held_;
+  std::uint64_t mutation_count_ = 0;
 };
 
 }  // namespace walrelay

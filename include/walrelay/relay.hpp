@@ -87,6 +87,8 @@ class Relay final : public StatusSource {
   static std::uint64_t make_token(LsnLedger::TxnId txn, std::uint16_t table) { return (txn << 16) | table; }
   static LsnLedger::TxnId token_txn(std::uint64_t token) { return token >> 16; }
   static std::uint16_t token_table(std::uint64_t token) { return static_cast<std::uint16_t>(token & 0xffff); }
+  // Marks the reports a mutation build ignores (tests/mutation/run.sh).
+  static constexpr std::uint16_t mutation_ignored_table = 0xffff;
 
   boost::asio::io_context& io_;
   const Config& config_;
@@ -118,6 +120,7 @@ class Relay final : public StatusSource {
 
   // Positions
   pgoutput::Lsn received_lsn_;
+  pgoutput::Lsn last_commit_end_;         // end LSN of the newest Commit received
   pgoutput::Lsn stream_wal_end_;          // newest WAL end the walsender reported (its decoding position)
   pgoutput::Lsn sent_flushed_lsn_;        // last flushed LSN reported to the server
   std::chrono::steady_clock::time_point last_received_;

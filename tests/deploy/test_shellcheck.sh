@@ -9,5 +9,5 @@ shellcheck "$REPO/deploy/docker/entrypoint.sh" "$REPO/deploy/docker/healthcheck.
 (cd "$REPO/tests/deploy" && shellcheck -x ./*.sh) || fail "shellcheck found problems in tests/deploy"
 # From the repository's root, where the scripts' `# shellcheck source=` paths start.
 (cd "$REPO" && shellcheck -x scripts/*.sh scripts/fault/*.sh bench/run.sh bench/debezium/jars.sh \
-  tests/golden/*.sh tests/fuzz/*.sh .ci/run) || fail "shellcheck found problems in scripts/, bench/ or tests/"
+  tests/golden/*.sh tests/fuzz/*.sh tests/mutation/*.sh .ci/run) || fail "shellcheck found problems in scripts/, bench/ or tests/"
 ok "shellcheck"

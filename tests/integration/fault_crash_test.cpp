@@ -62,7 +62,7 @@ TEST_CASE("fault: kill -9 at random moments during a run - every committed event
   // last status update (status.update.interval.ms at the writer's rate; three
   // times that, for a status update delayed by a busy loop).
   const auto bound = static_cast<std::size_t>(kills * (inflight_limit + 3 * rate * status_interval_ms / 1000.0));
-  auto recs = read_topic(f.topic("Crash"), static_cast<std::size_t>(total), 300s);
+  auto recs = read_all(f, f.topic("Crash"), 300s);
   auto seen = ids_of(recs);
   auto missing = missing_ids(f.db(), f.table, seen);
   double worst_restart = *std::max_element(restart_s.begin(), restart_s.end());

@@ -75,7 +75,7 @@ TEST_CASE("fault: PostgreSQL restarted (fast, immediate) and the walsender termi
   INFO("writer errors:\n" << writer.errors());
   // The writer really wrote through it all (its errors are the restarts').
   REQUIRE(rows >= static_cast<unsigned long>(4 * progress));
-  auto recs = read_topic(f.topic("Db"), rows, 180s);
+  auto recs = read_all(f, f.topic("Db"), 180s);
   auto seen = ids_of(recs);
   auto missing = missing_ids(f.db(), f.table, seen);
   auto reconnects = relay.metric("walrelay_reconnects_total").value_or(0);

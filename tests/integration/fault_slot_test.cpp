@@ -34,7 +34,7 @@ TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over 
   double takeover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(eventually([&] { return second.get("/readyz").status == 200; }, 10s));
   writer.join();
-  auto recs = read_topic(f.topic("Standby"), static_cast<std::size_t>(rows), 120s);
+  auto recs = read_all(f, f.topic("Standby"), 120s);
   auto seen = ids_of(recs);
   auto missing = missing_ids(f.db(), f.table, seen);
   std::cout << "fault standby: takeover " << takeover_s << "s after kill -9 of the active process; records="

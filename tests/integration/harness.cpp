@@ -333,8 +333,8 @@ void Walrelay::start(const std::vector<std::string>& args) {
     if (kv.rfind("WALRELAY_", 0) == 0) continue;  // only what the test says
     envs.push_back(kv);
   }
-  // A mutation run's broken binary refuses to start without this.
-  if (const char* allow = std::getenv("WALRELAY_ALLOW_MUTATION")) envs.push_back(std::string("WALRELAY_ALLOW_MUTATION=") + allow);
+  // A mutation run (tests/mutation/run.sh) names the break it tests.
+  if (const char* m = std::getenv("WALRELAY_MUTATION")) envs.push_back(std::string("WALRELAY_MUTATION=") + m);
   for (auto& [k, v] : env_) envs.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (auto& e : envs) envp.push_back(e.data());

@@ -33,7 +33,7 @@ std::string insert_at(const std::string& table, const std::string& type, const s
 // The keys of every record in the topics, with how often each came.
 std::map<std::string, int> keys_in(const std::vector<std::string>& topics, std::size_t expected) {
   std::map<std::string, int> keys;
-  auto deadline = std::chrono::steady_clock::now() + 60s;
+  auto deadline = std::chrono::steady_clock::now() + 30s;
   do {
     keys.clear();
     for (auto& t : topics)

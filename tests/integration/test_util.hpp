@@ -104,6 +104,17 @@ struct Fixture {
   }
 };
 
+// Every record of `topic`, read once the slot is confirmed past everything
+// written so far: walrelay confirms only what Kafka acknowledged, so then
+// every record it produced is there. (Waiting for a count instead returns
+// early when duplicates from a replay make up the number.)
+inline std::vector<KafkaRecord> read_all(Fixture& f, const std::string& topic, std::chrono::milliseconds timeout = 120s) {
+  auto end = f.db().current_wal_lsn();
+  if (!eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, timeout, 100ms))
+    FAIL("the slot was not confirmed past " << end << " in time (confirmed " << f.db().confirmed_flush(f.slot) << ")");
+  return read_topic(topic, 1, 30s);
+}
+
 // The broker stopped for the life of the object and started again at its
 // end (or earlier with restart()), also when an assertion fails in between.
 class BrokerOutage {

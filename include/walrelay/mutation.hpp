@@ -1,0 +1,35 @@
+// Guarantees broken on purpose, for tests/mutation/run.sh: it shows that the
+// tests named for each break fail against it. Only the walrelay-mutation
+// binary and the test executables are compiled with WALRELAY_MUTATION_TESTING;
+// in walrelay itself every check below is a constant false and compiles away.
+#pragma once
+
+#include <string_view>
+
+namespace walrelay::mutation {
+
+enum class Break {
+  none,
+  confirm_before_ack,  // the slot confirmed as far as the newest Commit received, acknowledged or not
+  drop_records,        // one record in ten accepted and never produced, with no delivery report
+  reorder_key,         // a record held back and produced after the next record of the same key
+  skip_dlq_wait,       // a record settled as soon as its dead-letter copy is queued
+  sigterm_no_wait,     // SIGTERM confirms the newest Commit received at once, without draining
+};
+
+#ifdef WALRELAY_MUTATION_TESTING
+inline constexpr bool compiled_in = true;
+// The break the environment's WALRELAY_MUTATION names (none when unset); an
+// unknown name ends the process.
+Break selected();
+#else
+inline constexpr bool compiled_in = false;
+inline Break selected() { return Break::none; }
+#endif
+
+// Whether this process breaks `b`.
+inline bool active(Break b) { return compiled_in && selected() == b; }
+// The name of a break, as WALRELAY_MUTATION spells it.
+std::string_view name(Break b);
+
+}  // namespace walrelay::mutation

@@ -1,0 +1,37 @@
+// Which guarantee a mutation-testing build breaks (see mutation.hpp).
+#include "walrelay/mutation.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace walrelay::mutation {
+
+std::string_view name(Break b) {
+  switch (b) {
+    case Break::none: return "none";
+    case Break::confirm_before_ack: return "confirm_before_ack";
+    case Break::drop_records: return "drop_records";
+    case Break::reorder_key: return "reorder_key";
+    case Break::skip_dlq_wait: return "skip_dlq_wait";
+    case Break::sigterm_no_wait: return "sigterm_no_wait";
+  }
+  return "?";
+}
+
+#ifdef WALRELAY_MUTATION_TESTING
+Break selected() {
+  static const Break chosen = [] {
+    const char* env = std::getenv("WALRELAY_MUTATION");
+    if (!env || !*env) return Break::none;
+    for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
+                    Break::sigterm_no_wait})
+      if (name(b) == env) return b;
+    std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
+    std::exit(2);
+  }();
+  return chosen;
+}
+#endif
+
+}  // namespace walrelay::mutation

@@ -1,0 +1,295 @@
+// The Relay in process against the real PostgreSQL, with a fake Sink whose
+// acknowledgements the test hands out: late, out of order, failed, or never.
+// On a real broker the window between "sent" and "acknowledged" is
+// milliseconds; here it stays open as long as the test wants, so a relay
+// that confirms too early is caught every time, not by luck.
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
+
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "test_util.hpp"
+#include "walrelay/config.hpp"
+#include "walrelay/metrics.hpp"
+#include "walrelay/relay.hpp"
+#include "walrelay/sink.hpp"
+
+using namespace it;
+namespace asio = boost::asio;
+
+namespace {
+
+// A Sink that keeps every record it is given and reports on it only when told.
+class FakeSink final : public walrelay::Sink {
+ public:
+  struct Record {
+    std::uint64_t token = 0;
+    std::size_t bytes = 0;
+    std::string topic;
+    std::optional<std::string> key, value;
+    std::string id;  // the id header
+    bool dead_letter = false;
+    std::string reason;  // why it was dead-lettered
+    bool reported = false;
+  };
+
+  explicit FakeSink(asio::io_context& io) : io_(io) {}
+
+  walrelay::SubmitStatus submit(const walrelay::OutboxRecord& r, std::uint64_t token) override {
+    Record rec{token, r.size_bytes(), std::string(r.topic), copy(r.key), copy(r.value), {}, false, {}, false};
+    for (auto& h : r.headers)
+      if (h.name == "id" && h.value) rec.id = std::string(*h.value);
+    std::lock_guard lock(mutex_);
+    records_.push_back(std::move(rec));
+    return walrelay::SubmitStatus::accepted;
+  }
+  walrelay::SubmitStatus submit_dead_letter(std::string_view reason, std::string_view topic,
+                                            std::optional<std::string_view> key,
+                                            std::optional<std::string_view> value,
+                                            const std::vector<walrelay::OutboxRecord::Header>& headers,
+                                            std::uint64_t token, std::size_t bytes) override {
+    Record rec{token, bytes, std::string(topic), copy(key), copy(value), {}, true, std::string(reason), false};
+    for (auto& h : headers)
+      if (h.name == "id" && h.value) rec.id = std::string(*h.value);
+    std::lock_guard lock(mutex_);
+    records_.push_back(std::move(rec));
+    return walrelay::SubmitStatus::accepted;
+  }
+  void poll() override {}
+  void abort_queued() override {}
+  std::size_t flush(int) override { return 0; }
+  bool healthy() const override { return true; }
+  std::string health_reason() const override { return {}; }
+  std::optional<std::string> fatal_error() const override { return std::nullopt; }
+  void check_connectivity(int) override {}
+
+  // What the relay has handed over so far (a copy: the loop keeps adding).
+  std::vector<Record> records() const {
+    std::lock_guard lock(mutex_);
+    return records_;
+  }
+  // Waits until the relay has handed over `n` records that match.
+  std::vector<Record> wait_for(std::size_t n, const std::function<bool(const Record&)>& match = nullptr) {
+    std::vector<Record> out;
+    bool ok = eventually(
+        [&] {
+          out.clear();
+          for (auto& r : records())
+            if (!match || match(r)) out.push_back(r);
+          return out.size() >= n;
+        },
+        30s, 10ms);
+    if (!ok) FAIL("the relay handed over " << out.size() << " of " << n << " records");
+    return out;
+  }
+  // Reports on the record with this token, on the relay's loop, and waits for it.
+  void acknowledge(const Record& r) { report(r, true, "", false); }
+  void fail(const Record& r, const std::string& code, bool transient) { report(r, false, code, transient); }
+
+ private:
+  static std::optional<std::string> copy(std::optional<std::string_view> v) {
+    return v ? std::optional<std::string>(*v) : std::nullopt;
+  }
+  void report(const Record& r, bool ok, const std::string& code, bool transient) {
+    std::promise<void> done;
+    asio::post(io_, [&] {
+      walrelay::Delivery d;
+      d.token = r.token;
+      d.bytes = r.bytes;
+      d.ok = ok;
+      d.transient = transient;
+      d.dead_lettered = r.dead_letter;
+      d.dead_letter_reason = r.reason;
+      d.error_code = code;
+      d.error_message = code.empty() ? "" : "refused by the fake broker: " + code;
+      d.topic = r.topic;
+      if (!ok) {
+        if (r.key) d.key = *r.key;
+        if (r.value) d.value = *r.value;
+        d.headers.push_back({"id", std::string_view(r.id)});
+      }
+      if (on_delivery_) on_delivery_(d);
+      done.set_value();
+    });
+    REQUIRE(done.get_future().wait_for(10s) == std::future_status::ready);
+  }
+
+  asio::io_context& io_;
+  mutable std::mutex mutex_;
+  std::vector<Record> records_;
+};
+
+// A Relay on its own loop thread, with the fake sink.
+struct InProcess {
+  explicit InProcess(Fixture& f, const std::string& extra = "")
+      : config(walrelay::parse_config(with_key(f.config("status.update.interval.ms=100\nshutdown.timeout.ms=500\n" +
+                                                         extra),
+                                                "slot.status.interval.ms", "0"),
+                                       "relay_ledger_test", {})),
+        sink(io),
+        relay(io, config, metrics, sink) {
+    spdlog::set_level(spdlog::level::warn);
+    relay.start();
+    loop = std::thread([this] { io.run(); });
+    REQUIRE(eventually([&] { return status().state == walrelay::RelayState::streaming; }, 30s, 20ms));
+  }
+  // The relay's status, read on its loop.
+  walrelay::StatusSnapshot status() {
+    std::promise<walrelay::StatusSnapshot> p;
+    asio::post(io, [&] { p.set_value(relay.status()); });
+    auto f = p.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    return f.get();
+  }
+  ~InProcess() {
+    stop();
+    spdlog::set_level(spdlog::level::info);
+  }
+  // SIGTERM's path: drain (up to shutdown.timeout.ms), final status, stop.
+  int stop() {
+    if (loop.joinable()) {
+      asio::post(io, [this] { relay.request_stop(); });
+      loop.join();
+    }
+    return relay.exit_code();
+  }
+  // Waits for `n` more standby status updates than now: what the relay
+  // confirms after a change has then reached the server.
+  void wait_status_updates(int n) {
+    double from = metrics.status_updates.Value();
+    REQUIRE(eventually([&] { return metrics.status_updates.Value() >= from + n; }, 10s, 10ms));
+  }
+
+  asio::io_context io{1};
+  walrelay::Config config;
+  walrelay::Metrics metrics;
+  FakeSink sink;
+  walrelay::Relay relay;
+  std::thread loop;
+};
+
+// Inserts one event in a transaction of its own; returns a position past
+// its commit (what confirming the transaction would reach or pass).
+std::uint64_t event(Fixture& f, const std::string& key, const std::string& payload = "'{}'") {
+  f.db().exec(insert_event(f.table, "Ledger", key, payload));
+  return f.db().current_wal_lsn();
+}
+
+// The transaction holding an event is confirmed when the slot passes the
+// position just inside it, before its commit.
+std::uint64_t inside(Fixture& f, const std::string& key) {
+  return parse_lsn(f.db().scalar("BEGIN;" + insert_event(f.table, "Ledger", key, "'{}'") +
+                                 "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
+}
+
+}  // namespace
+
+TEST_CASE("relay with a fake sink: a record never acknowledged holds the slot below its transaction, across status updates and a stop",
+          "[relay][ledger]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  InProcess p(f);
+  auto in_a = inside(f, "a");
+  event(f, "b");
+  event(f, "c");
+  auto recs = p.sink.wait_for(3);
+  p.sink.acknowledge(recs[1]);
+  p.sink.acknowledge(recs[2]);
+  p.wait_status_updates(3);
+  CHECK(f.db().confirmed_flush(f.slot) < in_a);
+  CHECK(p.status().inflight_records == 1);
+  // A clean stop drains what it can (not a) and confirms no further.
+  CHECK(p.stop() == walrelay::exit_ok);
+  CHECK(f.db().confirmed_flush(f.slot) < in_a);
+}
+
+TEST_CASE("relay with a fake sink: acknowledgements out of order move the slot only past complete transactions in commit order",
+          "[relay][ledger]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  InProcess p(f);
+  // a: two records in one transaction; b: one, committed after.
+  auto in_a = parse_lsn(f.db().scalar("BEGIN;" + insert_event(f.table, "Ledger", "a1", "'{}'") +
+                                      insert_event(f.table, "Ledger", "a2", "'{}'") +
+                                      "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
+  auto in_b = inside(f, "b");
+  auto after_b = f.db().current_wal_lsn();
+  auto recs = p.sink.wait_for(3);
+  p.sink.acknowledge(recs[2]);  // b first: another partition was faster
+  p.sink.acknowledge(recs[1]);  // then half of a
+  p.wait_status_updates(3);
+  CHECK(f.db().confirmed_flush(f.slot) < in_a);
+  p.sink.acknowledge(recs[0]);  // a complete: a and b are confirmable at once
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_b; }, 10s, 20ms));
+  CHECK(f.db().confirmed_flush(f.slot) <= after_b);
+}
+
+TEST_CASE("relay with a fake sink: the dead-letter copy of a row that cannot be mapped holds the slot until it is acknowledged",
+          "[relay][ledger]") {
+  Fixture f;
+  f.db().exec("CREATE TABLE " + f.table +
+              " (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, aggregatetype text, aggregateid text, type text, "
+              "payload jsonb)");
+  InProcess p(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.slot + ".dlq\n");
+  auto in_poison = parse_lsn(f.db().scalar(
+      "BEGIN; INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES ('Ledger', NULL, 'x', "
+      "'{}'); SELECT pg_current_wal_insert_lsn(); COMMIT;"));
+  auto in_good = inside(f, "good");
+  auto dead = p.sink.wait_for(1, [](auto& r) { return r.dead_letter; });
+  CHECK(dead[0].reason == "null_value");
+  auto good = p.sink.wait_for(1, [](auto& r) { return !r.dead_letter; });
+  p.sink.acknowledge(good[0]);
+  p.wait_status_updates(3);
+  CHECK(f.db().confirmed_flush(f.slot) < in_poison);
+  p.sink.acknowledge(dead[0]);
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_good; }, 10s, 20ms));
+}
+
+TEST_CASE("relay with a fake sink: a record the broker refuses for its own reason is held until its dead-letter copy is acknowledged",
+          "[relay][ledger]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  InProcess p(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.slot + ".dlq\n");
+  auto in_big = inside(f, "too-big");
+  auto recs = p.sink.wait_for(1);
+  p.sink.fail(recs[0], "msg_size_too_large", false);
+  auto dead = p.sink.wait_for(1, [](auto& r) { return r.dead_letter; });
+  CHECK(dead[0].reason == "msg_size_too_large");
+  CHECK(dead[0].id == recs[0].id);
+  auto after_good = event(f, "good");
+  auto good = p.sink.wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
+  p.sink.acknowledge(good[0]);
+  p.wait_status_updates(3);
+  CHECK(f.db().confirmed_flush(f.slot) < in_big);
+  p.sink.acknowledge(dead[0]);
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_big; }, 10s, 20ms));
+  CHECK(f.db().confirmed_flush(f.slot) <= after_good);
+}
+
+TEST_CASE("relay with a fake sink: a transient failure sends the record again from the slot, never dead-lettered, nothing confirmed "
+          "past it meanwhile",
+          "[relay][ledger]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  InProcess p(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.slot +
+                     ".dlq\nreconnect.backoff.ms=100\n");
+  auto in_first = inside(f, "first");
+  event(f, "second");
+  auto recs = p.sink.wait_for(2);
+  p.sink.acknowledge(recs[1]);
+  p.sink.fail(recs[0], "msg_timed_out", true);
+  // Both come again, in order, from the slot's confirmed position.
+  auto again = p.sink.wait_for(4);
+  CHECK(again[2].id == recs[0].id);
+  CHECK(again[3].id == recs[1].id);
+  for (auto& r : again) CHECK_FALSE(r.dead_letter);
+  CHECK(f.db().confirmed_flush(f.slot) < in_first);
+  CHECK(p.metrics.replays.Value() == 1);
+  p.sink.acknowledge(again[2]);
+  p.sink.acknowledge(again[3]);
+  auto end = f.db().current_wal_lsn();
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 10s, 20ms));
+}

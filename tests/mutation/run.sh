@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Breaks walrelay's guarantees on purpose, one at a time, and shows that the
+# tests named for each break go red. A named test that still passes against
+# its break fails this script: it would be a test that cannot fail.
+#
+#   tests/mutation/run.sh BUILD_DIR [break ...]   every break, or those named
+#
+# BUILD_DIR holds walrelay-mutation and tests/integration_tests (test builds
+# only: the breaks are compiled into them, inert unless WALRELAY_MUTATION
+# names one; walrelay itself has none). The services must be running.
+set -euo pipefail
+build=$(cd "${1:?usage: $0 BUILD_DIR [break ...]}" && pwd)
+shift
+
+# break -> the tests that must fail against it (Catch test specs: a name, or
+# its start followed by '*'; one a line).
+declare -A catchers
+catchers[confirm_before_ack]='relay with a fake sink: a record never acknowledged holds the slot*
+relay with a fake sink: acknowledgements out of order*
+relay: the slot never passes an unacknowledged record*'
+catchers[drop_records]='relay: every committed event arrives once*
+relay: a partitioned outbox*'
+catchers[reorder_key]='relay: per-key order holds across concurrent writers
+fault: kill -9 at random moments during a run*'
+catchers[skip_dlq_wait]='relay with a fake sink: the dead-letter copy of a row that cannot be mapped*
+relay with a fake sink: a record the broker refuses for its own reason*'
+catchers[sigterm_no_wait]='fault: SIGTERM with records in flight*
+relay with a fake sink: a record never acknowledged holds the slot*'
+
+breaks=("$@")
+((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait)
+
+report=()
+survived=0
+for b in "${breaks[@]}"; do
+  [[ -n ${catchers[$b]:-} ]] || { echo "mutation: unknown break $b" >&2; exit 2; }
+  echo "==> mutation $b"
+  while IFS= read -r spec; do
+    log=$(mktemp)
+    start=$(date +%s)
+    set +e
+    WALRELAY_TEST_BINARY="$build/walrelay-mutation" WALRELAY_MUTATION="$b" \
+      timeout 600 "$build/tests/integration_tests" "$spec" >"$log" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+    # Catch exits with the number of failed assertions; 0 means it passed.
+    if grep -q "No test cases matched" "$log"; then
+      survived=$((survived + 1))
+      verdict="NO SUCH TEST"
+    elif ((rc == 0)); then
+      survived=$((survived + 1))
+      verdict="SURVIVED (the test passed against the break)"
+      tail -n 20 "$log" | sed 's/^/    /'
+    else
+      where=$(grep -m1 -E "FAILED:" "$log" | sed 's|^.*/tests/integration/||; s/: FAILED:$//')
+      what=$(grep -m1 -A1 -E "FAILED:" "$log" | tail -n 1 | sed 's/^ *//' | cut -c1-90)
+      verdict="caught in ${took} s: \`$what\` ($where)"
+    fi
+    echo "    $spec: $verdict"
+    report+=("| \`$b\` | $spec | $verdict |")
+    rm -f "$log"
+  done <<<"${catchers[$b]}"
+done
+
+echo
+echo "| break | test | result |"
+echo "|---|---|---|"
+printf '%s\n' "${report[@]}"
+echo
+if ((survived)); then
+  echo "mutation: $survived named test(s) did not fail against their break"
+  exit 1
+fi
+echo "mutation: every named test failed against its break"
