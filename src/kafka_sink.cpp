@@ -187,7 +187,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
       delete pending;
     }
     if (on_delivery_) on_delivery_(d);
-    return SubmitStatus::failed;
+    return SubmitStatus::refused_reported;
   };
   rd_kafka_topic_t* rkt = topic_handle(topic);
   if (!rkt) return reject(error_code_name(rd_kafka_last_error()), "invalid topic name", false);

@@ -1,11 +1,13 @@
+// The relay's lifecycle, its reconnect policy, and the replication session
+// with its read loop (see relay.hpp for the other files of Relay).
 #include "walrelay/relay.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <array>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -20,12 +22,6 @@ using pgoutput::Lsn;
 
 namespace {
 
-// Seconds from a commit timestamp (PostgreSQL epoch micros, the server's
-// clock) to now on ours; a sidecar shares the host's clock.
-double seconds_since(std::int64_t commit_time_us) {
-  return static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time_us) / 1e6;
-}
-
 // SQLSTATEs the session distinguishes.
 constexpr const char* sqlstate_object_in_use = "55006";           // slot active for another PID
 constexpr const char* sqlstate_undefined_object = "42704";        // slot does not exist
@@ -36,6 +32,7 @@ struct Fatal : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The items with `sep` between them.
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;
   for (auto& i : items) out += (out.empty() ? "" : std::string(sep)) + i;
@@ -53,23 +50,34 @@ asio::awaitable<void> ddl(asio::awaitable<void> op) {
   }
 }
 
-std::int64_t unix_ms_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink)
-    : io_(io), config_(config), metrics_(metrics), sink_(sink), mapper_(config), conn_(io), wake_(io), tick_(io) {
+    : io_(io),
+      config_(config),
+      metrics_(metrics),
+      sink_(sink),
+      mapper_(config),
+      conn_(io),
+      slot_monitor_(io, config),
+      wake_(io),
+      tick_(io) {
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
-  ledger_.on_retired([this](std::int64_t commit_time) { metrics_.commit_to_ack.Observe(seconds_since(commit_time)); });
+  ledger_.on_retired([this](std::int64_t commit_time) {
+    metrics_.commit_to_ack.Observe(static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time) / 1e6);
+  });
   for (auto& t : config_.table_include_list) table_names_.push_back(t.qualified());
   relayed_counters_.resize(table_names_.size());
   record_.headers.reserve(4 + config_.additional_placement.size());
 }
 
 Relay::~Relay() { sink_.on_delivery(nullptr); }
+
+void Relay::HeldMessage::reset() {
+  if (data) PQfreemem(data);
+  data = nullptr;
+  size = 0;
+}
 
 void Relay::start() {
   asio::co_spawn(io_, run(), [this](std::exception_ptr e) {
@@ -82,7 +90,10 @@ void Relay::start() {
     exit_code_ = exit_failure;
     io_.stop();
   });
-  if (config_.slot_status_interval_ms > 0) asio::co_spawn(io_, slot_status_loop(), asio::detached);
+  slot_monitor_.start([this](std::string reason) {
+    metrics_.slot_invalidated.Set(1);
+    halt(std::move(reason));
+  }, [this] { return state_ == RelayState::streaming; });
 }
 
 void Relay::request_stop() {
@@ -91,23 +102,28 @@ void Relay::request_stop() {
   stop_requested_ = true;
   // One deadline for the whole shutdown, however many places wait on it.
   drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
+  slot_monitor_.stop();
   wake_.cancel();
   conn_.cancel_wait();
 }
 
+// "slot=... lsn=... xid=..." for log lines.
 std::string Relay::context() const {
   std::string s = "slot=" + config_.slot_name + " lsn=" + received_lsn_.to_string();
   if (txn_) s += " xid=" + std::to_string(xid_);
   return s;
 }
 
+// Changes the state /readyz and /slot report; halted is final.
 void Relay::set_state(RelayState state, std::string reason) {
-  if (state_ == RelayState::halted) return;  // final
+  if (state_ == RelayState::halted) return;
   state_ = state;
   state_reason_ = std::move(reason);
   update_gauges();
 }
 
+// Stops for a human: nothing past the cause is confirmed, what is in flight
+// before it is drained (up to shutdown.timeout.ms), exit code 3.
 void Relay::halt(std::string reason) {
   if (halt_reason_) return;
   spdlog::critical("{} halted: {}", context(), reason);
@@ -116,10 +132,14 @@ void Relay::halt(std::string reason) {
     drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
   set_state(RelayState::halted, std::move(reason));
   metrics_.halted.Set(1);
+  slot_monitor_.stop();
   wake_.cancel();
   conn_.cancel_wait();
 }
 
+// A delivery failed for a reason that is not the record's own: stop reading,
+// let every record in flight settle, then stream again from the slot's
+// confirmed position (at least once, in order).
 void Relay::replay(std::string reason) {
   if (halt_reason_ || stop_requested_ || replay_reason_) return;  // nothing past it is confirmed either way
   spdlog::error("{} {}; sending everything from the slot's confirmed position again once the records in flight "
@@ -131,23 +151,22 @@ void Relay::replay(std::string reason) {
   conn_.cancel_wait();
 }
 
-void Relay::check_ledger() {
-  if (auto& v = ledger_.violation(); v && !halt_reason_)
-    halt("internal error: the LSN ledger's bookkeeping broke (" + *v +
-         "); walrelay stops rather than confirm a position it cannot vouch for");
-}
-
+// Whether another record may be handed to the sink (max.inflight.*).
 bool Relay::has_room() const {
   return ledger_.inflight_records() < static_cast<std::uint64_t>(config_.max_inflight_records) &&
          ledger_.inflight_bytes() < static_cast<std::uint64_t>(config_.max_inflight_bytes);
 }
 
+// Sleeps, or less when wake_ is cancelled (a stop, a halt, room in flight).
 asio::awaitable<void> Relay::sleep(std::chrono::milliseconds duration) {
   wake_.expires_after(duration);
   boost::system::error_code ec;
   co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
 }
 
+// Sessions until a stop or a halt: reconnects with backoff, waits as a
+// standby while another walrelay holds the slot, replays after a transient
+// delivery failure; then drains and stops the loop.
 asio::awaitable<void> Relay::run() {
   Backoff backoff(std::chrono::milliseconds(config_.reconnect_backoff_ms),
                   std::chrono::milliseconds(config_.reconnect_backoff_max_ms));
@@ -209,6 +228,7 @@ asio::awaitable<void> Relay::run() {
   io_.stop();
 }
 
+// One replication connection: connect, check and prepare, stream.
 asio::awaitable<void> Relay::session() {
   spdlog::info("connecting: {}", config_.conninfo_redacted(true));
   co_await conn_.connect(config_.conninfo(true), std::chrono::milliseconds(config_.database_connect_timeout_ms));
@@ -217,6 +237,8 @@ asio::awaitable<void> Relay::session() {
   co_await stream(conn_);
 }
 
+// Checks the server, the publication and the slot (catalog.cpp), creates what
+// filtered mode and a first start allow, and enters START_REPLICATION.
 asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   auto ident = co_await conn.query("IDENTIFY_SYSTEM");
   if (ident.rows.empty()) throw PgError("could not identify the system: empty answer", "");
@@ -261,10 +283,10 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   // walsender then sends only committed transactions, in commit order, so an
   // event of a rolled-back transaction can never reach the sink.
   int version = conn.server_version();
-  proto_version_ = version >= 160000 ? 4 : version >= 150000 ? 3 : 2;
-  decoder_ = pgoutput::Decoder(proto_version_);
+  const int proto_version = version >= 160000 ? 4 : version >= 150000 ? 3 : 2;
+  decoder_ = pgoutput::Decoder(proto_version);
   std::string cmd = "START_REPLICATION SLOT " + conn.quote_identifier(config_.slot_name) + " LOGICAL 0/0 (" +
-                    "proto_version '" + std::to_string(proto_version_) + "', publication_names " +
+                    "proto_version '" + std::to_string(proto_version) + "', publication_names " +
                     conn.quote_literal(conn.quote_identifier(config_.publication_name)) +
                     (config_.binary ? ", binary 'true'" : "") + ")";
   try {
@@ -287,124 +309,153 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   set_state(RelayState::streaming);
 }
 
+// The read loop. Each turn keeps the session alive, then does what the
+// state says: read, refill, or wait for one named reason.
 asio::awaitable<void> Relay::stream(PgConnection& conn) {
-  const auto status_interval = std::chrono::milliseconds(config_.status_update_interval_ms);
-  const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
   last_received_ = std::chrono::steady_clock::now();
-  auto next_status = last_received_;
-  bool pinged = false;
-  bool drained_socket = false;  // a non-blocking read found nothing since the last message
-  char* pending = nullptr;  // a message to retry (queue full), kept until handled
-  int pending_len = 0;
-  struct Free {
-    char*& p;
-    ~Free() {
-      if (p) PQfreemem(p);
-    }
-  } free_pending{pending};
-
+  SessionClock clock{last_received_};
+  HeldMessage held;
+  ReadState state = ReadState::buffered;
   while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
-    auto now = std::chrono::steady_clock::now();
-    if (now >= next_status || reply_requested_) {
-      bool ask = !pinged && now - last_received_ > timeout / 3;
-      co_await send_status(conn, ask);
-      pinged = pinged || ask;
-      reply_requested_ = false;
-      next_status = now + status_interval;
-    }
-    if (now - last_received_ > timeout)
-      throw PgError("no message from the server for " + std::to_string(timeout.count()) +
-                        " ms (replication.timeout.ms): connection declared dead", "");
+    co_await keep_alive(conn, clock);
     if (sink_.fatal_error()) {
       halt(*sink_.fatal_error());
       break;
     }
+    // Backpressure: at the in-flight limits, or with a record the producer
+    // refused, stop reading. The walsender then blocks on a full socket, so
+    // memory stays bounded and the WAL waits on the server.
+    if (held) state = ReadState::await_queue;
+    else if (!has_room()) state = ReadState::await_acks;
+    else if (state == ReadState::await_queue || state == ReadState::await_acks) state = ReadState::buffered;
+    note_backpressure(state == ReadState::await_queue || state == ReadState::await_acks);
 
-    // Backpressure: with the in-flight limits reached, stop reading. The
-    // walsender then blocks on a full socket; memory stays bounded.
-    if (!has_room() || pending) {
-      if (!backpressured_) {
-        backpressured_ = true;
-        metrics_.backpressure.Set(1);
-        spdlog::debug("{} backpressure: {} records, {} bytes in flight", context(), ledger_.inflight_records(),
-                      ledger_.inflight_bytes());
-      }
-      sink_.poll();
-      if (pending) {
-        Step step = handle_copy_data({reinterpret_cast<const std::byte*>(pending), static_cast<std::size_t>(pending_len)});
-        if (step != Step::retry) {
-          PQfreemem(pending);
-          pending = nullptr;
-          if (step == Step::stop) break;
-          continue;
+    switch (state) {
+      case ReadState::buffered:
+      case ReadState::buffered_refilled: {
+        int handled = read_buffered(conn, held);
+        if (stop_requested_ || halt_reason_ || replay_reason_) break;
+        if (handled > 0 || held) {
+          sink_.poll();
+          // A full batch: let other handlers (reports, admin) run first.
+          if (handled >= read_batch) co_await asio::post(io_, asio::use_awaitable);
+          state = ReadState::buffered;
+        } else {
+          // Under load the socket usually has data already: a non-blocking
+          // read first saves a timer and an epoll registration per wake-up.
+          state = state == ReadState::buffered ? ReadState::refill : ReadState::await_socket;
         }
-      }
-      if (!has_room() || pending) {
-        auto until = std::min(next_status, now + (pending ? 10ms : 200ms));
-        co_await sleep(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) + 1ms);
-        // The socket is not read, yet the server is alive as far as we can
-        // tell: silence while we hold back is ours, not the server's.
-        last_received_ = std::max(last_received_, std::chrono::steady_clock::now() - timeout / 2);
-        continue;
-      }
-    }
-    if (backpressured_) {
-      backpressured_ = false;
-      metrics_.backpressure.Set(0);
-    }
-
-    // Read everything libpq has buffered, a bounded batch at a time so the
-    // loop still serves delivery reports and the admin endpoint.
-    int handled = 0;
-    for (; handled < 2048 && has_room(); ++handled) {
-      char* buf = nullptr;
-      int n = conn.try_get_copy_data(&buf);
-      if (n == 0) break;
-      if (n == -1) conn.finish_copy();  // throws with the server's reason
-      last_received_ = std::chrono::steady_clock::now();
-      pinged = false;
-      drained_socket = false;
-      Step step = handle_copy_data({reinterpret_cast<const std::byte*>(buf), static_cast<std::size_t>(n)});
-      if (step == Step::retry) {
-        pending = buf;
-        pending_len = n;
         break;
       }
-      PQfreemem(buf);
-      if (step == Step::stop) break;
-    }
-    if (stop_requested_ || halt_reason_ || replay_reason_) break;
-    if (handled > 0 || pending) {
-      sink_.poll();
-      if (handled >= 2048) {
-        // Let other handlers run before the next batch.
-        co_await asio::post(io_, asio::use_awaitable);
+      case ReadState::refill:
+        conn.consume_input();
+        state = ReadState::buffered_refilled;
+        break;
+      case ReadState::await_socket:
+        co_await await_socket(conn, clock);
+        state = ReadState::buffered;
+        break;
+      case ReadState::await_acks:
+        sink_.poll();
+        if (!has_room()) co_await hold_back(200ms, clock);  // woken early by a delivery that makes room
+        break;
+      case ReadState::await_queue: {
+        sink_.poll();
+        Step step = handle_copy_data(held.bytes());
+        if (step == Step::retry) {
+          co_await hold_back(10ms, clock);
+        } else {
+          held.reset();
+          if (step == Step::stop) break;
+        }
+        break;
       }
-      continue;
     }
-    // Under load the socket usually has data already: a non-blocking read
-    // first saves a timer and an epoll registration per wake-up.
-    if (!drained_socket) {
-      conn.consume_input();
-      drained_socket = true;
-      continue;
-    }
-    drained_socket = false;
-    if (!tick_armed_) {
-      tick_armed_ = true;
-      tick_.expires_at(std::min(next_status, now + 1000ms));
-      tick_.async_wait([this](boost::system::error_code ec) {
-        if (ec) return;  // only when the timer is destroyed with the relay
-        tick_armed_ = false;
-        conn_.cancel_wait();
-      });
-    }
-    co_await conn.wait_readable();  // readable, or woken by tick_, a stop or a halt
-    conn.consume_input();
   }
   co_await drain(&conn);
 }
 
+// Sends the status update when it is due (or asked for), pings a quiet
+// server, and declares the connection dead after replication.timeout.ms of
+// silence.
+asio::awaitable<void> Relay::keep_alive(PgConnection& conn, SessionClock& clock) {
+  const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
+  auto now = std::chrono::steady_clock::now();
+  if (now >= clock.next_status || reply_requested_) {
+    bool ask = !clock.pinged && now - last_received_ > timeout / 3;
+    co_await send_status(conn, ask);
+    clock.pinged = clock.pinged || ask;
+    reply_requested_ = false;
+    clock.next_status = now + std::chrono::milliseconds(config_.status_update_interval_ms);
+  }
+  if (now - last_received_ > timeout)
+    throw PgError("no message from the server for " + std::to_string(timeout.count()) +
+                      " ms (replication.timeout.ms): connection declared dead",
+                  "");
+}
+
+// Handles what libpq has buffered, up to read_batch messages and while there
+// is room in flight; a message the producer refuses is kept in `held`.
+// Returns how many were handled.
+int Relay::read_buffered(PgConnection& conn, HeldMessage& held) {
+  int handled = 0;
+  for (; handled < read_batch && has_room(); ++handled) {
+    char* buf = nullptr;
+    int n = conn.try_get_copy_data(&buf);
+    if (n == 0) break;
+    if (n == -1) conn.finish_copy();  // throws with the server's reason
+    last_received_ = std::chrono::steady_clock::now();
+    Step step = handle_copy_data({reinterpret_cast<const std::byte*>(buf), static_cast<std::size_t>(n)});
+    if (step == Step::retry) {
+      held.data = buf;
+      held.size = n;
+      break;
+    }
+    PQfreemem(buf);
+    if (step == Step::stop) break;
+  }
+  return handled;
+}
+
+// Waits until the socket is readable, or the status tick, a stop or a halt
+// wakes the wait; then reads what arrived into libpq's buffer.
+asio::awaitable<void> Relay::await_socket(PgConnection& conn, const SessionClock& clock) {
+  if (!tick_armed_) {
+    tick_armed_ = true;
+    tick_.expires_at(std::min(clock.next_status, std::chrono::steady_clock::now() + 1000ms));
+    tick_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;  // only when the timer is destroyed with the relay
+      tick_armed_ = false;
+      conn_.cancel_wait();
+    });
+  }
+  co_await conn.wait_readable();
+  conn.consume_input();
+}
+
+// Waits while reads are held back, at most `at_most` and never past the next
+// status update; woken early by wake_ (a delivery that makes room, a stop).
+asio::awaitable<void> Relay::hold_back(std::chrono::milliseconds at_most, const SessionClock& clock) {
+  auto now = std::chrono::steady_clock::now();
+  auto until = std::min(clock.next_status, now + at_most);
+  co_await sleep(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) + 1ms);
+  // The socket is not read, yet the server is alive as far as we can tell:
+  // silence while we hold back is ours, not the server's.
+  const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
+  last_received_ = std::max(last_received_, std::chrono::steady_clock::now() - timeout / 2);
+}
+
+// walrelay_backpressure, and a debug line when reads pause.
+void Relay::note_backpressure(bool on) {
+  if (on == backpressured_) return;
+  backpressured_ = on;
+  metrics_.backpressure.Set(on ? 1 : 0);
+  if (on)
+    spdlog::debug("{} backpressure: {} records, {} bytes in flight", context(), ledger_.inflight_records(),
+                  ledger_.inflight_bytes());
+}
+
+// A standby status update: flushed = what the ledger allows, never more.
 asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requested) {
   auto& msg = status_msg_;
   Lsn flushed = ledger_.flushed();
@@ -421,6 +472,9 @@ asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requeste
   update_gauges();
 }
 
+// Waits for records in flight (until the stop's or halt's deadline, or for a
+// replay until each has settled), keeping the walsender informed, then sends
+// the final status update.
 asio::awaitable<void> Relay::drain(PgConnection* conn) {
   // A replay waits for every record to settle, however long the broker takes
   // (each either lands or fails, within kafka.message.timeout.ms); a
@@ -462,357 +516,6 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
     } catch (const PgError& e) {
       spdlog::warn("slot={} could not send the final status update: {}", config_.slot_name, e.what());
     }
-  }
-}
-
-Relay::Step Relay::handle_copy_data(std::span<const std::byte> data) {
-  auto decoded = pgoutput::decode_replication_message(data);
-  if (!decoded) {
-    metrics_.decode_errors.Increment();
-    halt(std::string("could not decode a replication message: ") + pgoutput::to_string(decoded.error().code) +
-         " at byte " + std::to_string(decoded.error().offset) + " (" + std::string(decoded.error().detail) + ")");
-    return Step::stop;
-  }
-  metrics_.messages_received.Increment();
-  if (auto* ka = std::get_if<pgoutput::PrimaryKeepalive>(&decoded.value())) {
-    stream_wal_end_ = std::max(stream_wal_end_, ka->wal_end);
-    ledger_.server_position(ka->wal_end);
-    if (ka->reply_requested) reply_requested_ = true;
-    return Step::done;
-  }
-  return handle_message(std::get<pgoutput::XLogData>(decoded.value()));
-}
-
-Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
-  stream_wal_end_ = std::max(stream_wal_end_, xlog.wal_end);
-  auto decoded = decoder_.decode(xlog.payload);
-  if (!decoded) {
-    metrics_.decode_errors.Increment();
-    halt("could not decode a pgoutput message at " + xlog.wal_start.to_string() + ": " +
-         pgoutput::to_string(decoded.error().code) + " at byte " + std::to_string(decoded.error().offset) + " (" +
-         std::string(decoded.error().detail) + ")");
-    return Step::stop;
-  }
-  Step step = Step::done;
-  std::visit(
-      [&](const auto& m) {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, pgoutput::Begin>) {
-          txn_ = ledger_.open(m.commit_time, m.final_lsn);
-          xid_ = m.xid;
-          commit_time_ = m.commit_time;
-          txn_lsn_ = m.final_lsn;
-        } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
-          if (txn_ && ledger_.had_records(*txn_)) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
-          if (txn_) ledger_.commit(*txn_, m.end_lsn);
-          txn_.reset();
-          last_commit_end_ = m.end_lsn;
-          metrics_.transactions.Increment();
-        } else if constexpr (std::is_same_v<T, pgoutput::Relation>) {
-          bool outbox = mapper_.on_relation(m);
-          spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
-        } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
-          step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
-        } else if constexpr (std::is_same_v<T, pgoutput::Update> || std::is_same_v<T, pgoutput::Delete> ||
-                             std::is_same_v<T, pgoutput::Truncate> || std::is_same_v<T, pgoutput::Type> ||
-                             std::is_same_v<T, pgoutput::Origin>) {
-          // Not outbox events: a publication that someone else widened.
-        } else {
-          // Streamed or prepared transactions and logical messages are never
-          // requested; receiving one means the stream is not what the ledger
-          // assumes (committed transactions only, each whole).
-          metrics_.decode_errors.Increment();
-          halt(std::string("unexpected ") + pgoutput::message_name(decoded.value()) + " message at " +
-               xlog.wal_start.to_string() + ": walrelay asked for committed transactions only");
-          step = Step::stop;
-        }
-      },
-      decoded.value());
-  if (step != Step::retry) received_lsn_ = std::max(received_lsn_, xlog.wal_start);
-  return step;
-}
-
-Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
-  if (!txn_) {
-    halt("Insert outside a transaction at " + lsn.to_string());
-    return Step::stop;
-  }
-  if (auto error = mapper_.map(insert, commit_time_, record_)) {
-    metrics_.mapping_errors(error->reason).Increment();
-    return dead_letter_row(insert, *error, lsn);
-  }
-  std::size_t bytes = record_.size_bytes();
-  std::uint16_t table = record_.table_index;
-  // Counted before submit: a synchronous rejection reports its delivery at once.
-  ledger_.add_record(*txn_, bytes);
-  check_ledger();
-  switch (sink_.submit(record_, make_token(*txn_, table))) {
-    case SubmitStatus::accepted:
-    case SubmitStatus::failed:  // its Delivery has been handled already
-      return halt_reason_ ? Step::stop : Step::done;
-    case SubmitStatus::queue_full:
-      ledger_.withdraw(*txn_, bytes);  // not taken: offered again later
-      return Step::retry;
-  }
-  return Step::done;
-}
-
-Relay::Step Relay::skip_insert(const pgoutput::Insert& insert, Lsn lsn) {
-  auto table = mapper_.table_name(insert.relation_oid);
-  if (table.empty()) {
-    metrics_.decode_errors.Increment();
-    halt("Insert at " + lsn.to_string() + " for relation OID " + std::to_string(insert.relation_oid) +
-         " that no Relation message described: the stream is not what walrelay expects");
-    return Step::stop;
-  }
-  auto [it, first] = skipped_.try_emplace(insert.relation_oid, nullptr);
-  if (first) {
-    it->second = &metrics_.skipped_rows(table);
-    spdlog::warn("{} the publication sends inserts into {}, which is not in table.include.list: its rows are "
-                 "skipped and counted in walrelay_skipped_rows_total (a partition of a partitioned outbox? the "
-                 "publication then needs publish_via_partition_root = true)",
-                 context(), table);
-  }
-  it->second->Increment();
-  return Step::done;
-}
-
-Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapError& error, Lsn lsn) {
-  std::string where = "table " + std::string(mapper_.table_name(insert.relation_oid)) + " id " +
-                      mapper_.event_id_of(insert) + " at LSN " + lsn.to_string() + " (xid " + std::to_string(xid_) + ")";
-  if (config_.errors_tolerance == ErrorTolerance::none) {
-    halt("could not map the outbox row of " + where + ": " + error.message +
-         " (errors.tolerance=none; nothing past this row is confirmed)");
-    return Step::stop;
-  }
-  spdlog::error("{} could not map the outbox row of {}: {}; sending it to {}", context(), where, error.message,
-                config_.dlq_topic);
-  scratch_ = mapper_.row_json(insert);
-  const std::string table(mapper_.table_name(insert.relation_oid)), lsn_text = lsn.to_string(),
-      id = mapper_.event_id_of(insert);
-  std::vector<OutboxRecord::Header> headers;
-  if (config_.dlq_context_headers) {
-    headers.push_back({"__connect.errors.exception.class.name", std::string_view("walrelay.MappingError")});
-    headers.push_back({"__connect.errors.exception.message", error.message});
-    headers.push_back({"walrelay.error.reason", error.reason});
-    headers.push_back({"walrelay.source.table", table});
-    headers.push_back({"walrelay.source.lsn", lsn_text});
-  }
-  headers.push_back({"id", id});
-  std::size_t bytes = scratch_.size();
-  if (mutation::active(mutation::Break::skip_dlq_wait)) {
-    // The row counts as settled at once; its copy's report is ignored.
-    sink_.submit_dead_letter(error.reason, config_.dlq_topic, std::nullopt, scratch_, headers,
-                             make_token(*txn_, mutation_ignored_table), bytes);
-    return Step::done;
-  }
-  ledger_.add_record(*txn_, bytes);
-  auto status = sink_.submit_dead_letter(error.reason, config_.dlq_topic, std::nullopt, scratch_, headers,
-                                         make_token(*txn_, 0), bytes);
-  if (status == SubmitStatus::queue_full) {
-    ledger_.withdraw(*txn_, bytes);
-    return Step::retry;
-  }
-  return halt_reason_ ? Step::stop : Step::done;
-}
-
-prometheus::Counter& Relay::relayed_counter(std::uint16_t table, std::string_view topic) {
-  auto& by_topic = relayed_counters_.at(table);
-  auto it = by_topic.find(topic);  // heterogeneous: no string built per ack
-  if (it != by_topic.end()) return *it->second;
-  // Topics come from row data: past a bound, new ones share one series whose
-  // label no Kafka topic can have, so the scrape stays small.
-  std::size_t series = 0;
-  for (auto& t : relayed_counters_) series += t.size();
-  if (series >= max_topic_series) {
-    auto other = by_topic.find(other_topics_label);
-    if (other != by_topic.end()) return *other->second;
-    spdlog::warn("{} events for more than {} topics: further topics are counted under topic=\"{}\"", context(),
-                 max_topic_series, other_topics_label);
-    topic = other_topics_label;
-  }
-  auto& c = metrics_.events_relayed(table_names_.at(table), topic);
-  by_topic.emplace(std::string(topic), &c);
-  return c;
-}
-
-void Relay::on_delivery(const Delivery& d) {
-  if (mutation::active(mutation::Break::skip_dlq_wait) && token_table(d.token) == mutation_ignored_table) return;
-  auto txn = token_txn(d.token);
-  if (d.ok) {
-    ledger_.ack(txn, d.bytes);
-    check_ledger();
-    if (d.dead_lettered) {
-      metrics_.dead_lettered(d.dead_letter_reason).Increment();
-    } else {
-      relayed_counter(token_table(d.token), d.topic).Increment();
-      metrics_.bytes_relayed.Increment(static_cast<double>(d.bytes));
-    }
-    if (backpressured_ && has_room()) wake_.cancel();
-    return;
-  }
-  metrics_.delivery_errors(d.error_code).Increment();
-  ++failed_records_;  // stays in the ledger: nothing at or past it is confirmed
-  auto lsn = ledger_.commit_lsn_of(txn);
-  std::string id;
-  for (auto& h : d.headers)
-    if (h.name == "id" && h.value) id = std::string(*h.value);
-  std::string where = "record for topic " + std::string(d.topic) + " (table " +
-                      table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
-                      (lsn ? lsn->to_string() : std::string("?")) + ")";
-  if (d.transient) {
-    // Not the record's fault: it is sent again, never dead-lettered. Sending
-    // it alone would overtake nothing but could be overtaken; the slot gives
-    // every record from the first unacknowledged one again, in order.
-    replay("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code + ", transient)");
-    return;
-  }
-  if (d.dead_lettered) {
-    halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
-    return;
-  }
-  if (config_.errors_tolerance == ErrorTolerance::none) {
-    halt("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
-         "; errors.tolerance=none; nothing past this record is confirmed)");
-    return;
-  }
-  spdlog::error("{} could not deliver the {}: {} ({}); sending it to {}", context(), where, d.error_message,
-                d.error_code, config_.dlq_topic);
-  // The dead-letter copy keeps the original key and headers. A record the
-  // broker refused for its size goes without its value, or it would be
-  // refused again; the headers say where the row is.
-  const std::string value_size = std::to_string(d.value ? d.value->size() : 0);
-  std::vector<OutboxRecord::Header> headers = d.headers;
-  bool drop_value = d.error_code == "msg_size_too_large" || d.error_code == "record_list_too_large" ||
-                    d.error_code == "invalid_record";
-  if (config_.dlq_context_headers) {
-    headers.push_back({"__connect.errors.topic", d.topic});
-    headers.push_back({"__connect.errors.exception.class.name", std::string_view("walrelay.DeliveryError")});
-    headers.push_back({"__connect.errors.exception.message", d.error_message});
-    headers.push_back({"walrelay.error.reason", d.error_code});
-    if (drop_value) headers.push_back({"walrelay.value.dropped.bytes", value_size});
-  }
-  // This record's ledger entry stays counted until the copy is acknowledged.
-  --failed_records_;  // handed on: its dead-letter copy settles it
-  if (mutation::active(mutation::Break::skip_dlq_wait)) {
-    ledger_.ack(txn, d.bytes);
-    sink_.submit_dead_letter(d.error_code, config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value, headers,
-                             make_token(txn, mutation_ignored_table), d.bytes);
-    return;
-  }
-  auto status = sink_.submit_dead_letter(d.error_code, config_.dlq_topic, d.key, drop_value ? std::nullopt : d.value,
-                                         headers, d.token, d.bytes);
-  if (status == SubmitStatus::queue_full) {
-    ++failed_records_;  // the copy was not taken: the record stays unsettled
-    halt("could not queue the dead-letter copy of the " + where + ": producer queue full");
-  }
-}
-
-// The server's current WAL position and the slot's lag behind it: from the
-// slot poller when it has answered (the server's own view, which keeps moving
-// while walrelay holds back), else from the stream.
-Relay::Lag Relay::lag() const {
-  Lag out;
-  if (server_info_ && server_info_->current_wal_lsn && server_info_->confirmed_flush_lsn) {
-    out.wal_end = *server_info_->current_wal_lsn;
-    auto confirmed = *server_info_->confirmed_flush_lsn;
-    out.bytes = out.wal_end.value > confirmed.value ? out.wal_end.value - confirmed.value : 0;
-    if (server_info_->restart_lsn && out.wal_end.value > server_info_->restart_lsn->value)
-      out.retained_bytes = out.wal_end.value - server_info_->restart_lsn->value;
-  } else {
-    out.wal_end = std::max(stream_wal_end_, received_lsn_);
-    out.bytes = out.wal_end.value > sent_flushed_lsn_.value ? out.wal_end.value - sent_flushed_lsn_.value : 0;
-  }
-  auto oldest = ledger_.oldest_unacked_commit_time();
-  out.seconds = oldest ? std::max(0.0, (pgoutput::pg_epoch_micros_now() - *oldest) / 1e6) : 0.0;
-  return out;
-}
-
-void Relay::update_gauges() const {
-  auto l = lag();
-  metrics_.received_lsn.Set(static_cast<double>(received_lsn_.value));
-  metrics_.flushed_lsn.Set(static_cast<double>(sent_flushed_lsn_.value));
-  metrics_.server_wal_end.Set(static_cast<double>(l.wal_end.value));
-  metrics_.lag_bytes.Set(static_cast<double>(l.bytes));
-  metrics_.retained_wal_bytes.Set(static_cast<double>(l.retained_bytes));
-  metrics_.set_safe_wal_size(server_info_ && server_info_->safe_wal_size
-                                 ? std::optional<double>(static_cast<double>(*server_info_->safe_wal_size))
-                                 : std::nullopt);
-  metrics_.lag_seconds.Set(l.seconds);
-  metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
-  metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
-  metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() ? 1 : 0);
-}
-
-StatusSnapshot Relay::status() const {
-  update_gauges();
-  auto l = lag();
-  StatusSnapshot s;
-  s.slot_name = config_.slot_name;
-  s.state = state_;
-  s.state_reason = state_reason_;
-  s.received_lsn = received_lsn_;
-  s.confirmed_flush_lsn = sent_flushed_lsn_;
-  s.server_wal_end = l.wal_end;
-  s.lag_bytes = l.bytes;
-  s.retained_wal_bytes = l.retained_bytes;
-  s.lag_seconds = l.seconds;
-  s.inflight_records = ledger_.inflight_records();
-  s.inflight_bytes = ledger_.inflight_bytes();
-  s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
-  s.producer_error = sink_.fatal_error().value_or(sink_.health_reason());
-  s.server = server_info_;
-  return s;
-}
-
-asio::awaitable<void> Relay::slot_status_loop() {
-  // The server's own view of the slot on an ordinary connection: catalog
-  // reads only, never the outbox.
-  PgConnection conn(io_);
-  const auto interval = std::chrono::milliseconds(config_.slot_status_interval_ms);
-  // g++ 12 cannot keep an initializer_list's array in a coroutine frame.
-  std::vector<std::string> params;
-  params.push_back(config_.slot_name);
-  while (!stop_requested_ && !halt_reason_) {
-    try {
-      if (!conn.connected())
-        co_await conn.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
-      // On a standby (decoding there needs 16+) the WAL received is the end
-      // the slot can reach, so its lag includes the standby's replay lag.
-      auto rows = co_await conn.query(
-          "SELECT wal_status, safe_wal_size, active_pid, confirmed_flush_lsn, restart_lsn, "
-          "CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_receive_lsn() "
-          "ELSE pg_catalog.pg_current_wal_lsn() END AS current_wal_lsn "
-          "FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-          params, 10s);
-      if (rows.rows.empty()) {
-        server_info_.reset();
-        if (state_ == RelayState::streaming)
-          spdlog::warn("slot={} is not in pg_replication_slots", config_.slot_name);
-      } else {
-        ServerSlotInfo info;
-        info.wal_status = rows.at(0, "wal_status").value_or("");
-        if (auto& v = rows.at(0, "safe_wal_size")) info.safe_wal_size = std::stoll(*v);
-        if (auto& v = rows.at(0, "active_pid")) info.active_pid = std::stoi(*v);
-        if (auto& v = rows.at(0, "confirmed_flush_lsn")) info.confirmed_flush_lsn = Lsn::parse(*v);
-        if (auto& v = rows.at(0, "restart_lsn")) info.restart_lsn = Lsn::parse(*v);
-        if (auto& v = rows.at(0, "current_wal_lsn")) info.current_wal_lsn = Lsn::parse(*v);
-        info.observed_at_unix_ms = unix_ms_now();
-        if (info.wal_status == "lost" && !halt_reason_) {
-          metrics_.slot_invalidated.Set(1);
-          halt("slot.name: replication slot " + config_.slot_name +
-               " has been invalidated (wal_status lost: max_slot_wal_keep_size exceeded): the events it held are "
-               "gone. To accept the gap, run walrelay --reset-slot once");
-        }
-        server_info_ = std::move(info);
-      }
-    } catch (const PgError& e) {
-      spdlog::warn("slot={} could not read pg_replication_slots: {}", config_.slot_name, e.what());
-      conn.close();
-    }
-    asio::steady_timer timer(io_, interval);
-    boost::system::error_code ec;
-    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
 }
 

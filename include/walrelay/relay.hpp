@@ -25,16 +25,23 @@
 #include "walrelay/outbox_mapper.hpp"
 #include "walrelay/pg_connection.hpp"
 #include "walrelay/sink.hpp"
+#include "walrelay/slot_monitor.hpp"
 #include "walrelay/status.hpp"
 
 namespace walrelay {
 
+// The files that implement it, one job each:
+//   relay.cpp           lifecycle, the reconnect policy, the replication session and its read loop
+//   relay_dispatch.cpp  what each replication message and each delivery report does
+//   relay_status.cpp    what the relay reports about itself (gauges, /slot, /readyz)
+// with catalog.cpp (server checks, publication, slot marker), slot_monitor.cpp
+// (the server's view of the slot) and dead_letter.cpp beside them.
 class Relay final : public StatusSource {
  public:
   Relay(boost::asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink);
   ~Relay() override;
 
-  // Starts the replication session and the slot-status poller on the io_context.
+  // Starts the replication session and the slot monitor on the io_context.
   void start();
   // SIGTERM/SIGINT: stop reading, wait for in-flight acks (bounded), send the
   // final status update, then stop the io_context.
@@ -47,40 +54,73 @@ class Relay final : public StatusSource {
  private:
   enum class Step { done, retry, stop };  // outcome of handling one CopyData message
 
+  // What the read loop does next. The three waits are the only places it
+  // blocks, and each says what it waits for.
+  enum class ReadState {
+    buffered,          // read what libpq has buffered
+    refill,            // the buffer was empty: read the socket once without blocking
+    buffered_refilled, // read the buffer again after that read
+    await_socket,      // nothing to read: until the socket is readable or the status tick
+    await_acks,        // max.inflight.records or .bytes reached: until deliveries make room
+    await_queue,       // the producer's queue refused a record: offer it again shortly
+  };
+  // A replication message the producer refused (queue full), kept to offer again.
+  struct HeldMessage {
+    char* data = nullptr;
+    int size = 0;
+    HeldMessage() = default;
+    HeldMessage(const HeldMessage&) = delete;
+    HeldMessage& operator=(const HeldMessage&) = delete;
+    ~HeldMessage() { reset(); }
+    explicit operator bool() const { return data != nullptr; }
+    std::span<const std::byte> bytes() const { return {reinterpret_cast<const std::byte*>(data), std::size_t(size)}; }
+    void reset();
+  };
+  // When the session last heard from the server and owes it a status update.
+  struct SessionClock {
+    std::chrono::steady_clock::time_point next_status;
+    bool pinged = false;  // a reply was asked for since the last message
+  };
+
+  // relay.cpp
   boost::asio::awaitable<void> run();
   boost::asio::awaitable<void> session();
   boost::asio::awaitable<void> prepare(PgConnection& conn);
   boost::asio::awaitable<void> stream(PgConnection& conn);
+  boost::asio::awaitable<void> keep_alive(PgConnection& conn, SessionClock& clock);
+  int read_buffered(PgConnection& conn, HeldMessage& held);
+  boost::asio::awaitable<void> await_socket(PgConnection& conn, const SessionClock& clock);
+  boost::asio::awaitable<void> hold_back(std::chrono::milliseconds at_most, const SessionClock& clock);
+  void note_backpressure(bool on);
   boost::asio::awaitable<void> send_status(PgConnection& conn, bool reply_requested);
   boost::asio::awaitable<void> drain(PgConnection* conn);
-  boost::asio::awaitable<void> slot_status_loop();
   boost::asio::awaitable<void> sleep(std::chrono::milliseconds duration);
+  void halt(std::string reason);
+  void replay(std::string reason);
+  void set_state(RelayState state, std::string reason = {});
+  bool has_room() const;
+  std::string context() const;
 
+  // relay_dispatch.cpp
   Step handle_copy_data(std::span<const std::byte> data);
   Step handle_message(const pgoutput::XLogData& xlog);
   Step relay_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
   Step skip_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
   Step dead_letter_row(const pgoutput::Insert& insert, const MapError& error, pgoutput::Lsn lsn);
   void on_delivery(const Delivery& delivery);
-  void halt(std::string reason);
-  // A delivery failed for a reason that is not the record's own: stop
-  // reading, let every record in flight settle, then stream again from the
-  // slot's confirmed position (at least once, in order).
-  void replay(std::string reason);
-  // Halts when the ledger reports a broken invariant.
+  void dead_letter_refused(const Delivery& delivery, const std::string& where);
   void check_ledger();
-  void set_state(RelayState state, std::string reason = {});
-  bool has_room() const;
+  prometheus::Counter& relayed_counter(std::uint16_t table, std::string_view topic);
+
+  // relay_status.cpp
   struct Lag {
     pgoutput::Lsn wal_end;            // the server's WAL position
     std::uint64_t bytes = 0;          // wal_end - the slot's confirmed_flush_lsn
-    std::uint64_t retained_bytes = 0; // wal_end - the slot's restart_lsn (0 until the poller answers)
+    std::uint64_t retained_bytes = 0; // wal_end - the slot's restart_lsn (0 until the monitor answers)
     double seconds = 0;               // age of the oldest unacknowledged commit
   };
   Lag lag() const;
   void update_gauges() const;
-  prometheus::Counter& relayed_counter(std::uint16_t table, std::string_view topic);
-  std::string context() const;  // "slot=... lsn=... xid=..." for log lines
 
   // A record's token: the ledger's transaction id and the table's index for
   // the per-table counter, so a delivery report needs no lookup structure.
@@ -89,6 +129,8 @@ class Relay final : public StatusSource {
   static std::uint16_t token_table(std::uint64_t token) { return static_cast<std::uint16_t>(token & 0xffff); }
   // Marks the reports a mutation build ignores (tests/mutation/run.sh).
   static constexpr std::uint16_t mutation_ignored_table = 0xffff;
+  // Records handled in one go before the loop lets other handlers run.
+  static constexpr int read_batch = 2048;
 
   boost::asio::io_context& io_;
   const Config& config_;
@@ -99,6 +141,7 @@ class Relay final : public StatusSource {
   LsnLedger ledger_;
   pgoutput::Decoder decoder_{1};
   PgConnection conn_;
+  SlotMonitor slot_monitor_;
 
   RelayState state_ = RelayState::starting;
   std::string state_reason_;
@@ -110,13 +153,11 @@ class Relay final : public StatusSource {
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
-  int proto_version_ = 1;
 
   // Transaction being read
   std::optional<LsnLedger::TxnId> txn_;
   std::uint32_t xid_ = 0;
   std::int64_t commit_time_ = 0;
-  pgoutput::Lsn txn_lsn_;
 
   // Positions
   pgoutput::Lsn received_lsn_;
@@ -125,14 +166,13 @@ class Relay final : public StatusSource {
   pgoutput::Lsn sent_flushed_lsn_;        // last flushed LSN reported to the server
   std::chrono::steady_clock::time_point last_received_;
   bool reply_requested_ = false;
-  bool backpressured_ = false;
-  boost::asio::steady_timer wake_;        // cancelled to wake the stream loop
-  // Wakes the stream loop's socket wait for the next status update; armed
-  // once per status interval (at most 1 s), not once per wait.
+  bool backpressured_ = false;            // reads paused (walrelay_backpressure)
+  boost::asio::steady_timer wake_;        // cancelled to wake a hold_back or a drain
+  // Wakes the socket wait for the next status update; armed once per status
+  // interval (at most 1 s), not once per wait.
   boost::asio::steady_timer tick_;
   bool tick_armed_ = false;
 
-  std::optional<ServerSlotInfo> server_info_;
   // Lets a counter map be searched by string_view without building a string.
   struct TopicHash {
     using is_transparent = void;
@@ -146,7 +186,6 @@ class Relay final : public StatusSource {
   std::unordered_map<std::uint32_t, prometheus::Counter*> skipped_;  // by relation OID: rows not of the outbox
   // Coroutine frames may not hold arrays with g++ 12; this one lives here.
   std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};
-  std::string scratch_;                   // a dead-letter record's value (the row as JSON)
 };
 
 }  // namespace walrelay

@@ -37,7 +37,9 @@ struct Delivery {
 enum class SubmitStatus {
   accepted,    // the sink owns the record now; a Delivery will follow
   queue_full,  // try again after some deliveries (backpressure, never a drop)
-  failed,      // rejected at once (e.g. too large); a Delivery with the error follows
+  // Refused at once (too large, an invalid topic): the Delivery with the
+  // error has already been handed to the handler, inside submit().
+  refused_reported,
 };
 
 class Sink {

@@ -34,6 +34,8 @@ TEST_CASE("fault: a second walrelay on the slot waits as standby and takes over 
   double takeover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(eventually([&] { return second.get("/readyz").status == 200; }, 10s));
   writer.join();
+  REQUIRE(writer.failures() == 0);
+  REQUIRE(writer.committed() == rows);
   auto recs = read_all(f, f.topic("Standby"), 120s);
   auto seen = ids_of(recs);
   auto missing = missing_ids(f.db(), f.table, seen);

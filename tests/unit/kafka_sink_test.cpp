@@ -224,7 +224,7 @@ TEST_CASE("kafka sink: a record over message.max.bytes is rejected at once and r
   KafkaSink sink(io, settings);
   std::vector<Delivery> reports;
   sink.on_delivery([&](const Delivery& d) { reports.push_back(d); });
-  CHECK(sink.submit(record(std::string(20000, 'x')), 3) == SubmitStatus::failed);
+  CHECK(sink.submit(record(std::string(20000, 'x')), 3) == SubmitStatus::refused_reported);
   REQUIRE(reports.size() == 1);  // synchronously
   CHECK(reports[0].error_code == "msg_size_too_large");
   CHECK_FALSE(reports[0].transient);

@@ -1,0 +1,268 @@
+// What each replication message and each delivery report does: outbox rows
+// become records for the sink, acknowledgements settle them in the ledger,
+// failures go to the configured policy (see relay.hpp for the other files).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "walrelay/dead_letter.hpp"
+#include "walrelay/mutation.hpp"
+#include "walrelay/relay.hpp"
+
+namespace walrelay {
+using pgoutput::Lsn;
+
+namespace {
+
+// Seconds from a commit timestamp (PostgreSQL epoch micros, the server's
+// clock) to now on ours; a sidecar shares the host's clock.
+double seconds_since(std::int64_t commit_time_us) {
+  return static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time_us) / 1e6;
+}
+
+}  // namespace
+
+// One CopyData message: a keepalive, or XLogData carrying a pgoutput message.
+Relay::Step Relay::handle_copy_data(std::span<const std::byte> data) {
+  auto decoded = pgoutput::decode_replication_message(data);
+  if (!decoded) {
+    metrics_.decode_errors.Increment();
+    halt(std::string("could not decode a replication message: ") + pgoutput::to_string(decoded.error().code) +
+         " at byte " + std::to_string(decoded.error().offset) + " (" + std::string(decoded.error().detail) + ")");
+    return Step::stop;
+  }
+  metrics_.messages_received.Increment();
+  if (auto* ka = std::get_if<pgoutput::PrimaryKeepalive>(&decoded.value())) {
+    stream_wal_end_ = std::max(stream_wal_end_, ka->wal_end);
+    ledger_.server_position(ka->wal_end);
+    if (ka->reply_requested) reply_requested_ = true;
+    return Step::done;
+  }
+  return handle_message(std::get<pgoutput::XLogData>(decoded.value()));
+}
+
+// One pgoutput message: transactions open and commit in the ledger, outbox
+// inserts become records, everything unasked-for halts.
+Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
+  stream_wal_end_ = std::max(stream_wal_end_, xlog.wal_end);
+  auto decoded = decoder_.decode(xlog.payload);
+  if (!decoded) {
+    metrics_.decode_errors.Increment();
+    halt("could not decode a pgoutput message at " + xlog.wal_start.to_string() + ": " +
+         pgoutput::to_string(decoded.error().code) + " at byte " + std::to_string(decoded.error().offset) + " (" +
+         std::string(decoded.error().detail) + ")");
+    return Step::stop;
+  }
+  Step step = Step::done;
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, pgoutput::Begin>) {
+          txn_ = ledger_.open(m.commit_time, m.final_lsn);
+          xid_ = m.xid;
+          commit_time_ = m.commit_time;
+        } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
+          if (txn_ && ledger_.had_records(*txn_)) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
+          if (txn_) ledger_.commit(*txn_, m.end_lsn);
+          txn_.reset();
+          last_commit_end_ = m.end_lsn;
+          metrics_.transactions.Increment();
+        } else if constexpr (std::is_same_v<T, pgoutput::Relation>) {
+          bool outbox = mapper_.on_relation(m);
+          spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
+        } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
+          step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
+        } else if constexpr (std::is_same_v<T, pgoutput::Update> || std::is_same_v<T, pgoutput::Delete> ||
+                             std::is_same_v<T, pgoutput::Truncate> || std::is_same_v<T, pgoutput::Type> ||
+                             std::is_same_v<T, pgoutput::Origin>) {
+          // Not outbox events: a publication that someone else widened.
+        } else {
+          // Streamed or prepared transactions and logical messages are never
+          // requested; receiving one means the stream is not what the ledger
+          // assumes (committed transactions only, each whole).
+          metrics_.decode_errors.Increment();
+          halt(std::string("unexpected ") + pgoutput::message_name(decoded.value()) + " message at " +
+               xlog.wal_start.to_string() + ": walrelay asked for committed transactions only");
+          step = Step::stop;
+        }
+      },
+      decoded.value());
+  if (step != Step::retry) received_lsn_ = std::max(received_lsn_, xlog.wal_start);
+  return step;
+}
+
+// An outbox row: mapped to a record and handed to the sink, or a mapping
+// error under errors.tolerance.
+Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
+  if (!txn_) {
+    halt("Insert outside a transaction at " + lsn.to_string());
+    return Step::stop;
+  }
+  if (auto error = mapper_.map(insert, commit_time_, record_)) {
+    metrics_.mapping_errors(error->reason).Increment();
+    return dead_letter_row(insert, *error, lsn);
+  }
+  std::size_t bytes = record_.size_bytes();
+  std::uint16_t table = record_.table_index;
+  // Counted before submit: a synchronous rejection reports its delivery at once.
+  ledger_.add_record(*txn_, bytes);
+  check_ledger();
+  switch (sink_.submit(record_, make_token(*txn_, table))) {
+    case SubmitStatus::accepted:
+    case SubmitStatus::refused_reported:  // on_delivery has run already, inside submit()
+      return halt_reason_ ? Step::stop : Step::done;
+    case SubmitStatus::queue_full:
+      ledger_.withdraw(*txn_, bytes);  // not taken: offered again later
+      return Step::retry;
+  }
+  return Step::done;
+}
+
+// A row of a table that is not an outbox table: counted, warned about once.
+Relay::Step Relay::skip_insert(const pgoutput::Insert& insert, Lsn lsn) {
+  auto table = mapper_.table_name(insert.relation_oid);
+  if (table.empty()) {
+    metrics_.decode_errors.Increment();
+    halt("Insert at " + lsn.to_string() + " for relation OID " + std::to_string(insert.relation_oid) +
+         " that no Relation message described: the stream is not what walrelay expects");
+    return Step::stop;
+  }
+  auto [it, first] = skipped_.try_emplace(insert.relation_oid, nullptr);
+  if (first) {
+    it->second = &metrics_.skipped_rows(table);
+    spdlog::warn("{} the publication sends inserts into {}, which is not in table.include.list: its rows are "
+                 "skipped and counted in walrelay_skipped_rows_total (a partition of a partitioned outbox? the "
+                 "publication then needs publish_via_partition_root = true)",
+                 context(), table);
+  }
+  it->second->Increment();
+  return Step::done;
+}
+
+// A row that cannot be mapped: a halt (errors.tolerance=none) or its
+// dead-letter copy, which settles it once acknowledged.
+Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapError& error, Lsn lsn) {
+  std::string where = "table " + std::string(mapper_.table_name(insert.relation_oid)) + " id " +
+                      mapper_.event_id_of(insert) + " at LSN " + lsn.to_string() + " (xid " + std::to_string(xid_) + ")";
+  if (config_.errors_tolerance == ErrorTolerance::none) {
+    halt("could not map the outbox row of " + where + ": " + error.message +
+         " (errors.tolerance=none; nothing past this row is confirmed)");
+    return Step::stop;
+  }
+  spdlog::error("{} could not map the outbox row of {}: {}; sending it to {}", context(), where, error.message,
+                config_.dlq_topic);
+  const DeadLetter dead = unmappable_row(mapper_, insert, error, lsn, config_.dlq_context_headers);
+  const std::size_t bytes = dead.size_bytes();
+  if (mutation::active(mutation::Break::skip_dlq_wait)) {
+    // The row counts as settled at once; its copy's report is ignored.
+    sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
+                             make_token(*txn_, mutation_ignored_table), bytes);
+    return Step::done;
+  }
+  ledger_.add_record(*txn_, bytes);
+  auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
+                                         make_token(*txn_, 0), bytes);
+  if (status == SubmitStatus::queue_full) {
+    ledger_.withdraw(*txn_, bytes);
+    return Step::retry;
+  }
+  return halt_reason_ ? Step::stop : Step::done;
+}
+
+// Halts when the ledger reports a broken invariant.
+void Relay::check_ledger() {
+  if (auto& v = ledger_.violation(); v && !halt_reason_)
+    halt("internal error: the LSN ledger's bookkeeping broke (" + *v +
+         "); walrelay stops rather than confirm a position it cannot vouch for");
+}
+
+// walrelay_events_relayed_total's series for a table and topic, made once.
+prometheus::Counter& Relay::relayed_counter(std::uint16_t table, std::string_view topic) {
+  auto& by_topic = relayed_counters_.at(table);
+  auto it = by_topic.find(topic);  // heterogeneous: no string built per ack
+  if (it != by_topic.end()) return *it->second;
+  // Topics come from row data: past a bound, new ones share one series whose
+  // label no Kafka topic can have, so the scrape stays small.
+  std::size_t series = 0;
+  for (auto& t : relayed_counters_) series += t.size();
+  if (series >= max_topic_series) {
+    auto other = by_topic.find(other_topics_label);
+    if (other != by_topic.end()) return *other->second;
+    spdlog::warn("{} events for more than {} topics: further topics are counted under topic=\"{}\"", context(),
+                 max_topic_series, other_topics_label);
+    topic = other_topics_label;
+  }
+  auto& c = metrics_.events_relayed(table_names_.at(table), topic);
+  by_topic.emplace(std::string(topic), &c);
+  return c;
+}
+
+// One delivery report: an acknowledgement settles the record in the ledger;
+// a failure that is not the record's own replays, one that is goes to
+// errors.tolerance (a halt, or the dead-letter topic).
+void Relay::on_delivery(const Delivery& d) {
+  if (mutation::active(mutation::Break::skip_dlq_wait) && token_table(d.token) == mutation_ignored_table) return;
+  auto txn = token_txn(d.token);
+  if (d.ok) {
+    ledger_.ack(txn, d.bytes);
+    check_ledger();
+    if (d.dead_lettered) {
+      metrics_.dead_lettered(d.dead_letter_reason).Increment();
+    } else {
+      relayed_counter(token_table(d.token), d.topic).Increment();
+      metrics_.bytes_relayed.Increment(static_cast<double>(d.bytes));
+    }
+    if (backpressured_ && has_room()) wake_.cancel();
+    return;
+  }
+  metrics_.delivery_errors(d.error_code).Increment();
+  ++failed_records_;  // stays in the ledger: nothing at or past it is confirmed
+  auto lsn = ledger_.commit_lsn_of(txn);
+  std::string id;
+  for (auto& h : d.headers)
+    if (h.name == "id" && h.value) id = std::string(*h.value);
+  std::string where = "record for topic " + std::string(d.topic) + " (table " +
+                      table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
+                      (lsn ? lsn->to_string() : std::string("?")) + ")";
+  if (d.transient) {
+    // Not the record's fault: it is sent again, never dead-lettered. Sending
+    // it alone would overtake nothing but could be overtaken; the slot gives
+    // every record from the first unacknowledged one again, in order.
+    replay("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code + ", transient)");
+    return;
+  }
+  if (d.dead_lettered) {
+    halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
+    return;
+  }
+  if (config_.errors_tolerance == ErrorTolerance::none) {
+    halt("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
+         "; errors.tolerance=none; nothing past this record is confirmed)");
+    return;
+  }
+  dead_letter_refused(d, where);
+}
+
+// A record the broker refused for its own reason, under errors.tolerance=all:
+// its dead-letter copy takes over its ledger entry.
+void Relay::dead_letter_refused(const Delivery& d, const std::string& where) {
+  spdlog::error("{} could not deliver the {}: {} ({}); sending it to {}", context(), where, d.error_message,
+                d.error_code, config_.dlq_topic);
+  const DeadLetter dead = refused_record(d, config_.dlq_context_headers);
+  auto txn = token_txn(d.token);
+  --failed_records_;  // handed on: its dead-letter copy settles it
+  if (mutation::active(mutation::Break::skip_dlq_wait)) {
+    ledger_.ack(txn, d.bytes);
+    sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
+                             make_token(txn, mutation_ignored_table), d.bytes);
+    return;
+  }
+  auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
+                                         d.token, d.bytes);
+  if (status == SubmitStatus::queue_full) {
+    ++failed_records_;  // the copy was not taken: the record stays unsettled
+    halt("could not queue the dead-letter copy of the " + where + ": producer queue full");
+  }
+}
+
+}  // namespace walrelay
