@@ -218,3 +218,64 @@ TEST_CASE("mapper: tables outside table.include.list are not outbox tables", "[m
   auto other_schema = relation(14, "app", "outbox", outbox_cols);
   CHECK_FALSE(m.on_relation(decode_as<pgoutput::Relation>(other_schema)));
 }
+
+TEST_CASE("mapper: binary mode integers, bool, oid and timestamps", "[mapper]") {
+  Config cfg = parse_config(
+      "kafka.bootstrap.servers=x:1\ntable.field.event.timestamp=created_at\n"
+      "table.fields.additional.placement=flag:header,o:header,small:header\n",
+      "t", {});
+  OutboxMapper m(cfg);
+  std::vector<Col> cols = {{"id", pgtype::int4},       {"aggregatetype", pgtype::text}, {"aggregateid", pgtype::int8},
+                           {"type", pgtype::text},      {"payload", pgtype::jsonb},      {"created_at", pgtype::timestamptz},
+                           {"flag", pgtype::bool_},     {"o", pgtype::oid},              {"small", pgtype::int2}};
+  m.on_relation(decode_as<pgoutput::Relation>(relation(15, "public", "outbox", cols)));
+  auto row = [](std::string id, std::string created_at) -> std::vector<Val> {
+    return {id, "Order", std::string("\xff\xff\xff\xff\xff\xff\xff\xfe", 8), "t", std::string("\x01{}", 3), created_at,
+            std::string("\x02", 1), std::string("\xff\xff\xff\xff", 4), std::string("\x80\x00", 2)};
+  };
+  // 2024-01-02 03:04:05.123456+00 as sent: microseconds since 2000-01-01.
+  const std::string created_at("\x00\x02\xb0\xec\x85\x17\xd5\x80", 8);
+  OutboxRecord rec;
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(insert(15, row(std::string("\xff\xff\xff\xfd", 4), created_at), 'b')),
+                      0, rec));
+  CHECK(rec.event_id == "-3");
+  CHECK(rec.key == std::optional<std::string_view>("-2"));
+  CHECK(rec.timestamp_ms == 1704164645123LL);
+  REQUIRE(rec.headers.size() == 4);
+  CHECK(rec.headers[1].value == std::optional<std::string_view>("t"));
+  CHECK(rec.headers[2].value == std::optional<std::string_view>("4294967295"));
+  CHECK(rec.headers[3].value == std::optional<std::string_view>("-32768"));
+
+  // A value of the wrong length for its type is refused, not read past.
+  auto e = m.map(decode_as<pgoutput::Insert>(insert(15, row(std::string("\x00\x01", 2), created_at), 'b')), 0, rec);
+  REQUIRE(e);
+  CHECK(e->reason == "unsupported_type");
+  e = m.map(decode_as<pgoutput::Insert>(insert(15, row(std::string("\x00\x00\x00\x01", 4), "short"), 'b')), 0, rec);
+  REQUIRE(e);
+  CHECK(e->reason == "bad_timestamp");
+}
+
+TEST_CASE("mapper: text timestamps, with and without zone, and impossible dates", "[mapper]") {
+  Config cfg = parse_config("kafka.bootstrap.servers=x:1\ntable.field.event.timestamp=created_at\n", "t", {});
+  OutboxMapper m(cfg);
+  m.on_relation(decode_as<pgoutput::Relation>(relation(16, "public", "outbox", outbox_cols)));
+  auto map_at = [&](const std::string& created_at, OutboxRecord& rec) {
+    return m.map(decode_as<pgoutput::Insert>(insert(16, {"1", "A", "k", "t", "{}", created_at})), 0, rec);
+  };
+  OutboxRecord rec;
+  REQUIRE_FALSE(map_at("2024-02-29 23:59:59.9995+00", rec));
+  CHECK(rec.timestamp_ms == 1709251199999LL);
+  REQUIRE_FALSE(map_at("2024-03-01T05:30:00-05:30:15", rec));
+  CHECK(rec.timestamp_ms == 1709290815000LL);
+  REQUIRE_FALSE(map_at("1969-12-31 23:59:59.9995", rec));
+  CHECK(rec.timestamp_ms == -1);
+  REQUIRE_FALSE(map_at("2000-01-01 00:00:00+00", rec));
+  CHECK(rec.timestamp_ms == 946684800000LL);
+  for (const char* bad : {"2023-02-29 00:00:00+00", "2024-13-01 00:00:00+00", "2024-04-31 00:00:00+00",
+                          "2024-01-01 00:00:00 BC", "2024-01-01", "infinity"}) {
+    INFO(bad);
+    auto e = map_at(bad, rec);
+    REQUIRE(e);
+    CHECK(e->reason == "bad_timestamp");
+  }
+}
