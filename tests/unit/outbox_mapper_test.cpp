@@ -171,6 +171,8 @@ TEST_CASE("mapper: a route value that makes an illegal Kafka topic is the row's 
   }
   CHECK(illegal_topic_reason(".."));
   CHECK(illegal_topic_reason(""));
+  CHECK(illegal_topic_reason("a\x7f") == std::optional<std::string>("it contains the byte 0x7f"));
+  CHECK(illegal_topic_reason("a\nb") == std::optional<std::string>("it contains the byte 0x0a"));
   CHECK_FALSE(illegal_topic_reason(std::string(249, 'a')));
   CHECK(illegal_topic_reason(std::string(250, 'a')));
 }
