@@ -3,12 +3,14 @@
 #include <array>
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <iterator>
 #include <string>
 
 #include <boost/algorithm/hex.hpp>
+#include <nlohmann/json.hpp>
 #include <pgoutput/binary.hpp>
+
+#include "walrelay/json.hpp"
 
 namespace walrelay {
 namespace {
@@ -101,28 +103,6 @@ bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
   const auto utc = sys_days{date} + hours{h} + minutes{mi} + seconds{sec} + microseconds{micros} - seconds{offset_s};
   unix_ms = floor<milliseconds>(utc).time_since_epoch().count();
   return true;
-}
-
-void json_escape_into(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
 }
 
 }  // namespace
@@ -392,25 +372,25 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
 }
 
 std::string OutboxMapper::row_json(const pgoutput::Insert& insert) const {
-  std::string out = "{";
   auto it = relations_.find(insert.relation_oid);
+  const std::vector<std::string>* names = it == relations_.end() ? nullptr : &it->second.column_names;
+  Json row = Json::object();
   std::size_t i = 0;
   for (const pgoutput::Column& c : insert.new_tuple) {
-    if (i) out += ',';
-    std::string name = (it != relations_.end() && i < it->second.column_names.size()) ? it->second.column_names[i]
-                                                                                       : "column" + std::to_string(i);
-    json_escape_into(out, name);
-    out += ':';
+    std::string name = names != nullptr && i < names->size() ? (*names)[i] : "column" + std::to_string(i);
+    // A row longer than its Relation names its extra columns "columnN"; a
+    // real column may have that name, and neither value may be lost.
+    while (row.contains(name)) name.insert(0, 1, '_');
     if (c.is_null()) {
-      out += "null";
+      row[name] = nullptr;
     } else if (c.kind == pgoutput::ColumnKind::binary) {
-      json_escape_into(out, bytea_hex(c.data));
+      row[name] = bytea_hex(c.data);
     } else {
-      json_escape_into(out, c.text());
+      row[name] = c.text();
     }
     ++i;
   }
-  return out + "}";
+  return to_json_text(row);
 }
 
 std::string OutboxMapper::event_id_of(const pgoutput::Insert& insert) const {

@@ -69,8 +69,9 @@ class OutboxMapper {
   // (PostgreSQL epoch micros). On success `out` is filled; else the error.
   std::optional<MapError> map(const pgoutput::Insert& insert, std::int64_t commit_time_us, OutboxRecord& out);
 
-  // The row as a JSON object of column name to text form (or null), for a
-  // dead-letter record when the row cannot be mapped.
+  // The row as a JSON object of column name to text form (or null; binary
+  // values as "\\x" hex), for a dead-letter record when the row cannot be
+  // mapped. Always valid JSON: invalid UTF-8 becomes U+FFFD.
   std::string row_json(const pgoutput::Insert& insert) const;
   // The event id column's text form if it can be read (for error messages).
   std::string event_id_of(const pgoutput::Insert& insert) const;

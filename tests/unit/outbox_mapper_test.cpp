@@ -281,3 +281,31 @@ TEST_CASE("mapper: text timestamps, with and without zone, and impossible dates"
     CHECK(e->reason == "bad_timestamp");
   }
 }
+
+TEST_CASE("mapper: row_json keeps its shape and always makes valid JSON", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  std::vector<Col> cols = {{"id", pgtype::text}, {"say \"hi\"", pgtype::text}, {"n", pgtype::text}};
+  m.on_relation(decode_as<pgoutput::Relation>(relation(17, "public", "outbox", cols)));
+  // Escapes as JSON needs, '/' and valid UTF-8 (é, an emoji) as they are.
+  auto row = insert(17, {"a/b", "q\"b\\s\n\r\t\x01\x1f caf\xC3\xA9 \xF0\x9F\x98\x80", std::nullopt});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(row)) ==
+        "{\"id\":\"a/b\",\"say \\\"hi\\\"\":\"q\\\"b\\\\s\\n\\r\\t\\u0001\\u001f caf\xC3\xA9 \xF0\x9F\x98\x80\","
+        "\"n\":null}");
+  // Invalid UTF-8 (a lone byte, a truncated sequence) becomes U+FFFD.
+  auto bad = insert(17, {"bad \xFF byte", "cut \xE2\x82", "ok"});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(bad)) ==
+        "{\"id\":\"bad \xEF\xBF\xBD byte\",\"say \\\"hi\\\"\":\"cut \xEF\xBF\xBD\",\"n\":\"ok\"}");
+  // Binary columns as bytea's hex text form.
+  auto bin = insert(17, {std::string("\x00\xff", 2), "", std::nullopt}, 'b');
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(bin)) == R"({"id":"\\x00ff","say \"hi\"":"\\x","n":null})");
+  // A relation never described: columns by position.
+  auto unknown = insert(99, {"1", std::nullopt});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(unknown)) == R"({"column0":"1","column1":null})");
+  // More columns than the Relation named: the extra one's made-up name does
+  // not overwrite a real column of that name.
+  std::vector<Col> named = {{"column1", pgtype::text}};
+  m.on_relation(decode_as<pgoutput::Relation>(relation(18, "public", "outbox", named)));
+  auto longer = insert(18, {"a", "b"});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(longer)) == R"({"column1":"a","_column1":"b"})");
+}
