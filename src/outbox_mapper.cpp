@@ -57,17 +57,19 @@ void format_decimal(Int value, std::string& out) {
   out.assign(text.data(), end);
 }
 
+// Reads the number in s[pos, pos + len), which it must fill.
+bool read_number(std::string_view s, std::size_t pos, std::size_t len, int& out) {
+  if (pos + len > s.size()) return false;
+  auto r = std::from_chars(s.data() + pos, s.data() + pos + len, out);
+  return r.ec == std::errc{} && r.ptr == s.data() + pos + len;
+}
+
 // PostgreSQL's ISO text form: "2026-11-30 04:51:07.123456+00" (or +05:30, or no zone).
 bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
-  auto num = [&](std::size_t pos, std::size_t len, int& out) {
-    if (pos + len > s.size()) return false;
-    auto r = std::from_chars(s.data() + pos, s.data() + pos + len, out);
-    return r.ec == std::errc{} && r.ptr == s.data() + pos + len;
-  };
   int y, mo, d, h, mi, sec;
-  if (s.size() < 19 || !num(0, 4, y) || s[4] != '-' || !num(5, 2, mo) || s[7] != '-' || !num(8, 2, d) ||
-      (s[10] != ' ' && s[10] != 'T') || !num(11, 2, h) || s[13] != ':' || !num(14, 2, mi) || s[16] != ':' ||
-      !num(17, 2, sec))
+  if (s.size() < 19 || !read_number(s, 0, 4, y) || s[4] != '-' || !read_number(s, 5, 2, mo) || s[7] != '-' ||
+      !read_number(s, 8, 2, d) || (s[10] != ' ' && s[10] != 'T') || !read_number(s, 11, 2, h) || s[13] != ':' ||
+      !read_number(s, 14, 2, mi) || s[16] != ':' || !read_number(s, 17, 2, sec))
     return false;
   std::size_t pos = 19;
   std::int64_t micros = 0;
@@ -83,13 +85,13 @@ bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
   int offset_s = 0;
   if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) {
     int sign = s[pos] == '-' ? -1 : 1, oh = 0, om = 0, os = 0;
-    if (!num(pos + 1, 2, oh)) return false;
+    if (!read_number(s, pos + 1, 2, oh)) return false;
     pos += 3;
     if (pos < s.size() && s[pos] == ':') {
-      if (!num(pos + 1, 2, om)) return false;
+      if (!read_number(s, pos + 1, 2, om)) return false;
       pos += 3;
       if (pos < s.size() && s[pos] == ':') {
-        if (!num(pos + 1, 2, os)) return false;
+        if (!read_number(s, pos + 1, 2, os)) return false;
         pos += 3;
       }
     }
@@ -160,13 +162,14 @@ std::string_view OutboxMapper::table_name(std::uint32_t relation_oid) const {
 
 std::optional<MapError> OutboxMapper::text_of(const RelationInfo& rel, const ColumnRef& ref,
                                               const pgoutput::Column& column, std::string& buf,
-                                              std::string_view& out, const std::string& role) const {
+                                              std::string_view& out, std::string_view role) const {
   const std::string& name = rel.column_names[static_cast<std::size_t>(ref.index)];
   switch (column.kind) {
     case pgoutput::ColumnKind::null:
-      return MapError{"null_value", role + " column \"" + name + "\" is NULL"};
+      return MapError{"null_value", std::string(role) + " column \"" + name + "\" is NULL"};
     case pgoutput::ColumnKind::unchanged_toast:
-      return MapError{"unchanged_toast", role + " column \"" + name + "\" was sent as an unchanged TOAST value"};
+      return MapError{"unchanged_toast",
+                      std::string(role) + " column \"" + name + "\" was sent as an unchanged TOAST value"};
     case pgoutput::ColumnKind::text:
       out = column.text();
       return std::nullopt;
@@ -176,7 +179,8 @@ std::optional<MapError> OutboxMapper::text_of(const RelationInfo& rel, const Col
   // Binary send format: produce PostgreSQL's text form for the common key types.
   const auto& d = column.data;
   auto bad = [&]() {
-    return MapError{"unsupported_type", role + " column \"" + name + "\" has type OID " + std::to_string(ref.type_oid) +
+    return MapError{"unsupported_type", std::string(role) + " column \"" + name + "\" has type OID " +
+                                            std::to_string(ref.type_oid) +
                                             " that walrelay cannot read in binary mode (set pgoutput.binary=false)"};
   };
   namespace binary = pgoutput::binary;

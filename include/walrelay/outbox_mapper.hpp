@@ -99,7 +99,7 @@ class OutboxMapper {
   };
   // The text form of a column value: zero-copy for text, converted into buf for binary.
   std::optional<MapError> text_of(const RelationInfo& rel, const ColumnRef& ref, const pgoutput::Column& column,
-                                  std::string& buf, std::string_view& out, const std::string& role) const;
+                                  std::string& buf, std::string_view& out, std::string_view role) const;
   std::optional<MapError> timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
                                        std::int64_t& out_ms) const;
 

@@ -227,9 +227,11 @@ TEST_CASE("mapper: binary mode integers, bool, oid and timestamps", "[mapper]") 
       "table.fields.additional.placement=flag:header,o:header,small:header\n",
       "t", {});
   OutboxMapper m(cfg);
-  std::vector<Col> cols = {{"id", pgtype::int4},       {"aggregatetype", pgtype::text}, {"aggregateid", pgtype::int8},
-                           {"type", pgtype::text},      {"payload", pgtype::jsonb},      {"created_at", pgtype::timestamptz},
-                           {"flag", pgtype::bool_},     {"o", pgtype::oid},              {"small", pgtype::int2}};
+  std::vector<Col> cols = {{"id", pgtype::int4},         {"aggregatetype", pgtype::text},
+                           {"aggregateid", pgtype::int8}, {"type", pgtype::text},
+                           {"payload", pgtype::jsonb},    {"created_at", pgtype::timestamptz},
+                           {"flag", pgtype::bool_},       {"o", pgtype::oid},
+                           {"small", pgtype::int2}};
   m.on_relation(decode_as<pgoutput::Relation>(relation(15, "public", "outbox", cols)));
   auto row = [](std::string id, std::string created_at) -> std::vector<Val> {
     return {id, "Order", std::string("\xff\xff\xff\xff\xff\xff\xff\xfe", 8), "t", std::string("\x01{}", 3), created_at,
