@@ -30,11 +30,10 @@ class JsonFormatter final : public spdlog::formatter {
     std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
                   tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
     const auto level = spdlog::level::to_string_view(msg.level);
-    const Json line{
-        {"ts", std::string_view(ts)},
-        {"level", std::string_view(level.data(), level.size())},
-        {"msg", std::string_view(msg.payload.data(), msg.payload.size())},
-    };
+    Json line = Json::object();  // member by member: initializer lists copy each value again
+    line["ts"] = std::string_view(ts);
+    line["level"] = std::string_view(level.data(), level.size());
+    line["msg"] = std::string_view(msg.payload.data(), msg.payload.size());
     const std::string text = to_json_text(line);
     dest.append(text.data(), text.data() + text.size());
     dest.push_back('\n');
