@@ -118,6 +118,18 @@ TEST_CASE("mapper: bytea payloads are relayed as raw bytes", "[mapper]") {
   REQUIRE(rec.value);
   CHECK(rec.value->size() == 3);
   CHECK(std::memcmp(rec.value->data(), "\x00\xff" "A", 3) == 0);
+
+  // Upper-case digits are hex too; anything else, a sign or a space, is not.
+  auto upper = insert(8, {"1", "A", "k", "t", "\\xFFaB", "2026-01-01 00:00:00+00"});
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(upper), 0, rec));
+  CHECK(rec.value == std::optional<std::string_view>("\xff\xab"));
+  for (const char* bad : {"\\x0g", "\\x+1", "\\x-1", "\\x 1", "\\x1", "x00", "\\X00"}) {
+    INFO(bad);
+    auto row = insert(8, {"1", "A", "k", "t", bad, "2026-01-01 00:00:00+00"});
+    auto e = m.map(decode_as<pgoutput::Insert>(row), 0, rec);
+    REQUIRE(e);
+    CHECK(e->reason == "bad_value");
+  }
 }
 
 TEST_CASE("mapper: rows that cannot be mapped say why", "[mapper]") {
