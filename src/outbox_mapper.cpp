@@ -114,8 +114,9 @@ bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
   const year_month_day date{year{y}, month{static_cast<unsigned>(mo)}, day{static_cast<unsigned>(d)}};
   // sys_days of an impossible date (a 13th month, February 30th) is unspecified.
   if (!date.ok()) return false;
-  const auto utc = sys_days{date} + hours{h} + minutes{mi} + seconds{sec} + microseconds{micros} - seconds{offset_s};
-  unix_ms = floor<milliseconds>(utc).time_since_epoch().count();
+  const sys_seconds utc = sys_days{date} + hours{h} + minutes{mi} + seconds{sec} - seconds{offset_s};
+  // micros is never negative, so truncating it floors the whole instant.
+  unix_ms = (utc.time_since_epoch() + duration_cast<milliseconds>(microseconds{micros})).count();
   return true;
 }
 
