@@ -15,6 +15,7 @@
 namespace walrelay {
 namespace {
 
+// PostgreSQL's epoch, 2000-01-01 00:00:00 UTC, in Unix milliseconds.
 constexpr std::int64_t pg_epoch_unix_ms = pgoutput::binary::pg_epoch_unix_micros / 1000;
 
 // The value of a hex digit, either case, or -1 if c is not one.
