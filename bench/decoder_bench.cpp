@@ -1,6 +1,8 @@
 // Benchmarks for the pgoutput decoder: a realistic outbox Insert, the same
-// inside an XLogData envelope, and whole captured streams. Heap allocations
-// are counted with a replaced global operator new and reported per message.
+// inside an XLogData envelope, and whole captured streams; and for the
+// mapper that turns a decoded outbox Insert into a Kafka record, in text and
+// binary mode. Heap allocations are counted with a replaced global operator
+// new and reported per message.
 //
 //   decoder_bench [--benchmark_filter=...]
 // Golden vectors are read from PGOUTPUT_GOLDEN_DIR (compile definition), or
@@ -8,6 +10,9 @@
 #include <pgoutput/pgoutput.hpp>
 
 #include <benchmark/benchmark.h>
+
+#include "walrelay/config.hpp"
+#include "walrelay/outbox_mapper.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -52,20 +57,30 @@ void put_u32(ByteVec& b, std::uint32_t v) {
   put_u16(b, static_cast<std::uint16_t>(v >> 16));
   put_u16(b, static_cast<std::uint16_t>(v));
 }
-void put_text(ByteVec& b, const std::string& s) {
-  put_u8(b, 't');
+void put_text(ByteVec& b, const std::string& s, char kind = 't') {
+  put_u8(b, static_cast<std::uint8_t>(kind));
   put_u32(b, static_cast<std::uint32_t>(s.size()));
   for (char c : s) put_u8(b, static_cast<std::uint8_t>(c));
 }
+void put_cstr(ByteVec& b, const std::string& s) {
+  for (char c : s) put_u8(b, static_cast<std::uint8_t>(c));
+  put_u8(b, 0);
+}
 
-// An Insert into an outbox table: uuid id, aggregatetype, aggregateid, type,
-// a 200-byte JSON payload and a timestamp, all in text format.
-ByteVec outbox_insert() {
+// The 200-byte JSON payload of the outbox rows below.
+std::string outbox_payload() {
   std::string payload =
       R"({"orderId":"order-1001","customerId":"cust-42","lines":[{"sku":"sku-1","qty":2,"price":"19.99"},)"
       R"({"sku":"sku-2","qty":1,"price":"5.00"}],"currency":"EUR","total":"44.98","note":")";
   payload.append(200 - payload.size() - 2, 'x');
   payload += "\"}";
+  return payload;
+}
+
+// An Insert into an outbox table: uuid id, aggregatetype, aggregateid, type,
+// a 200-byte JSON payload and a timestamp, all in text format.
+ByteVec outbox_insert() {
+  const std::string payload = outbox_payload();
   ByteVec b;
   put_u8(b, 'I');
   put_u32(b, 16439);
@@ -129,6 +144,106 @@ void BM_DecodeEnvelopeOutboxInsert(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_DecodeEnvelopeOutboxInsert);
+
+// The Relation message of the outbox table of outbox_insert(): Debezium's
+// default columns plus a timestamptz created_at; payload of the given type.
+ByteVec outbox_relation(std::uint32_t payload_type) {
+  const std::pair<const char*, std::uint32_t> columns[] = {
+      {"id", walrelay::pgtype::uuid},          {"aggregatetype", walrelay::pgtype::varchar},
+      {"aggregateid", walrelay::pgtype::text}, {"type", walrelay::pgtype::text},
+      {"payload", payload_type},               {"created_at", walrelay::pgtype::timestamptz}};
+  ByteVec b;
+  put_u8(b, 'R');
+  put_u32(b, 16439);
+  put_cstr(b, "public");
+  put_cstr(b, "outbox");
+  put_u8(b, 'd');
+  put_u16(b, 6);
+  for (const auto& [name, type] : columns) {
+    put_u8(b, 0);
+    put_cstr(b, name);
+    put_u32(b, type);
+    put_u32(b, 0xFFFFFFFF);
+  }
+  return b;
+}
+
+// outbox_insert() as pgoutput sends it with binary = true: each column in
+// its type's send format.
+ByteVec outbox_insert_binary() {
+  const std::string uuid("\x5f\x0c\x6f\x9e\x2c\x5b\x4b\x8e\x9a\x55\x0c\x7c\x2f\x1f\x4a\x11", 16);
+  // 2024-01-02 03:04:05.123456+00 in microseconds since 2000-01-01.
+  const std::uint64_t micros = 757479845123456ULL;
+  std::string timestamp;
+  for (int shift = 56; shift >= 0; shift -= 8) timestamp.push_back(static_cast<char>(micros >> shift));
+  ByteVec b;
+  put_u8(b, 'I');
+  put_u32(b, 16439);
+  put_u8(b, 'N');
+  put_u16(b, 6);
+  put_text(b, uuid, 'b');
+  put_text(b, "order", 'b');
+  put_text(b, "order-1001", 'b');
+  put_text(b, "OrderCreated", 'b');
+  put_text(b, "\x01" + outbox_payload(), 'b');
+  put_text(b, timestamp, 'b');
+  return b;
+}
+
+// outbox_insert() with the payload as bytea in its hex text form.
+ByteVec outbox_insert_bytea() {
+  std::string hex = "\\x";
+  for (unsigned char c : outbox_payload()) {
+    hex.push_back("0123456789abcdef"[c >> 4]);
+    hex.push_back("0123456789abcdef"[c & 15]);
+  }
+  ByteVec b;
+  put_u8(b, 'I');
+  put_u32(b, 16439);
+  put_u8(b, 'N');
+  put_u16(b, 6);
+  put_text(b, "5f0c6f9e-2c5b-4b8e-9a55-0c7c2f1f4a11");
+  put_text(b, "order");
+  put_text(b, "order-1001");
+  put_text(b, "OrderCreated");
+  put_text(b, hex);
+  put_text(b, "2024-01-02 03:04:05.123456+00");
+  return b;
+}
+
+// Maps one decoded outbox Insert per iteration: Debezium's default routing
+// and key, the timestamp taken from created_at.
+void BM_MapOutboxInsert(benchmark::State& state, std::uint32_t payload_type, const ByteVec& insert) {
+  const walrelay::Config config =
+      walrelay::parse_config("kafka.bootstrap.servers=x:1\ntable.field.event.timestamp=created_at\n", "bench", {});
+  walrelay::OutboxMapper mapper(config);
+  const ByteVec relation = outbox_relation(payload_type);
+  const pgoutput::DecodeContext ctx{1, false, {}};
+  auto rel = pgoutput::decode(relation, ctx);
+  auto ins = pgoutput::decode(insert, ctx);
+  if (!rel || !ins) {
+    state.SkipWithError("outbox messages do not decode");
+    return;
+  }
+  mapper.on_relation(std::get<pgoutput::Relation>(*rel));
+  const auto& row = std::get<pgoutput::Insert>(*ins);
+  walrelay::OutboxRecord record;
+  if (auto e = mapper.map(row, 0, record)) {
+    state.SkipWithError(("outbox row does not map: " + e->message).c_str());
+    return;
+  }
+  const long before = g_allocations.load();
+  for (auto _ : state) {
+    auto e = mapper.map(row, 0, record);
+    benchmark::DoNotOptimize(e);
+    benchmark::DoNotOptimize(record.timestamp_ms);
+  }
+  report_allocations(state, before);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK_CAPTURE(BM_MapOutboxInsert, text, walrelay::pgtype::jsonb, outbox_insert());
+BENCHMARK_CAPTURE(BM_MapOutboxInsert, binary, walrelay::pgtype::jsonb, outbox_insert_binary());
+BENCHMARK_CAPTURE(BM_MapOutboxInsert, text_bytea, walrelay::pgtype::bytea, outbox_insert_bytea());
 
 // Loads tests/golden/<name>.hex (one hex message per line).
 std::vector<ByteVec> load_golden(const std::string& name) {

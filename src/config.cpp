@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include <boost/algorithm/hex.hpp>
+
 namespace walrelay {
 namespace {
 
@@ -286,10 +288,8 @@ void validate(Config& c) {
   apply_kafka_policy(c);
 }
 
-std::string fmt_hex(unsigned char c) {
-  static const char* digits = "0123456789abcdef";
-  return {digits[c >> 4], digits[c & 15]};
-}
+// A byte as two lowercase hex digits, for a message that names it.
+std::string fmt_hex(unsigned char c) { return boost::algorithm::hex_lower(std::string(1, static_cast<char>(c))); }
 
 std::string quote_conninfo(const std::string& v) {
   std::string out = "'";

@@ -5,32 +5,17 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "walrelay/json.hpp"
 
 namespace walrelay {
 namespace {
-
-void append_json_string(spdlog::memory_buf_t& out, std::string_view s) {
-  out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out.append(std::string_view("\\\"")); break;
-      case '\\': out.append(std::string_view("\\\\")); break;
-      case '\n': out.append(std::string_view("\\n")); break;
-      case '\r': out.append(std::string_view("\\r")); break;
-      case '\t': out.append(std::string_view("\\t")); break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out.append(std::string_view(buf));
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out.push_back('"');
-}
 
 // One JSON object a line: {"ts":..., "level":..., "msg":...}. Messages keep
 // their "slot=... lsn=... xid=..." prefix, which log pipelines can split.
@@ -44,14 +29,14 @@ class JsonFormatter final : public spdlog::formatter {
     char ts[80];
     std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
                   tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
-    dest.append(std::string_view("{\"ts\":\""));
-    dest.append(std::string_view(ts));
-    dest.append(std::string_view("\",\"level\":"));
-    auto level = spdlog::level::to_string_view(msg.level);
-    append_json_string(dest, std::string_view(level.data(), level.size()));
-    dest.append(std::string_view(",\"msg\":"));
-    append_json_string(dest, std::string_view(msg.payload.data(), msg.payload.size()));
-    dest.append(std::string_view("}\n"));
+    const auto level = spdlog::level::to_string_view(msg.level);
+    Json line = Json::object();  // member by member: initializer lists copy each value again
+    line["ts"] = std::string_view(ts);
+    line["level"] = std::string_view(level.data(), level.size());
+    line["msg"] = std::string_view(msg.payload.data(), msg.payload.size());
+    const std::string text = to_json_text(line);
+    dest.append(text.data(), text.data() + text.size());
+    dest.push_back('\n');
   }
   std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
 };

@@ -69,8 +69,9 @@ class OutboxMapper {
   // (PostgreSQL epoch micros). On success `out` is filled; else the error.
   std::optional<MapError> map(const pgoutput::Insert& insert, std::int64_t commit_time_us, OutboxRecord& out);
 
-  // The row as a JSON object of column name to text form (or null), for a
-  // dead-letter record when the row cannot be mapped.
+  // The row as a JSON object of column name to text form (or null; binary
+  // values as "\\x" hex), for a dead-letter record when the row cannot be
+  // mapped. Always valid JSON: invalid UTF-8 becomes U+FFFD.
   std::string row_json(const pgoutput::Insert& insert) const;
   // The event id column's text form if it can be read (for error messages).
   std::string event_id_of(const pgoutput::Insert& insert) const;
@@ -98,7 +99,7 @@ class OutboxMapper {
   };
   // The text form of a column value: zero-copy for text, converted into buf for binary.
   std::optional<MapError> text_of(const RelationInfo& rel, const ColumnRef& ref, const pgoutput::Column& column,
-                                  std::string& buf, std::string_view& out, const std::string& role) const;
+                                  std::string& buf, std::string_view& out, std::string_view role) const;
   std::optional<MapError> timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
                                        std::int64_t& out_ms) const;
 

@@ -8,6 +8,7 @@
 //   bit  6    the rest is a sequence of [UInt16 length][message] fed to one Decoder
 // Successful decodes are walked completely and every view is checked to lie
 // inside the input, so a wrong bounds check shows up as a trap or an ASan report.
+#include <pgoutput/binary.hpp>
 #include <pgoutput/pgoutput.hpp>
 
 #include <cstddef>
@@ -29,6 +30,24 @@ void check_inside(Bytes inner, Bytes outer) {
 
 void check_inside(std::string_view s, Bytes outer) { check_inside(as_bytes(s), outer); }
 
+// Reads a value with every binary send format reader: each must refuse a
+// wrong length rather than read past the value.
+unsigned read_binary(Bytes value, Bytes outer) {
+  unsigned sum = 0;
+  if (auto v = binary::to_bool(value)) sum += *v ? 1U : 0U;
+  if (auto v = binary::to_int16(value)) sum += static_cast<unsigned>(*v);
+  if (auto v = binary::to_int32(value)) sum += static_cast<unsigned>(*v);
+  if (auto v = binary::to_oid(value)) sum += *v;
+  if (auto v = binary::to_int64(value)) sum += static_cast<unsigned>(*v);
+  if (auto v = binary::to_timestamp(value)) sum += static_cast<unsigned>(*v);
+  if (auto v = binary::to_uuid(value)) sum += (*v)[15];
+  if (auto v = binary::to_jsonb_text(value)) {
+    check_inside(*v, outer);
+    sum += static_cast<unsigned>(v->size());
+  }
+  return sum;
+}
+
 // Walks a tuple, touching every byte of every value.
 unsigned walk(const TupleData& t, Bytes outer) {
   unsigned sum = 0;
@@ -36,6 +55,7 @@ unsigned walk(const TupleData& t, Bytes outer) {
   for (const Column& c : t) {
     check_inside(c.data, outer);
     for (std::byte b : c.data) sum += std::to_integer<unsigned>(b);
+    sum += read_binary(c.data, outer);
     ++n;
   }
   if (n != t.size()) __builtin_trap();

@@ -8,6 +8,7 @@
 #include <array>
 #include <csignal>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -406,6 +407,33 @@ TEST_CASE("slot endpoint returns the snapshot as JSON", "[admin]") {
     CHECK(std::string(std::string_view(srv["confirmed_flush_lsn"])) == "1/0");
     CHECK(srv["restart_lsn"].is_null());
     CHECK(std::int64_t(srv["observed_at_unix_ms"]) == 1700000000123);
+  }
+
+  SECTION("every member, in order, on one line; a NaN lag is null") {
+    auto s = streaming();
+    s.retained_wal_bytes = 1 << 20;
+    s.lag_seconds = std::nan("");
+    walrelay::ServerSlotInfo info;
+    info.wal_status = "reserved";
+    info.safe_wal_size = 4096;
+    info.active_pid = 4242;
+    info.confirmed_flush_lsn = pgoutput::Lsn{0x16B3740000ULL};
+    info.restart_lsn = pgoutput::Lsn{0x16B3700000ULL};
+    info.current_wal_lsn = pgoutput::Lsn{0x16B3750000ULL};
+    info.observed_at_unix_ms = 1700000000123;
+    s.server = info;
+    server.status.set(s);
+
+    auto reply = fetch(server.port(), "/slot");
+    REQUIRE_FALSE(reply.ec);
+    CHECK(reply.response.body() ==
+          R"({"slot_name":"walrelay_slot","state":"streaming","state_reason":"","received_lsn":"16/B374D848",)"
+          R"("confirmed_flush_lsn":"16/B3740000","server_wal_end":"16/B3750000","lag_bytes":65536,)"
+          R"("retained_wal_bytes":1048576,"lag_seconds":null,"inflight_records":7,"inflight_bytes":2048,)"
+          R"("producer_healthy":true,"server":{"wal_status":"reserved","safe_wal_size":4096,"active_pid":4242,)"
+          R"("confirmed_flush_lsn":"16/B3740000","restart_lsn":"16/B3700000","current_wal_lsn":"16/B3750000",)"
+          R"("observed_at_unix_ms":1700000000123}})"
+          "\n");
   }
 }
 

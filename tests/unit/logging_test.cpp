@@ -58,6 +58,24 @@ TEST_CASE("logging: json format writes one valid object a line", "[logging]") {
   CHECK(msg.find('\x01') != std::string_view::npos);
 }
 
+TEST_CASE("logging: json format replaces invalid UTF-8 and keeps its member order", "[logging]") {
+  auto out = capture_stderr([] {
+    setup_logging("info", LogFormat::json);
+    spdlog::warn("bad \xFF byte, caf\xC3\xA9, cut \xE2\x82");
+  });
+  setup_logging("info", LogFormat::text);
+  INFO(out);
+  // {"ts":"2026-12-01T10:00:00.123Z","level":...: the order log pipelines have seen.
+  REQUIRE(out.size() > 40);
+  CHECK(out.rfind("{\"ts\":\"", 0) == 0);
+  CHECK(out.substr(30, 12) == "Z\",\"level\":\"");
+  simdjson::ondemand::parser parser;
+  simdjson::padded_string json(out);
+  auto doc = parser.iterate(json);
+  std::string_view msg = doc["msg"].get_string().value();
+  CHECK(msg == "bad \xEF\xBF\xBD byte, caf\xC3\xA9, cut \xEF\xBF\xBD");
+}
+
 TEST_CASE("logging: redact masks every occurrence of a secret", "[logging]") {
   CHECK(redact("password=pw and again pw", "pw") == "password=******** and again ********");
   CHECK(redact("nothing here", "") == "nothing here");

@@ -118,6 +118,18 @@ TEST_CASE("mapper: bytea payloads are relayed as raw bytes", "[mapper]") {
   REQUIRE(rec.value);
   CHECK(rec.value->size() == 3);
   CHECK(std::memcmp(rec.value->data(), "\x00\xff" "A", 3) == 0);
+
+  // Upper-case digits are hex too; anything else, a sign or a space, is not.
+  auto upper = insert(8, {"1", "A", "k", "t", "\\xFFaB", "2026-01-01 00:00:00+00"});
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(upper), 0, rec));
+  CHECK(rec.value == std::optional<std::string_view>("\xff\xab"));
+  for (const char* bad : {"\\x0g", "\\x+1", "\\x-1", "\\x 1", "\\x1", "x00", "\\X00"}) {
+    INFO(bad);
+    auto row = insert(8, {"1", "A", "k", "t", bad, "2026-01-01 00:00:00+00"});
+    auto e = m.map(decode_as<pgoutput::Insert>(row), 0, rec);
+    REQUIRE(e);
+    CHECK(e->reason == "bad_value");
+  }
 }
 
 TEST_CASE("mapper: rows that cannot be mapped say why", "[mapper]") {
@@ -171,6 +183,8 @@ TEST_CASE("mapper: a route value that makes an illegal Kafka topic is the row's 
   }
   CHECK(illegal_topic_reason(".."));
   CHECK(illegal_topic_reason(""));
+  CHECK(illegal_topic_reason("a\x7f") == std::optional<std::string>("it contains the byte 0x7f"));
+  CHECK(illegal_topic_reason("a\nb") == std::optional<std::string>("it contains the byte 0x0a"));
   CHECK_FALSE(illegal_topic_reason(std::string(249, 'a')));
   CHECK(illegal_topic_reason(std::string(250, 'a')));
 }
@@ -217,4 +231,95 @@ TEST_CASE("mapper: tables outside table.include.list are not outbox tables", "[m
   CHECK_FALSE(m.is_outbox(13));
   auto other_schema = relation(14, "app", "outbox", outbox_cols);
   CHECK_FALSE(m.on_relation(decode_as<pgoutput::Relation>(other_schema)));
+}
+
+TEST_CASE("mapper: binary mode integers, bool, oid and timestamps", "[mapper]") {
+  Config cfg = parse_config(
+      "kafka.bootstrap.servers=x:1\ntable.field.event.timestamp=created_at\n"
+      "table.fields.additional.placement=flag:header,o:header,small:header\n",
+      "t", {});
+  OutboxMapper m(cfg);
+  std::vector<Col> cols = {{"id", pgtype::int4},         {"aggregatetype", pgtype::text},
+                           {"aggregateid", pgtype::int8}, {"type", pgtype::text},
+                           {"payload", pgtype::jsonb},    {"created_at", pgtype::timestamptz},
+                           {"flag", pgtype::bool_},       {"o", pgtype::oid},
+                           {"small", pgtype::int2}};
+  m.on_relation(decode_as<pgoutput::Relation>(relation(15, "public", "outbox", cols)));
+  auto row = [](std::string id, std::string created_at) -> std::vector<Val> {
+    return {id, "Order", std::string("\xff\xff\xff\xff\xff\xff\xff\xfe", 8), "t", std::string("\x01{}", 3), created_at,
+            std::string("\x02", 1), std::string("\xff\xff\xff\xff", 4), std::string("\x80\x00", 2)};
+  };
+  // 2024-01-02 03:04:05.123456+00 as sent: microseconds since 2000-01-01.
+  const std::string created_at("\x00\x02\xb0\xec\x85\x17\xd5\x80", 8);
+  OutboxRecord rec;
+  REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(insert(15, row(std::string("\xff\xff\xff\xfd", 4), created_at), 'b')),
+                      0, rec));
+  CHECK(rec.event_id == "-3");
+  CHECK(rec.key == std::optional<std::string_view>("-2"));
+  CHECK(rec.timestamp_ms == 1704164645123LL);
+  REQUIRE(rec.headers.size() == 4);
+  CHECK(rec.headers[1].value == std::optional<std::string_view>("t"));
+  CHECK(rec.headers[2].value == std::optional<std::string_view>("4294967295"));
+  CHECK(rec.headers[3].value == std::optional<std::string_view>("-32768"));
+
+  // A value of the wrong length for its type is refused, not read past.
+  auto e = m.map(decode_as<pgoutput::Insert>(insert(15, row(std::string("\x00\x01", 2), created_at), 'b')), 0, rec);
+  REQUIRE(e);
+  CHECK(e->reason == "unsupported_type");
+  e = m.map(decode_as<pgoutput::Insert>(insert(15, row(std::string("\x00\x00\x00\x01", 4), "short"), 'b')), 0, rec);
+  REQUIRE(e);
+  CHECK(e->reason == "bad_timestamp");
+}
+
+TEST_CASE("mapper: text timestamps, with and without zone, and impossible dates", "[mapper]") {
+  Config cfg = parse_config("kafka.bootstrap.servers=x:1\ntable.field.event.timestamp=created_at\n", "t", {});
+  OutboxMapper m(cfg);
+  m.on_relation(decode_as<pgoutput::Relation>(relation(16, "public", "outbox", outbox_cols)));
+  auto map_at = [&](const std::string& created_at, OutboxRecord& rec) {
+    return m.map(decode_as<pgoutput::Insert>(insert(16, {"1", "A", "k", "t", "{}", created_at})), 0, rec);
+  };
+  OutboxRecord rec;
+  REQUIRE_FALSE(map_at("2024-02-29 23:59:59.9995+00", rec));
+  CHECK(rec.timestamp_ms == 1709251199999LL);
+  REQUIRE_FALSE(map_at("2024-03-01T05:30:00-05:30:15", rec));
+  CHECK(rec.timestamp_ms == 1709290815000LL);
+  REQUIRE_FALSE(map_at("1969-12-31 23:59:59.9995", rec));
+  CHECK(rec.timestamp_ms == -1);
+  REQUIRE_FALSE(map_at("2000-01-01 00:00:00+00", rec));
+  CHECK(rec.timestamp_ms == 946684800000LL);
+  for (const char* bad : {"2023-02-29 00:00:00+00", "2024-13-01 00:00:00+00", "2024-04-31 00:00:00+00",
+                          "2024-01-01 00:00:00 BC", "2024-01-01", "infinity"}) {
+    INFO(bad);
+    auto e = map_at(bad, rec);
+    REQUIRE(e);
+    CHECK(e->reason == "bad_timestamp");
+  }
+}
+
+TEST_CASE("mapper: row_json keeps its shape and always makes valid JSON", "[mapper]") {
+  Config cfg = base_config();
+  OutboxMapper m(cfg);
+  std::vector<Col> cols = {{"id", pgtype::text}, {"say \"hi\"", pgtype::text}, {"n", pgtype::text}};
+  m.on_relation(decode_as<pgoutput::Relation>(relation(17, "public", "outbox", cols)));
+  // Escapes as JSON needs, '/' and valid UTF-8 (é, an emoji) as they are.
+  auto row = insert(17, {"a/b", "q\"b\\s\n\r\t\x01\x1f caf\xC3\xA9 \xF0\x9F\x98\x80", std::nullopt});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(row)) ==
+        "{\"id\":\"a/b\",\"say \\\"hi\\\"\":\"q\\\"b\\\\s\\n\\r\\t\\u0001\\u001f caf\xC3\xA9 \xF0\x9F\x98\x80\","
+        "\"n\":null}");
+  // Invalid UTF-8 (a lone byte, a truncated sequence) becomes U+FFFD.
+  auto bad = insert(17, {"bad \xFF byte", "cut \xE2\x82", "ok"});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(bad)) ==
+        "{\"id\":\"bad \xEF\xBF\xBD byte\",\"say \\\"hi\\\"\":\"cut \xEF\xBF\xBD\",\"n\":\"ok\"}");
+  // Binary columns as bytea's hex text form.
+  auto bin = insert(17, {std::string("\x00\xff", 2), "", std::nullopt}, 'b');
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(bin)) == R"({"id":"\\x00ff","say \"hi\"":"\\x","n":null})");
+  // A relation never described: columns by position.
+  auto unknown = insert(99, {"1", std::nullopt});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(unknown)) == R"({"column0":"1","column1":null})");
+  // More columns than the Relation named: the extra one's made-up name does
+  // not overwrite a real column of that name.
+  std::vector<Col> named = {{"column1", pgtype::text}};
+  m.on_relation(decode_as<pgoutput::Relation>(relation(18, "public", "outbox", named)));
+  auto longer = insert(18, {"a", "b"});
+  CHECK(m.row_json(decode_as<pgoutput::Insert>(longer)) == R"({"column1":"a","_column1":"b"})");
 }
