@@ -60,7 +60,6 @@ std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& co
   };
   if (config.route_topic_replacement.find("${routedByValue}") != std::string::npos)
     out.emplace_back("route.by.field", config.route_by_field);
-  if (!config.field_event_type.empty()) out.emplace_back("table.field.event.type", config.field_event_type);
   for (auto& p : config.additional_placement) out.emplace_back("table.fields.additional.placement", p.column);
   out.erase(std::remove_if(out.begin(), out.end(), [](auto& kv) { return kv.second.empty(); }), out.end());
   return out;

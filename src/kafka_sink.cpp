@@ -129,6 +129,7 @@ KafkaSink::~KafkaSink() {
   if (wake_pipe_[1] >= 0) ::close(wake_pipe_[1]);
 }
 
+// Waits for librdkafka's queue to have events (its wake-up pipe), then polls.
 void KafkaSink::watch_queue() {
   wake_.async_wait(boost::asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
     if (ec) return;
@@ -146,6 +147,7 @@ void KafkaSink::watch_queue() {
   });
 }
 
+// Serves delivery reports, errors, statistics and logs on this thread.
 void KafkaSink::poll() {
   if (mutation::active(mutation::Break::reorder_key) && held_ &&
       std::chrono::steady_clock::now() - held_->since > std::chrono::seconds(1))
@@ -155,6 +157,7 @@ void KafkaSink::poll() {
   }
 }
 
+// Fails the records still in librdkafka's queues; each reports _PURGE_QUEUE.
 void KafkaSink::abort_queued() {
   // Queued records only: a request already sent may still be acknowledged,
   // and its records are then duplicates of the replay, not losses.
@@ -162,6 +165,7 @@ void KafkaSink::abort_queued() {
   if (err) spdlog::warn("kafka: could not purge queued records: {}", rd_kafka_err2str(err));
 }
 
+// Hands one record to librdkafka, copied; a refusal is reported at once.
 SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::string_view> key,
                                 std::optional<std::string_view> value, std::int64_t timestamp_ms,
                                 const std::vector<OutboxRecord::Header>& headers, Pending* pending) {
@@ -232,6 +236,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
   return reject(error_code_name(code), msg, !is_record_error(code));
 }
 
+// The topic's handle, made (and its metadata asked for) at its first record.
 rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
   if (auto it = topics_.find(topic); it != topics_.end()) return it->second;
   if (topics_.size() >= max_topic_handles) {
@@ -249,6 +254,7 @@ rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
   return rkt;
 }
 
+// An outbox record; its token rides in the message opaque.
 SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) {
   auto* opaque = reinterpret_cast<Pending*>(static_cast<std::uintptr_t>((token << 1) | 1));
   if (mutation::active(mutation::Break::drop_records) && mutation_count_++ % 10 == 2)
@@ -257,6 +263,7 @@ SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) 
   return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
 }
 
+// reorder_key mutation: produces the record held back.
 void KafkaSink::produce_held() {
   std::vector<OutboxRecord::Header> headers;
   for (auto& [name, value] : held_->headers)
@@ -265,6 +272,7 @@ void KafkaSink::produce_held() {
   held_.reset();
 }
 
+// reorder_key mutation: produces records out of order within a key.
 SubmitStatus KafkaSink::submit_reordered(const OutboxRecord& record, Pending* opaque) {
   // Every fifth record waits for the next one of its key and goes after it;
   // one that waits for more than a second goes alone.
@@ -286,6 +294,7 @@ SubmitStatus KafkaSink::submit_reordered(const OutboxRecord& record, Pending* op
   return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
 }
 
+// A dead-letter record; a heap Pending carries its token, size and reason.
 SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_view topic,
                                            std::optional<std::string_view> key,
                                            std::optional<std::string_view> value,
@@ -297,6 +306,7 @@ SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_
   return status;
 }
 
+// One delivery report, turned into a Delivery for the relay.
 void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
   Delivery d;
   auto opaque = reinterpret_cast<std::uintptr_t>(m->_private);
@@ -332,6 +342,7 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
   if (on_delivery_) on_delivery_(d);
 }
 
+// librdkafka's error callback: fatal errors stop the sink, others are health.
 void KafkaSink::handle_error(int err, const char* reason) {
   auto code = static_cast<rd_kafka_resp_err_t>(err);
   if (code == RD_KAFKA_RESP_ERR__FATAL) {
@@ -346,6 +357,7 @@ void KafkaSink::handle_error(int err, const char* reason) {
   spdlog::warn("kafka: {}", last_error_);
 }
 
+// librdkafka's statistics: broker reachability for /readyz.
 void KafkaSink::handle_stats(const char* json, std::size_t len) {
   // Broker reachability from librdkafka's own statistics: a broker in state
   // "UP" means the producer can deliver. No extra metadata requests.
@@ -376,11 +388,7 @@ void KafkaSink::handle_stats(const char* json, std::size_t len) {
   else if (last_error_.empty()) last_error_ = "no broker is up";
 }
 
-std::size_t KafkaSink::flush(int timeout_ms) {
-  rd_kafka_flush(rk_, timeout_ms);
-  return static_cast<std::size_t>(rd_kafka_outq_len(rk_));
-}
-
+// --check: a metadata round trip to the cluster.
 void KafkaSink::check_connectivity(int timeout_ms) {
   const rd_kafka_metadata_t* md = nullptr;
   auto err = rd_kafka_metadata(rk_, 0, nullptr, &md, timeout_ms);

@@ -154,7 +154,6 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   bool routed = config_.route_topic_replacement.find("${routedByValue}") != std::string::npos;
   info.id = find(config_.field_event_id, true);
   info.key = find(config_.field_event_key, true);
-  info.type = find(config_.field_event_type, false);
   info.payload = find(config_.field_event_payload, true);
   info.timestamp = find(config_.field_event_timestamp, true);
   info.route = find(config_.route_by_field, routed);
@@ -294,10 +293,7 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     return MapError{"unknown_relation", "Insert for relation OID " + std::to_string(insert.relation_oid) +
                                             " that no Relation message described"};
   const RelationInfo& rel = it->second;
-  out.table = rel.table;
   out.table_index = rel.table_index;
-  out.event_id = {};
-  out.event_type = {};
   if (!rel.missing.empty())
     return MapError{"missing_column", "table " + rel.table + " has no column " + rel.missing};
 
@@ -310,12 +306,6 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
 
   std::string_view id;
   if (auto e = text_of(rel, rel.id, col(rel.id), id_buf_, id, "event id")) return e;
-  out.event_id = id;
-  if (rel.type && !col(rel.type).is_null()) {
-    std::string_view type;
-    if (auto e = text_of(rel, rel.type, col(rel.type), type_buf_, type, "event type")) return e;
-    out.event_type = type;
-  }
   std::string_view key;
   if (auto e = text_of(rel, rel.key, col(rel.key), key_buf_, key, "event key")) return e;
   out.key = key;

@@ -41,7 +41,6 @@ class KafkaSink final : public Sink {
                                   std::size_t bytes) override;
   void poll() override;
   void abort_queued() override;
-  std::size_t flush(int timeout_ms) override;
   // Not ready until librdkafka's statistics show a broker up (within
   // statistics.interval.ms of start), so a broker that refuses walrelay from
   // the start is never reported healthy.

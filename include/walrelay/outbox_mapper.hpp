@@ -28,11 +28,7 @@ struct OutboxRecord {
   std::optional<std::string_view> value;  // nullopt: a tombstone
   std::int64_t timestamp_ms = 0;          // unix epoch
   std::vector<Header> headers;            // capacity kept between rows
-  // Where it came from, for logs and errors.
-  std::string_view table;                 // schema.table
-  std::uint16_t table_index = 0;          // position in table.include.list
-  std::string_view event_id;
-  std::string_view event_type;
+  std::uint16_t table_index = 0;          // where it came from: position in table.include.list
 
   std::size_t size_bytes() const {
     return (key ? key->size() : 0) + (value ? value->size() : 0);
@@ -93,7 +89,7 @@ class OutboxMapper {
     std::uint16_t table_index = 0;      // position in table.include.list
     std::vector<std::string> column_names;
     std::vector<std::uint32_t> column_types;
-    ColumnRef id, key, type, payload, timestamp, route;
+    ColumnRef id, key, payload, timestamp, route;
     std::vector<Placement> placements;
     std::string missing;                // required columns absent, named; empty if none
   };
@@ -106,7 +102,7 @@ class OutboxMapper {
   const Config& config_;
   std::unordered_map<std::uint32_t, RelationInfo> relations_;
   // Reusable buffers: no allocation per row once warm.
-  std::string topic_buf_, key_buf_, value_buf_, id_buf_, type_buf_, route_buf_;
+  std::string topic_buf_, key_buf_, value_buf_, id_buf_, route_buf_;
   std::vector<std::string> header_bufs_;
   std::vector<pgoutput::Column> columns_;
 };

@@ -63,8 +63,6 @@ class Sink {
   // failure. After one record failed, none queued behind it may land before
   // it is sent again.
   virtual void abort_queued() = 0;
-  // Waits up to timeout_ms for all submitted records; returns how many remain.
-  virtual std::size_t flush(int timeout_ms) = 0;
   // Whether the broker is reachable; reason when not.
   virtual bool healthy() const = 0;
   virtual std::string health_reason() const = 0;

@@ -60,7 +60,6 @@ class FakeSink final : public walrelay::Sink {
   }
   void poll() override {}
   void abort_queued() override {}
-  std::size_t flush(int) override { return 0; }
   bool healthy() const override { return true; }
   std::string health_reason() const override { return {}; }
   std::optional<std::string> fatal_error() const override { return std::nullopt; }
