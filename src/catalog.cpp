@@ -117,9 +117,108 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   return join(kept, "\n");
 }
 
-std::string marker_sql(const Config& config) {
-  return "COMMENT ON PUBLICATION \"" + config.publication_name + "\" IS '" + std::string(marker_key) +
-         config.slot_name + "'";
+asio::awaitable<void> make_failover_slot(PgConnection& conn, const Config& config) {
+  std::string sql = "ALTER_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) + " (FAILOVER true)";
+  spdlog::info("slot={} made a failover slot: {}", config.slot_name, sql);
+  co_await conn.query(sql);
+}
+
+asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                           std::vector<std::string>& problems, std::vector<std::string>& notes) {
+  if (!config.slot_failover || facts.version < 170000 || facts.in_recovery) co_return;
+  auto show = [&](PgConnection& c, const std::string& name) -> asio::awaitable<std::string> {
+    auto r = co_await c.query("SHOW " + name);
+    co_return r.rows.empty() ? std::string() : r.rows[0][0].value_or("");
+  };
+  if (facts.slot.exists && !facts.slot.failover)
+    notes.push_back("slot " + config.slot_name + " is not a failover slot yet: walrelay will make it one at start");
+  auto synchronized = co_await show(conn, "synchronized_standby_slots");
+  if (synchronized.empty())
+    problems.push_back("slot.failover: synchronized_standby_slots is empty on the primary: set it to the physical "
+                       "slot of each standby that may be promoted, or walrelay may confirm changes a promoted "
+                       "standby's copy of the slot has not reached");
+  for (auto& name : [&] {
+         std::vector<std::string> out;
+         std::string item;
+         std::istringstream in(synchronized);
+         while (std::getline(in, item, ',')) {
+           item.erase(0, item.find_first_not_of(" \""));
+           item.erase(item.find_last_not_of(" \"") + 1);
+           if (!item.empty()) out.push_back(item);
+         }
+         return out;
+       }()) {
+    auto slot = co_await conn.query("SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical' "
+                                    "AND slot_name = " + conn.quote_literal(name));
+    if (slot.rows.empty())
+      problems.push_back("slot.failover: synchronized_standby_slots names " + name +
+                         ", which is not a physical slot on the primary");
+    else if (slot.rows[0][0] != "t")
+      notes.push_back("physical slot " + name + " of synchronized_standby_slots is not in use: its standby is not "
+                      "streaming, and logical decoding waits for it");
+  }
+
+  // The other hosts of database.hostname: the standbys that may be promoted.
+  std::vector<std::string> hosts, ports;
+  {
+    std::string item;
+    std::istringstream h(config.database_hostname), p(config.database_port);
+    while (std::getline(h, item, ',')) hosts.push_back(item);
+    while (std::getline(p, item, ',')) ports.push_back(item);
+  }
+  const char* here_host = conn.raw() ? PQhost(conn.raw()) : nullptr;
+  const char* here_port = conn.raw() ? PQport(conn.raw()) : nullptr;
+  int standbys = 0;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    Config one = config;
+    one.database_hostname = hosts[i];
+    one.database_port = ports.size() == hosts.size() ? ports[i] : ports.front();
+    one.database_target_session_attrs = "any";
+    const std::string where = one.database_hostname + ":" + one.database_port;
+    if (here_host && here_port && hosts[i] == here_host && one.database_port == here_port) continue;
+    PgConnection other(conn.io());
+    try {
+      co_await other.connect(one.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+      auto recovery = co_await other.query("SELECT pg_catalog.pg_is_in_recovery()");
+      if (recovery.rows.empty() || recovery.rows[0][0] != "t") continue;  // another primary? not a standby
+      ++standbys;
+      if (co_await show(other, "sync_replication_slots") != "on")
+        problems.push_back("slot.failover: standby " + where + " has sync_replication_slots off");
+      if (co_await show(other, "hot_standby_feedback") != "on")
+        problems.push_back("slot.failover: standby " + where + " has hot_standby_feedback off");
+      if ((co_await show(other, "primary_slot_name")).empty())
+        problems.push_back("slot.failover: standby " + where + " has no primary_slot_name");
+      if ((co_await show(other, "primary_conninfo")).find("dbname") == std::string::npos)
+        problems.push_back("slot.failover: standby " + where + "'s primary_conninfo names no dbname");
+      auto synced = co_await other.query("SELECT synced, temporary FROM pg_catalog.pg_replication_slots WHERE "
+                                         "slot_name = " + other.quote_literal(config.slot_name));
+      if (synced.rows.empty())
+        notes.push_back("standby " + where + " has no copy of slot " + config.slot_name + " yet");
+      else if (synced.rows[0][1] == "t")
+        notes.push_back("standby " + where + "'s copy of slot " + config.slot_name +
+                        " is still temporary: it survives a promotion once the primary's slot has been consumed past "
+                        "a running-transactions record");
+    } catch (const PgError& e) {
+      problems.push_back("slot.failover: could not check host " + where + ": " + e.what());
+    }
+  }
+  if (standbys == 0)
+    notes.push_back("slot.failover: database.hostname names no standby to check; list the failover candidates "
+                    "after the primary so that walrelay finds the new primary by itself");
+}
+
+std::string marker_sql(const Config& config, const SlotMarker& marker) {
+  // Adds the line to whatever the comment holds, as write_slot_marker does.
+  std::string line = with_slot_marker("", marker);
+  std::string pub = config.publication_name;
+  auto literal = [](const std::string& v) {
+    std::string out = "'";
+    for (char ch : v) out += ch == '\'' ? std::string("''") : std::string(1, ch);
+    return out + "'";
+  };
+  return "DO $walrelay$ BEGIN EXECUTE format('COMMENT ON PUBLICATION %I IS %L', " + literal(pub) +
+         ", concat_ws(E'\\n', (SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = " +
+         literal(pub) + "), " + literal(line) + ")); END $walrelay$;";
 }
 
 asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
@@ -130,6 +229,19 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
   if (facts.version < 140000)
     problems.push_back("PostgreSQL " + std::to_string(facts.version / 10000) +
                        " is not supported: walrelay needs 14 or later");
+
+  auto recovery = co_await conn.query("SELECT pg_catalog.pg_is_in_recovery()");
+  facts.in_recovery = !recovery.rows.empty() && recovery.rows[0][0] == "t";
+  if (facts.in_recovery && facts.version < 160000)
+    problems.push_back("database.hostname: the server is a standby, and PostgreSQL " +
+                       std::to_string(facts.version / 10000) +
+                       " cannot decode on a standby (16 and later can): point walrelay at the primary");
+  if (config.slot_failover && facts.version < 170000)
+    problems.push_back("slot.failover: failover slots need PostgreSQL 17 or later; this server is " +
+                       std::to_string(facts.version / 10000));
+  if (config.slot_failover && facts.in_recovery)
+    problems.push_back("slot.failover: the server is a standby; a failover slot is made on the primary and "
+                       "synchronized to the standbys (several hosts in database.hostname find the primary)");
 
   auto wal_level = co_await conn.query("SHOW wal_level");
   auto level = wal_level.rows.empty() ? std::string("?") : wal_level.rows[0][0].value_or("?");
@@ -158,19 +270,24 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
       auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
       if (it == cols.rows.end()) {
         problems.push_back(key + ": table " + t.qualified() + " has no column \"" + column + "\"");
-      } else if (!(*it)[1].value_or("").empty() && facts.version < 180000) {
+      } else if (!(*it)[1].value_or("").empty()) {
         // Before 18, pgoutput never sends generated columns: the mapped
-        // column would be missing from every row.
-        problems.push_back(key + ": column \"" + column + "\" of " + t.qualified() +
-                           " is a generated column, which PostgreSQL " + std::to_string(facts.version / 10000) +
-                           " does not publish; map a stored column instead");
+        // column would be missing from every row. 18 sends them when the
+        // publication says so.
+        if (facts.version < 180000)
+          problems.push_back(key + ": column \"" + column + "\" of " + t.qualified() +
+                             " is a generated column, which PostgreSQL " + std::to_string(facts.version / 10000) +
+                             " does not publish; map a stored column instead");
+        else
+          facts.generated_mapped.push_back(t.qualified() + " column \"" + column + "\"");
       }
     }
   }
 
   auto pub = co_await conn.query(
-      "SELECT p.pubviaroot, p.pubinsert, p.puballtables, obj_description(p.oid, 'pg_publication') "
-      "FROM pg_catalog.pg_publication p WHERE p.pubname = " + conn.quote_literal(config.publication_name));
+      std::string("SELECT p.pubviaroot, p.pubinsert, p.puballtables, obj_description(p.oid, 'pg_publication'), ") +
+      (facts.version >= 180000 ? "p.pubgencols = 's'" : "false") +
+      " FROM pg_catalog.pg_publication p WHERE p.pubname = " + conn.quote_literal(config.publication_name));
   auto& pf = facts.publication;
   pf.exists = !pub.rows.empty();
   if (pf.exists) {
@@ -178,6 +295,7 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
     pf.publishes_insert = pub.rows[0][1] == "t";
     pf.all_tables = pub.rows[0][2] == "t";
     pf.comment = pub.rows[0][3].value_or("");
+    pf.publishes_generated = pub.rows[0][4] == "t";
     const bool has_column_lists = facts.version >= 150000;
     for (auto& t : config.table_include_list) {
       bool partitioned = std::find(facts.partitioned_tables.begin(), facts.partitioned_tables.end(),
@@ -212,7 +330,7 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
 
   std::string slot_columns = "plugin, database, active_pid, wal_status, confirmed_flush_lsn";
   if (facts.version >= 160000) slot_columns += ", conflicting";
-  if (facts.version >= 170000) slot_columns += ", invalidation_reason";
+  if (facts.version >= 170000) slot_columns += ", invalidation_reason, failover";
   auto slot = co_await conn.query("SELECT " + slot_columns + " FROM pg_catalog.pg_replication_slots WHERE slot_name = " +
                                   conn.quote_literal(config.slot_name));
   auto& sf = facts.slot;
@@ -223,6 +341,7 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
     if (auto& pid = slot.at(0, "active_pid")) sf.active_pid = std::stoi(*pid);
     sf.wal_status = slot.at(0, "wal_status");
     sf.confirmed_flush_lsn = parse_lsn(slot.at(0, "confirmed_flush_lsn"));
+    sf.failover = slot.at(0, "failover") == "t";
     if (auto& reason = slot.at(0, "invalidation_reason")) sf.invalid_reason = *reason;
     else if (slot.at(0, "conflicting") == "t") sf.invalid_reason = "recovery conflict";
     else if (sf.wal_status == "lost") sf.invalid_reason = "wal_status lost: max_slot_wal_keep_size exceeded";
@@ -272,10 +391,18 @@ std::vector<std::string> publication_problems(const Config& config, const Server
                   "PUBLICATION " + config.publication_name + " SET (publish_via_partition_root = true)");
   if (!pf.column_list_gaps.empty())
     out.push_back("publication.name: the column list of " + name + " leaves out " + join(pf.column_list_gaps));
+  if (!facts.generated_mapped.empty() && !pf.publishes_generated)
+    out.push_back("publication.name: " + name + " does not publish generated columns, and " +
+                  join(facts.generated_mapped) + " is one; run ALTER PUBLICATION " + config.publication_name +
+                  " SET (publish_generated_columns = stored)");
   return out;
 }
 
-asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+namespace {
+
+// The statements that make the publication fit, as filtered mode runs them.
+std::vector<std::string> publication_statements(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  std::vector<std::string> out;
   const auto& pf = facts.publication;
   const std::string name = conn.quote_identifier(config.publication_name);
   const std::string tables = quoted_tables(config, conn);
@@ -284,24 +411,39 @@ asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& confi
     // root's name whatever partition they land in, also partitions attached
     // later.
     std::string sql = "CREATE PUBLICATION " + name + " FOR TABLE " + tables +
-                      " WITH (publish = 'insert', publish_via_partition_root = true)";
-    spdlog::info("creating publication: {}", sql);
-    co_await conn.query(sql);
-    co_return;
+                      " WITH (publish = 'insert', publish_via_partition_root = true" +
+                      (facts.generated_mapped.empty() ? "" : ", publish_generated_columns = stored") + ")";
+    out.push_back(sql);
+    return out;
   }
   if (!pf.all_tables && (!pf.missing_tables.empty() || !pf.column_list_gaps.empty() ||
                          !pf.leaf_named_tables.empty())) {
     // filtered: the publication covers exactly the configured tables, whole.
     std::string sql = "ALTER PUBLICATION " + name + " SET TABLE " + tables;
-    spdlog::info("updating publication: {}", sql);
-    co_await conn.query(sql);
+    out.push_back(sql);
   }
   std::vector<std::string> options;
   if (!pf.publishes_insert) options.push_back("publish = 'insert'");
   if (!pf.via_root && !facts.partitioned_tables.empty()) options.push_back("publish_via_partition_root = true");
+  if (!pf.publishes_generated && !facts.generated_mapped.empty()) options.push_back("publish_generated_columns = stored");
   if (!options.empty()) {
     std::string sql = "ALTER PUBLICATION " + name + " SET (" + join(options) + ")";
-    spdlog::info("updating publication: {}", sql);
+    out.push_back(sql);
+  }
+  return out;
+}
+
+}  // namespace
+
+asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  auto statements = publication_statements(conn, config, facts);
+  if (facts.in_recovery && !statements.empty())
+    // A standby takes no DDL: the publication comes from the primary.
+    throw PgError("publication.name: the server is a standby (read-only); run on the primary: " +
+                      join(statements, "; "),
+                  "25006");
+  for (auto& sql : statements) {
+    spdlog::info("publication: {}", sql);
     co_await conn.query(sql);
   }
 }
@@ -333,9 +475,10 @@ asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config
 }
 
 asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config) {
-  // NOEXPORT_SNAPSHOT is the spelling every supported version accepts.
-  std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) +
-                    " LOGICAL pgoutput NOEXPORT_SNAPSHOT";
+  // NOEXPORT_SNAPSHOT is the spelling every supported version accepts; a
+  // failover slot (17+) needs the option list of 15 and later.
+  std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) + " LOGICAL pgoutput " +
+                    (config.slot_failover ? "(SNAPSHOT 'nothing', FAILOVER true)" : "NOEXPORT_SNAPSHOT");
   spdlog::info("slot={} creating: {}", config.slot_name, sql);
 
   // The server makes the slot consistent only once every transaction running
@@ -402,12 +545,16 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
-    if (e.sqlstate() != "42501") throw;
+    if (e.sqlstate() != "42501" && e.sqlstate() != "25006") throw;
+    // Not the owner, or a standby (read-only): someone else writes it once.
     throw PgError("could not record slot " + config.slot_name + " in the comment of publication " +
                       config.publication_name + " (" + e.what() +
                       "). walrelay keeps this marker in the database so that a restart can tell a lost slot from a "
-                      "first start. Make walrelay's user the publication's owner, or have the owner run: " +
-                      marker_sql(config),
+                      "first start. " +
+                      (e.sqlstate() == "25006" ? std::string("On the primary, run once: ")
+                                               : std::string("Make walrelay's user the publication's owner, or "
+                                                             "have the owner run: ")) +
+                      marker_sql(config, marker),
                   "42501");
   }
   spdlog::info("slot={} recorded in the comment of publication {}", config.slot_name, config.publication_name);
@@ -433,6 +580,7 @@ asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& con
     else if (facts.slot.active_pid)
       report.notes.push_back("slot " + config.slot_name + " is active for PID " +
                              std::to_string(*facts.slot.active_pid) + ": walrelay would wait as a standby");
+    co_await check_failover_setup(conn, config, facts, report.problems, report.notes);
     if (facts.slot.exists && !facts.marker && facts.publication.exists)
       report.notes.push_back("slot " + config.slot_name + " is not yet recorded in the comment of publication " +
                              config.publication_name + ": walrelay will record it at start");

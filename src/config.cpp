@@ -110,7 +110,24 @@ Setter column_field(std::string Config::*field, bool optional) {
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"database.hostname", string_field(&Config::database_hostname)},
-      {"database.port", int_field(&Config::database_port, 1, 65535)},
+      {"database.port",
+       [](Config& c, const std::string& k, const std::string& v) {
+         auto ports = split_list(v);
+         if (ports.empty()) throw ConfigError(k, "must name a port");
+         for (auto& p : ports) parse_int(k, p, 1, 65535);
+         std::string joined;
+         for (auto& p : ports) joined += (joined.empty() ? "" : ",") + p;
+         c.database_port = joined;
+       }},
+      {"database.target.session.attrs",
+       [](Config& c, const std::string& k, const std::string& v) {
+         static const std::set<std::string> attrs{"any", "read-write", "read-only", "primary", "standby",
+                                                  "prefer-standby"};
+         if (!attrs.count(v))
+           throw ConfigError(k, "expected any, read-write, read-only, primary, standby or prefer-standby; got \"" + v +
+                                    "\"");
+         c.database_target_session_attrs = v;
+       }},
       {"database.user", string_field(&Config::database_user)},
       {"database.password", string_field(&Config::database_password)},
       {"database.dbname", string_field(&Config::database_dbname)},
@@ -125,6 +142,7 @@ const std::vector<KeySpec>& key_specs() {
       {"database.sslkey", string_field(&Config::database_sslkey)},
       {"database.connect.timeout.ms", int_field(&Config::database_connect_timeout_ms, 1000, 3600000)},
       {"slot.name", [](Config& c, const std::string& k, const std::string& v) { check_slot_name(k, v); c.slot_name = v; }},
+      {"slot.failover", bool_field(&Config::slot_failover)},
       {"publication.name", [](Config& c, const std::string& k, const std::string& v) { check_identifier(k, v); c.publication_name = v; }},
       {"publication.autocreate.mode",
        [](Config& c, const std::string& k, const std::string& v) {
@@ -264,6 +282,14 @@ void apply_kafka_policy(Config& c) {
 }
 
 void validate(Config& c) {
+  {
+    auto hosts = split_list(c.database_hostname);
+    auto ports = split_list(c.database_port);
+    if (hosts.empty()) throw ConfigError("database.hostname", "must name a host");
+    if (ports.size() != 1 && ports.size() != hosts.size())
+      throw ConfigError("database.port", std::to_string(ports.size()) + " ports for " + std::to_string(hosts.size()) +
+                                             " hosts: give one port for all, or one per host");
+  }
   if (c.reconnect_backoff_max_ms < c.reconnect_backoff_ms)
     throw ConfigError("reconnect.backoff.max.ms", "must be at least reconnect.backoff.ms");
   if (c.errors_tolerance == ErrorTolerance::all && c.dlq_topic.empty())
@@ -407,7 +433,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& envi
 }
 
 std::string Config::conninfo(bool replication) const {
-  std::string s = "host=" + quote_conninfo(database_hostname) + " port=" + std::to_string(database_port) +
+  std::string s = "host=" + quote_conninfo(database_hostname) + " port=" + quote_conninfo(database_port) +
                   " user=" + quote_conninfo(database_user) + " dbname=" + quote_conninfo(database_dbname) +
                   " sslmode=" + database_sslmode + " application_name=walrelay" +
                   // The walsender sends text in the client's encoding: UTF-8 is
@@ -416,6 +442,9 @@ std::string Config::conninfo(bool replication) const {
                   " client_encoding=UTF8" +
                   " connect_timeout=" + std::to_string(std::max(1, database_connect_timeout_ms / 1000)) +
                   " keepalives=1 keepalives_idle=10 keepalives_interval=5 keepalives_count=3";
+  std::string attrs = database_target_session_attrs;
+  if (attrs.empty() && database_hostname.find(',') != std::string::npos) attrs = "read-write";
+  if (!attrs.empty()) s += " target_session_attrs=" + attrs;
   if (!database_sslrootcert.empty()) s += " sslrootcert=" + quote_conninfo(database_sslrootcert);
   if (!database_sslcert.empty()) s += " sslcert=" + quote_conninfo(database_sslcert);
   if (!database_sslkey.empty()) s += " sslkey=" + quote_conninfo(database_sslkey);
@@ -439,12 +468,14 @@ std::string Config::describe() const {
     out << k << '=' << ((is_secret_key(k) && !v.empty()) ? std::string("********") : v) << '\n';
   };
   line("database.hostname", database_hostname);
-  line("database.port", std::to_string(database_port));
+  line("database.port", database_port);
+  line("database.target.session.attrs", database_target_session_attrs);
   line("database.user", database_user);
   line("database.password", database_password);
   line("database.dbname", database_dbname);
   line("database.sslmode", database_sslmode);
   line("slot.name", slot_name);
+  line("slot.failover", slot_failover ? "true" : "false");
   line("publication.name", publication_name);
   line("publication.autocreate.mode", publication_autocreate == PublicationAutocreate::filtered ? "filtered" : "disabled");
   std::string tables;

@@ -45,7 +45,8 @@ asio::awaitable<void> ddl(asio::awaitable<void> op) {
   try {
     co_await std::move(op);
   } catch (const PgError& e) {
-    if (e.sqlstate().rfind("42", 0) == 0) throw Fatal(e.what());
+    // 42xxx: privilege, syntax, undefined object; 25006: a read-only standby.
+    if (e.sqlstate().rfind("42", 0) == 0 || e.sqlstate() == "25006") throw Fatal(e.what());
     throw;
   }
 }
@@ -251,14 +252,15 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   std::vector<std::string> problems, warnings;
   auto facts = co_await inspect_server(conn, config_, ident.at(0, "systemid").value_or(""), problems, warnings);
   for (auto& w : warnings) spdlog::warn("{}", w);
-  if (!facts.slot.exists && sessions_streamed_ > 0) {
+  if (auto p = slot_problem(config_, facts)) {
+    metrics_.slot_invalidated.Set(1);
+    problems.push_back(*p);
+  } else if (!facts.slot.exists && sessions_streamed_ > 0) {
+    // Streamed from, and its marker gone with the publication as well.
     metrics_.slot_invalidated.Set(1);
     problems.push_back("slot.name: replication slot " + config_.slot_name +
                        " was dropped while walrelay was using it; recreating it would skip events, so walrelay "
                        "stops. To accept the gap, run walrelay --reset-slot once, then start walrelay again.");
-  } else if (auto p = slot_problem(config_, facts)) {
-    metrics_.slot_invalidated.Set(1);
-    problems.push_back(*p);
   }
   if (!problems.empty()) throw Fatal(join(problems, "; "));
 
@@ -278,6 +280,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   } else if (!facts.marker) {
     co_await ddl(mark_slot(conn, config_, facts, std::nullopt));
   }
+  if (config_.slot_failover && facts.slot.exists && !facts.slot.failover) co_await ddl(make_failover_slot(conn, config_));
 
   // Highest protocol the server speaks. Streaming and two-phase stay off: the
   // walsender then sends only committed transactions, in commit order, so an

@@ -46,6 +46,7 @@ struct PublicationFacts {
   std::vector<std::string> missing_tables;     // configured tables it does not publish
   std::vector<std::string> leaf_named_tables;  // partitioned tables it would send under their leaves' names
   std::vector<std::string> column_list_gaps;   // "table: column" a column list leaves out (15+)
+  bool publishes_generated = false;            // publish_generated_columns = stored (18+)
 };
 
 struct SlotFacts {
@@ -53,6 +54,7 @@ struct SlotFacts {
   std::optional<std::string> plugin, database, wal_status;
   std::optional<pgoutput::Lsn> confirmed_flush_lsn;
   std::optional<std::int32_t> active_pid;
+  bool failover = false;                       // a failover slot, synchronized to standbys (17+)
   // Why the server will not stream from it: wal_status lost (14+), a
   // recovery conflict (16+) or invalidation_reason (17+). Empty when usable.
   std::string invalid_reason;
@@ -61,7 +63,9 @@ struct SlotFacts {
 struct ServerFacts {
   int version = 0;                             // PQserverVersion, e.g. 150010
   std::string system;                          // system identifier
+  bool in_recovery = false;                    // a standby (decoding there needs 16+)
   std::vector<std::string> partitioned_tables; // configured tables that are partitioned
+  std::vector<std::string> generated_mapped;   // "table column": mapped columns that are generated (18+)
   PublicationFacts publication;
   SlotFacts slot;
   std::optional<SlotMarker> marker;            // this slot's marker on the publication
@@ -100,8 +104,23 @@ boost::asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config&
 // consistent point.
 boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config);
 
-// The SQL a user who owns the publication can run to add the marker by hand.
-std::string marker_sql(const Config& config);
+// slot.failover on an existing slot made without it (17+):
+// ALTER_REPLICATION_SLOT ... (FAILOVER true).
+boost::asio::awaitable<void> make_failover_slot(PgConnection& conn, const Config& config);
+
+// With slot.failover: whether the servers are set up to keep the slot across
+// a failover. Asks the primary (synchronized_standby_slots) and each other
+// host of database.hostname that is a standby (sync_replication_slots,
+// hot_standby_feedback, primary_slot_name, dbname in primary_conninfo, the
+// slot synchronized). What is missing goes to `problems`, what is not yet
+// done to `notes`.
+boost::asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                                  std::vector<std::string>& problems,
+                                                  std::vector<std::string>& notes);
+
+// The SQL that adds the marker by hand, for a user who owns the publication
+// (or the primary's, when walrelay reads a standby); other lines are kept.
+std::string marker_sql(const Config& config, const SlotMarker& marker);
 
 // Records this slot in the publication's comment; a missing privilege becomes
 // an error that says how the owner can add the marker by hand.

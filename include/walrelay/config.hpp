@@ -44,8 +44,14 @@ struct TableName {
 
 struct Config {
   // database.* (Debezium's PostgreSQL connector names)
+  // One host, or several (libpq's multi-host list: a,b,c) tried in order.
   std::string database_hostname = "localhost";
-  int database_port = 5432;
+  // One port for every host, or one per host ("5432,5433").
+  std::string database_port = "5432";
+  // libpq's target_session_attrs: any, read-write, read-only, primary,
+  // standby, prefer-standby. Empty: read-write with several hosts (find the
+  // primary after a failover), any with one.
+  std::string database_target_session_attrs;
   std::string database_user = "postgres";
   std::string database_password;
   std::string database_dbname = "postgres";
@@ -56,6 +62,7 @@ struct Config {
   int database_connect_timeout_ms = 10000;
 
   std::string slot_name = "walrelay";
+  bool slot_failover = false;             // slot.failover: create the slot as a failover slot (17+)
   std::string publication_name = "walrelay";
   PublicationAutocreate publication_autocreate = PublicationAutocreate::filtered;
   int status_update_interval_ms = 1000;

@@ -72,7 +72,8 @@ TEST_CASE("fault: the slot dropped while walrelay reconnects: exit 3, the slot i
   CHECK(relay.wait_exit(30s) == 3);
   auto log = relay.log();
   INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
-  CHECK(log.find("was dropped while walrelay was using it") != std::string::npos);
+  CHECK(log.find("halted: slot.name: replication slot " + f.slot + " is missing, but walrelay created it") !=
+        std::string::npos);
   CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
 }
 
@@ -294,7 +295,7 @@ TEST_CASE("fault: halted on a dropped slot and still draining - walrelay_slot_in
   CHECK(relay.metric("walrelay_ready") == std::optional<double>(0));
   auto health = relay.get("/healthz");
   CHECK(health.status == 503);
-  CHECK(health.body.rfind("halted: slot.name: replication slot " + f.slot + " was dropped while walrelay was using it",
+  CHECK(health.body.rfind("halted: slot.name: replication slot " + f.slot + " is missing, but walrelay created it",
                           0) == 0);
   CHECK(relay.running());
   outage.restart();

@@ -68,8 +68,27 @@ const Services& Services::get() {
   return s;
 }
 
+std::string Services::current(const std::string& name) {
+  auto [status, env] = run_command(std::string(WALRELAY_SERVICES) + " env");
+  std::regex line("export " + name + "='?([^'\\n]*)'?");
+  std::smatch m;
+  return status == 0 && std::regex_search(env, m, line) ? std::string(m[1]) : std::string();
+}
+
+int Services::pg_major() {
+  static int major = [] {
+    Db db;
+    return std::stoi(db.scalar("SHOW server_version_num")) / 10000;
+  }();
+  return major;
+}
+
 void Services::control(const std::string& args) {
-  auto [status, out] = run_command(std::string(WALRELAY_SERVICES) + " " + args + " 2>&1");
+  // `start` without PG_MAJOR would bring back Debian's 15: keep the major
+  // the services run.
+  std::string major = std::getenv("PG_MAJOR") ? std::string() : current("WALRELAY_TEST_PGMAJOR");
+  auto [status, out] = run_command((major.empty() ? std::string() : "PG_MAJOR=" + major + " ") +
+                                   std::string(WALRELAY_SERVICES) + " " + args + " 2>&1");
   if (status != 0) throw std::runtime_error("services.sh " + args + " failed:\n" + out);
 }
 
@@ -81,9 +100,9 @@ std::string unique_name(const std::string& prefix) {
   return s;
 }
 
-Db::Db(const std::string& dbname) {
+Db::Db(const std::string& dbname, const std::string& port) {
   const auto& s = Services::get();
-  std::string conninfo = "host=" + s.pg_host + " port=" + s.pg_port + " user=" + s.pg_user +
+  std::string conninfo = "host=" + s.pg_host + " port=" + (port.empty() ? s.pg_port : port) + " user=" + s.pg_user +
                          " dbname=" + (dbname.empty() ? s.pg_database : dbname) + " client_encoding=UTF8";
   conn_ = PQconnectdb(conninfo.c_str());
   if (PQstatus(conn_) != CONNECTION_OK) throw std::runtime_error(std::string("could not connect: ") + PQerrorMessage(conn_));

@@ -23,6 +23,11 @@ struct Services {
   static const Services& get();
   // Runs `scripts/services.sh <args>`; throws on failure.
   static void control(const std::string& args);
+  // One variable of `scripts/services.sh env` as it is now ("" when unset):
+  // the standby's port appears only once it runs.
+  static std::string current(const std::string& name);
+  // The server's major version (14 ... 18).
+  static int pg_major();
 };
 
 // A lower-case name unique to this test run: prefix_<random>.
@@ -39,8 +44,9 @@ CommandResult run_command(const std::string& cmd);
 // A plain libpq connection for test set-up and server-side truth.
 class Db {
  public:
-  // The services' database, or `dbname` on the same server; UTF-8 always.
-  explicit Db(const std::string& dbname = "");
+  // The services' database, or `dbname` on the same server (or the server
+  // at `port`, e.g. the standby); UTF-8 always.
+  explicit Db(const std::string& dbname = "", const std::string& port = "");
   ~Db();
   Db(const Db&) = delete;
   Db& operator=(const Db&) = delete;

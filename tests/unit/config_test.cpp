@@ -46,7 +46,7 @@ TEST_CASE("config: keys, lists and comments", "[config]") {
   REQUIRE(c.additional_placement.size() == 2);
   CHECK(c.additional_placement[0].alias == "eventType");
   CHECK(c.additional_placement[1].alias == "tenant");
-  CHECK(c.database_port == 5433);
+  CHECK(c.database_port == "5433");
   CHECK(c.errors_tolerance == ErrorTolerance::all);
   CHECK(c.kafka.at("linger.ms") == "20");
 }
@@ -111,4 +111,19 @@ TEST_CASE("config: a copied Kafka Connect delivery.timeout.ms is honoured and wa
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find("kafka.message.timeout.ms=300000") != std::string::npos);
   CHECK(config_warnings(parse_config("kafka.bootstrap.servers=x:1\n", "t", {})).empty());
+}
+
+TEST_CASE("config: several hosts, a port each or one for all, and the primary found by default", "[config]") {
+  auto one = parse("database.hostname=db1\n");
+  CHECK(one.conninfo(false).find("target_session_attrs") == std::string::npos);
+  auto two = parse("database.hostname=db1,db2\ndatabase.port=5432, 5433\n");
+  CHECK(two.database_port == "5432,5433");
+  CHECK(two.conninfo(false).find("host='db1,db2' port='5432,5433'") != std::string::npos);
+  CHECK(two.conninfo(false).find("target_session_attrs=read-write") != std::string::npos);
+  auto standby = parse("database.hostname=db1,db2\ndatabase.target.session.attrs=standby\n");
+  CHECK(standby.conninfo(false).find("target_session_attrs=standby") != std::string::npos);
+  CHECK(error_key("database.hostname=a,b,c\ndatabase.port=1,2\n") == "database.port");
+  CHECK(error_key("database.target.session.attrs=writable\n") == "database.target.session.attrs");
+  CHECK(parse("slot.failover=true\n").slot_failover);
+  CHECK_FALSE(parse("").slot_failover);
 }

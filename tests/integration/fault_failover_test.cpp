@@ -1,0 +1,202 @@
+// The database's own high availability: walrelay reading a hot standby
+// (16+), a failover slot that survives the primary's failover (17+), and a
+// failover without one. They need a streaming standby
+// (scripts/services.sh standby start) and a given major, so they are hidden
+// from the default run; scripts/test.sh runs them on the majors they need:
+//   PG_MAJOR=17 scripts/services.sh start && build/tests/integration_tests "[failover]"
+#include <csignal>
+
+#include "test_util.hpp"
+
+using namespace it;
+
+namespace {
+
+// The standby for the life of the object, and the primary back as it was at
+// its end (a failover test stops and replaces it).
+struct Standby {
+  std::string port;
+  Standby() {
+    Services::control("standby start");
+    port = Services::current("WALRELAY_TEST_STANDBY_PGPORT");
+    REQUIRE_FALSE(port.empty());
+  }
+  ~Standby() {
+    try {
+      Services::control("standby stop fast");
+    } catch (...) {
+    }
+    try {
+      Services::control("start pg");  // the old primary back on its port, if it was stopped
+    } catch (...) {
+    }
+  }
+};
+
+// Waits until the standby has replayed everything the primary wrote so far.
+void replayed(Db& primary, Db& standby) {
+  auto end = primary.current_wal_lsn();
+  REQUIRE(eventually([&] { return parse_lsn(standby.scalar("SELECT pg_last_wal_replay_lsn()")) >= end; }, 30s));
+}
+
+}  // namespace
+
+TEST_CASE("failover: walrelay on a hot standby relays the primary's events, its lag includes replay, and it goes on "
+          "after the standby is promoted",
+          "[.standby]") {
+  if (Services::pg_major() < 16) FAIL("decoding on a standby needs PostgreSQL 16 or later");
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // On a standby walrelay can change nothing: the publication comes from the primary.
+  f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + " WITH (publish = 'insert')");
+  Standby standby;
+  Db on_standby("", standby.port);
+  replayed(f.db(), on_standby);
+  const std::string config = with_key(f.config("publication.autocreate.mode=disabled\n"), "database.port", standby.port);
+
+  // First start: the slot is made on the standby; the marker cannot be, and
+  // walrelay says what to run on the primary.
+  Walrelay relay(config);
+  relay.start();
+  REQUIRE(eventually([&] { return !relay.running(); }, 120s, 100ms));
+  CHECK(relay.wait_exit() == 3);
+  auto log = relay.log();
+  auto at = log.find("On the primary, run once: ");
+  INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
+  REQUIRE(at != std::string::npos);
+  auto sql = log.substr(at + 26, log.find('\n', at) - at - 26);
+  f.db().exec(sql);
+  replayed(f.db(), on_standby);
+
+  relay.start();
+  relay.wait_streaming();
+  for (int i = 0; i < 20; ++i)
+    f.db().exec(insert_event(f.table, "Standby", "k" + std::to_string(i % 4), "jsonb_build_object('seq', " +
+                                                                                   std::to_string(i) + ")"));
+  REQUIRE(eventually([&] { return count_records(f.topic("Standby")) == 20; }, 60s, 200ms));
+
+  // Replay paused on the standby: the primary's WAL arrives there but is not
+  // decoded. The lag walrelay reports grows with what was received.
+  on_standby.exec("SELECT pg_wal_replay_pause()");
+  struct Resume {
+    Db& db;
+    ~Resume() {
+      try {
+        db.exec("SELECT pg_wal_replay_resume()");
+      } catch (...) {
+      }
+    }
+  } resume{on_standby};
+  f.db().exec("CREATE TABLE " + f.slot + "_filler (v text)");
+  auto from = f.db().current_wal_lsn();
+  f.db().exec("INSERT INTO " + f.slot + "_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 10000) g");
+  f.db().exec(insert_event(f.table, "Standby", "paused", "jsonb_build_object('seq', 100)"));
+  auto written = f.db().current_wal_lsn() - from;
+  CHECK(eventually([&] { return relay.metric("walrelay_slot_lag_bytes").value_or(0) >= written; }, 30s, 200ms));
+  CHECK(count_records(f.topic("Standby")) == 20);  // not replayed, not decoded
+  on_standby.exec("SELECT pg_wal_replay_resume()");
+  REQUIRE(eventually([&] { return count_records(f.topic("Standby")) == 21; }, 60s, 200ms));
+
+  // The standby promoted: walrelay reconnects if it must, and relays what is
+  // written there.
+  Services::control("standby promote");
+  Db promoted("", standby.port);
+  promoted.exec(insert_event(f.table, "Standby", "after-promotion", "jsonb_build_object('seq', 101)"));
+  REQUIRE(eventually([&] { return count_records(f.topic("Standby")) >= 22; }, 60s, 200ms));
+  auto seen = ids_of(read_topic(f.topic("Standby"), 22));
+  CHECK(missing_ids(promoted, f.table, seen).empty());
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  promoted.exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+}
+
+TEST_CASE("failover: a failover slot survives the primary's hard stop - walrelay finds the promoted standby and "
+          "every committed event is in Kafka",
+          "[.failover]") {
+  if (Services::pg_major() < 17) FAIL("failover slots need PostgreSQL 17 or later");
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Standby standby;
+  const auto& s = Services::get();
+  const std::string config = with_key(with_key(f.config("slot.failover=true\nreconnect.backoff.max.ms=1000\n"),
+                                               "database.hostname", s.pg_host + "," + s.pg_host),
+                                      "database.port", s.pg_port + "," + standby.port);
+  Walrelay relay(config);
+  relay.start();
+  relay.wait_streaming();
+  Db on_standby("", standby.port);
+  // The standby's copy of the slot is kept through a promotion once it is
+  // synchronized and no longer temporary: the primary's slot must have moved
+  // past a running-transactions record.
+  REQUIRE(eventually(
+      [&] {
+        f.db().exec(insert_event(f.table, "Failover", "warm-up", "jsonb_build_object('seq', -1)"));
+        f.db().exec("SELECT pg_log_standby_snapshot()");
+        return on_standby.scalar("SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '" +
+                                 f.slot + "'") == "t";
+      },
+      90s, 500ms));
+  {
+    Walrelay check(config);
+    CHECK(check.run({"--check", "--config", check.config_path()}) == 0);
+    INFO(check.log());
+    CHECK(check.log().find("problem:") == std::string::npos);
+  }
+
+  // Under load, the primary stops hard and the standby is promoted.
+  Writer writer(f.table, "Failover", 1000000, 1, 5ms);
+  REQUIRE(eventually([&] { return writer.committed() > 300; }, 60s));
+  Services::control("primary stop immediate");
+  writer.stop();
+  Services::control("standby promote");
+  Db promoted("", standby.port);
+  auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
+  wait_streaming_after(relay, streams, 120s);
+  // The synchronized slot: created once, at the first start, never again.
+  CHECK(count_of(relay.log(), "slot=" + f.slot + " does not exist") == 1);
+  promoted.exec(insert_event(f.table, "Failover", "after", "jsonb_build_object('seq', 1000000)"));
+
+  // Every event the promoted server has, in Kafka: the primary's WAL that
+  // never reached the standby was never relayed either
+  // (synchronized_standby_slots), so nothing confirmed is lost.
+  auto end = promoted.current_wal_lsn();
+  REQUIRE(eventually([&] { return promoted.confirmed_flush(f.slot) >= end; }, 120s));
+  auto recs = read_topic(f.topic("Failover"), 1);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(promoted, f.table, seen);
+  std::cout << "failover: rows on the promoted server " << promoted.scalar("SELECT count(*) FROM " + f.table)
+            << ", records " << seen.records << ", duplicates " << seen.duplicates() << ", missing "
+            << missing.size() << "\n";
+  CHECK(missing.empty());
+  check_order_per_key(recs);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  promoted.exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+}
+
+TEST_CASE("failover: without a failover slot the promoted standby has no slot - walrelay exits 3, never makes a new one",
+          "[.standby]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Standby standby;
+  const auto& s = Services::get();
+  const std::string config = with_key(with_key(f.config("reconnect.backoff.max.ms=1000\n"), "database.hostname",
+                                               s.pg_host + "," + s.pg_host),
+                                      "database.port", s.pg_port + "," + standby.port);
+  Walrelay relay(config);
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "NoFailover", "k", "jsonb_build_object('seq', 0)"));
+  REQUIRE(read_topic(f.topic("NoFailover"), 1).size() == 1);
+  Db on_standby("", standby.port);
+  replayed(f.db(), on_standby);  // the publication and its slot marker are there too
+
+  Services::control("primary stop immediate");
+  Services::control("standby promote");
+  CHECK(relay.wait_exit(120s) == 3);
+  auto log = relay.log();
+  INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
+  CHECK(log.find("is missing, but walrelay created it") != std::string::npos);
+  Db promoted("", standby.port);
+  CHECK(promoted.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
+}
