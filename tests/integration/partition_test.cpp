@@ -153,3 +153,27 @@ TEST_CASE("relay: rows the publication sends from other tables are counted and w
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
 }
+
+TEST_CASE("relay: a generated route column - PostgreSQL 18 publishes it (publish_generated_columns), earlier majors "
+          "refuse it at start",
+          "[relay][generated]") {
+  Fixture f;
+  f.db().exec("CREATE TABLE " + f.table + " (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, kind text NOT NULL, "
+              "aggregatetype text GENERATED ALWAYS AS ('Gen' || kind) STORED, aggregateid text NOT NULL, "
+              "type text NOT NULL, payload jsonb)");
+  Walrelay relay(f.config());
+  relay.start();
+  if (Services::pg_major() < 18) {
+    CHECK(relay.wait_exit(30s) == 3);
+    CHECK(relay.log().find("is a generated column, which PostgreSQL") != std::string::npos);
+    return;
+  }
+  relay.wait_streaming();
+  CHECK(f.db().scalar("SELECT pubgencols FROM pg_publication WHERE pubname = '" + f.slot + "'") == "s");
+  f.db().exec("INSERT INTO " + f.table + " (kind, aggregateid, type, payload) VALUES ('Order', 'k', 'x', '{}')");
+  auto recs = read_topic(f.topic("GenOrder"), 1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].key == std::optional<std::string>("k"));
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}
