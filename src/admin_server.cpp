@@ -168,6 +168,11 @@ std::string slot_json(const StatusSnapshot& s) {
     server["current_wal_lsn"] = lsn_or_null(info.current_wal_lsn);
     server["observed_at_unix_ms"] = info.observed_at_unix_ms;
   }
+  Json& eos = doc["exactly_once"];  // null in at-least-once mode
+  if (s.exactly_once) {
+    eos["transactional_id"] = s.exactly_once->transactional_id;
+    eos["committed_lsn"] = lsn_or_null(s.exactly_once->committed_lsn);
+  }
   return to_json_text(doc) + '\n';
 }
 

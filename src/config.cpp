@@ -196,6 +196,26 @@ const std::vector<KeySpec>& key_specs() {
          }
        }},
       {"route.tombstone.on.empty.payload", bool_field(&Config::route_tombstone_on_empty_payload)},
+      {"exactly.once.support",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "required" || v == "requested") c.exactly_once = true;
+         else if (v == "disabled") c.exactly_once = false;
+         else throw ConfigError(k, "expected disabled, requested or required, got \"" + v + "\"");
+       }},
+      {"transaction.boundary",
+       [](Config& c, const std::string& k, const std::string& v) {
+         // poll: a Kafka transaction per source transaction; interval: as
+         // many as transaction.boundary.interval.ms gathers.
+         if (v == "poll") c.transaction_boundary_interval_ms = 0;
+         else if (v != "interval")
+           throw ConfigError(k, "expected poll or interval, got \"" + v + "\" (connector-defined boundaries are not offered)");
+       }},
+      {"transaction.boundary.interval.ms", int_field(&Config::transaction_boundary_interval_ms, 0, 600000)},
+      {"transaction.boundary.max.records",
+       [](Config& c, const std::string& k, const std::string& v) {
+         c.transaction_boundary_max_records = static_cast<long>(parse_int(k, v, 1, 100000000));
+       }},
+      {"offsets.storage.topic", string_field(&Config::offsets_topic)},
       {"max.inflight.records", int64_field(&Config::max_inflight_records, 1, 10000000)},
       {"max.inflight.bytes", int64_field(&Config::max_inflight_bytes, 1024 * 1024, 16LL * 1024 * 1024 * 1024)},
       {"errors.tolerance",
@@ -266,6 +286,13 @@ void apply_kafka_policy(Config& c) {
   require("enable.idempotence", "true", {"true"});
   require("acks", "all", {"all", "-1"});
   c.kafka.try_emplace("partitioner", "murmur2_random");
+  if (c.exactly_once) {
+    // librdkafka requires message.timeout.ms <= transaction.timeout.ms: a
+    // record not delivered by then aborts its transaction, and walrelay
+    // replays from the committed position.
+    c.kafka.try_emplace("transaction.timeout.ms", "60000");
+    c.kafka.try_emplace("message.timeout.ms", c.kafka["transaction.timeout.ms"]);
+  }
   c.kafka.try_emplace("message.timeout.ms", "0");
   // 5 ms, as librdkafka and Kafka 4's producer: with 0 every lone event is its
   // own produce request, and on a busy host the broker's per-request cost made
@@ -299,6 +326,25 @@ void validate(Config& c) {
     throw ConfigError("route.by.field", "must name a column while route.topic.replacement uses ${routedByValue}");
   for (auto& f : c.additional_placement)
     if (f.alias.empty()) throw ConfigError("table.fields.additional.placement", "empty header name for column " + f.column);
+  if (!c.exactly_once && c.kafka.count("transactional.id"))
+    throw ConfigError("kafka.transactional.id", "transactions are walrelay's to manage: set exactly.once.support=required");
+  if (c.exactly_once) {
+    if (auto why = illegal_topic_reason(c.offsets_topic))
+      throw ConfigError("offsets.storage.topic", "\"" + c.offsets_topic + "\" is not a legal Kafka topic name: " + *why);
+    auto timeout = c.kafka.find("transaction.timeout.ms");
+    if (timeout != c.kafka.end()) {
+      auto ms = parse_int("kafka.transaction.timeout.ms", timeout->second, 1000, 3600000);
+      // A Kafka transaction stays open at least one boundary interval; the
+      // broker aborts one older than transaction.timeout.ms.
+      if (c.transaction_boundary_interval_ms * 2 > ms)
+        throw ConfigError("transaction.boundary.interval.ms",
+                          std::to_string(c.transaction_boundary_interval_ms) +
+                              " ms leaves no room in kafka.transaction.timeout.ms=" + timeout->second +
+                              ": a Kafka transaction stays open for one interval and must commit well within the "
+                              "timeout (and so must the largest source transaction): keep the interval under half of "
+                              "it");
+    }
+  }
   if (!c.dlq_topic.empty())
     if (auto why = illegal_topic_reason(c.dlq_topic))
       throw ConfigError("errors.deadletterqueue.topic.name", "\"" + c.dlq_topic + "\" is not a legal Kafka topic name: " + *why);
@@ -453,6 +499,11 @@ std::string Config::conninfo(bool replication) const {
   if (replication) s += " replication=database";
   if (!database_password.empty()) s += " password=" + quote_conninfo(database_password);
   return s;
+}
+
+std::string Config::transactional_id() const {
+  auto it = kafka.find("transactional.id");
+  return it != kafka.end() ? it->second : "walrelay-" + database_dbname + "-" + slot_name;
 }
 
 std::string Config::conninfo_redacted(bool replication) const {

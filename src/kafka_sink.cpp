@@ -9,7 +9,10 @@
 
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
+
+#include <boost/asio/post.hpp>
 
 #include "walrelay/config.hpp"
 #include "walrelay/mutation.hpp"
@@ -27,16 +30,8 @@ struct KafkaSink::Pending {
 
 namespace {
 
-KafkaSink* self_of(void* opaque) { return static_cast<KafkaSink*>(opaque); }
-
-void dr_cb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) { self_of(opaque)->handle_delivery(m); }
-void error_cb(rd_kafka_t*, int err, const char* reason, void* opaque) { self_of(opaque)->handle_error(err, reason); }
-int stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque) {
-  self_of(opaque)->handle_stats(json, len);
-  return 0;  // librdkafka frees json
-}
-void log_cb(const rd_kafka_t*, int level, const char* fac, const char* buf) {
-  // librdkafka's syslog levels: 0-3 error, 4 warning, 5-6 info, 7 debug.
+// librdkafka's syslog levels: 0-3 error, 4 warning, 5-6 info, 7 debug.
+void log_line(int level, const char* fac, const char* buf) {
   if (level <= 3) spdlog::error("kafka: {}: {}", fac, buf);
   else if (level == 4) spdlog::warn("kafka: {}: {}", fac, buf);
   else if (level <= 6) spdlog::info("kafka: {}: {}", fac, buf);
@@ -75,8 +70,9 @@ std::string error_code_name(rd_kafka_resp_err_t err) {
 
 }  // namespace
 
-KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings)
-    : io_(io), wake_(io), poll_timer_(io) {
+KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
+                     std::optional<KafkaTransactions> transactions)
+    : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io) {
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   char err[512];
   auto set = [&](const std::string& k, const std::string& v) {
@@ -92,33 +88,37 @@ KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, st
   // sinks here are single-threaded, so logs are served on the loop by poll(),
   // like delivery reports.
   set("log.queue", "true");
-  rd_kafka_conf_set_opaque(conf, this);
-  rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
-  rd_kafka_conf_set_error_cb(conf, error_cb);
-  rd_kafka_conf_set_stats_cb(conf, stats_cb);
-  rd_kafka_conf_set_log_cb(conf, log_cb);
+  // Everything comes back as events on the main queue, served by poll() on
+  // the loop: delivery reports in batches, and never by librdkafka itself
+  // (a transaction's commit flushes on another thread and must not run our
+  // handlers there).
+  rd_kafka_conf_set_events(conf, RD_KAFKA_EVENT_DR | RD_KAFKA_EVENT_ERROR | RD_KAFKA_EVENT_STATS |
+                                     RD_KAFKA_EVENT_LOG);
+  if (transactions_) set("transactional.id", transactions_->transactional_id);
   rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);  // takes conf on success
   if (!rk_) {
     rd_kafka_conf_destroy(conf);
     throw ConfigError("kafka.*", std::string("could not create the Kafka producer: ") + err);
   }
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
-  rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk_);
-  rd_kafka_set_log_queue(rk_, main_queue);
-  rd_kafka_queue_io_event_enable(main_queue, wake_pipe_[1], "1", 1);
-  rd_kafka_queue_destroy(main_queue);
+  queue_ = rd_kafka_queue_get_main(rk_);
+  rd_kafka_set_log_queue(rk_, queue_);
+  rd_kafka_queue_io_event_enable(queue_, wake_pipe_[1], "1", 1);
   wake_.assign(wake_pipe_[0]);
   watch_queue();
+  // The pipe is written when the queue goes from empty to non-empty, and
+  // rd_kafka_new has already queued its first log lines: empty it once.
+  boost::asio::post(io_, [this] { poll(); });
 }
 
 KafkaSink::~KafkaSink() {
   boost::system::error_code ec;
   wake_.cancel(ec);
-  poll_timer_.cancel();
+  boundary_timer_.cancel();
+  worker_.join();
   if (rk_) {
-    rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk_);
-    rd_kafka_queue_io_event_enable(main_queue, -1, nullptr, 0);
-    rd_kafka_queue_destroy(main_queue);
+    rd_kafka_queue_io_event_enable(queue_, -1, nullptr, 0);
+    rd_kafka_queue_destroy(queue_);
     for (auto& [name, rkt] : topics_) rd_kafka_topic_destroy(rkt);
     // Records still queued are delivered (or failed) by destroy's purge; any
     // Pending of a dead-letter record leaks here by design rather than
@@ -130,6 +130,8 @@ KafkaSink::~KafkaSink() {
 }
 
 // Waits for librdkafka's queue to have events (its wake-up pipe), then polls.
+// librdkafka writes to the pipe when the queue goes from empty to non-empty;
+// poll() serves it until it is empty again, so no timer is needed besides.
 void KafkaSink::watch_queue() {
   wake_.async_wait(boost::asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
     if (ec) return;
@@ -139,21 +141,48 @@ void KafkaSink::watch_queue() {
     poll();
     watch_queue();
   });
-  // librdkafka only writes to the pipe when the queue goes from empty to
-  // non-empty; a short timer covers the edge where events remain after poll.
-  poll_timer_.expires_after(std::chrono::milliseconds(100));
-  poll_timer_.async_wait([this](boost::system::error_code ec) {
-    if (!ec) poll();
-  });
 }
 
-// Serves delivery reports, errors, statistics and logs on this thread.
+// Serves delivery reports (a batch per event), errors, statistics and logs
+// on this thread. Bounded so that one call cannot starve the replication
+// socket; what is left is served after the loop's other handlers.
 void KafkaSink::poll() {
   if (mutation::active(mutation::Break::reorder_key) && held_ &&
       std::chrono::steady_clock::now() - held_->since > std::chrono::seconds(1))
     produce_held();
-  // Bounded so that one poll cannot starve the replication socket.
-  for (int i = 0; i < 64 && rd_kafka_poll(rk_, 0) > 0; ++i) {
+  for (int i = 0; i < 64; ++i) {
+    rd_kafka_event_t* ev = rd_kafka_queue_poll(queue_, 0);
+    if (!ev) return;
+    switch (rd_kafka_event_type(ev)) {
+      case RD_KAFKA_EVENT_DR:
+        while (const rd_kafka_message_t* m = rd_kafka_event_message_next(ev)) handle_delivery(m);
+        break;
+      case RD_KAFKA_EVENT_ERROR:
+        handle_error(rd_kafka_event_error_is_fatal(ev) ? RD_KAFKA_RESP_ERR__FATAL : rd_kafka_event_error(ev),
+                     rd_kafka_event_error_string(ev));
+        break;
+      case RD_KAFKA_EVENT_STATS: {
+        const char* json = rd_kafka_event_stats(ev);
+        handle_stats(json, std::strlen(json));
+        break;
+      }
+      case RD_KAFKA_EVENT_LOG: {
+        const char *fac = nullptr, *text = nullptr;
+        int level = 7;
+        if (rd_kafka_event_log(ev, &fac, &text, &level) == 0) log_line(level, fac, text);
+        break;
+      }
+      default:
+        break;
+    }
+    rd_kafka_event_destroy(ev);
+  }
+  if (!repoll_posted_) {
+    repoll_posted_ = true;
+    boost::asio::post(io_, [this] {
+      repoll_posted_ = false;
+      poll();
+    });
   }
 }
 
@@ -173,6 +202,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
   auto reject = [&](std::string code, std::string message, bool transient) {
     Delivery d;
     d.ok = false;
+    d.at_submit = true;
     d.transient = transient;
     d.error_code = std::move(code);
     d.error_message = std::move(message);
@@ -256,6 +286,11 @@ rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
 
 // An outbox record; its token rides in the message opaque.
 SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) {
+  if (transactions_) {
+    if (!ensure_transaction()) return SubmitStatus::queue_full;
+    ++txn_records_;
+    txn_partial_ = true;
+  }
   auto* opaque = reinterpret_cast<Pending*>(static_cast<std::uintptr_t>((token << 1) | 1));
   if (mutation::active(mutation::Break::drop_records) && mutation_count_++ % 10 == 2)
     return SubmitStatus::accepted;  // gone: no report, ever
@@ -300,6 +335,11 @@ SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_
                                            std::optional<std::string_view> value,
                                            const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                            std::size_t bytes) {
+  if (transactions_) {
+    if (!ensure_transaction()) return SubmitStatus::queue_full;
+    ++txn_records_;
+    txn_partial_ = true;
+  }
   auto* pending = new Pending{token, bytes, std::string(reason)};
   auto status = produce(topic, key, value, 0, headers, pending);
   if (status == SubmitStatus::queue_full) delete pending;
@@ -308,6 +348,11 @@ SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_
 
 // One delivery report, turned into a Delivery for the relay.
 void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
+  if (!m->_private) {
+    // The offsets record of a transaction: its commit reports for it.
+    if (m->err) spdlog::warn("kafka: the offsets record of a transaction failed: {}", rd_kafka_err2str(m->err));
+    return;
+  }
   Delivery d;
   auto opaque = reinterpret_cast<std::uintptr_t>(m->_private);
   if (opaque & 1) {
@@ -347,8 +392,13 @@ void KafkaSink::handle_error(int err, const char* reason) {
   auto code = static_cast<rd_kafka_resp_err_t>(err);
   if (code == RD_KAFKA_RESP_ERR__FATAL) {
     char buf[512];
-    rd_kafka_fatal_error(rk_, buf, sizeof buf);
-    fatal_ = std::string("fatal producer error: ") + buf;
+    auto cause = rd_kafka_fatal_error(rk_, buf, sizeof buf);
+    if (fatal_) return;  // the first one says why
+    fenced_ = transactions_ && (cause == RD_KAFKA_RESP_ERR__FENCED || cause == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH ||
+                                cause == RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
+    fatal_ = std::string("fatal producer error: ") + buf +
+             (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)"
+                      : std::string());
     spdlog::critical("kafka: {}", *fatal_);
     return;
   }

@@ -88,7 +88,12 @@ int main(int argc, char** argv) {
   Metrics metrics;
   std::unique_ptr<KafkaSink> sink;
   try {
-    sink = std::make_unique<KafkaSink>(io, config.kafka);
+    std::optional<KafkaTransactions> transactions;
+    if (config.exactly_once)
+      transactions = KafkaTransactions{config.transactional_id(), config.offsets_topic,
+                                       config.transaction_boundary_interval_ms,
+                                       config.transaction_boundary_max_records};
+    sink = std::make_unique<KafkaSink>(io, config.kafka, std::move(transactions));
   } catch (const ConfigError& e) {
     spdlog::critical("configuration error: {}", e.what());
     return exit_config;

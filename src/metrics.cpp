@@ -217,6 +217,12 @@ Metrics::Metrics()
       replays(add_counter(*registry_, "walrelay_replays_total",
                           "Times a transient delivery failure made walrelay send everything from the slot's "
                           "confirmed position again.")),
+      exactly_once_skipped(add_counter(*registry_, "walrelay_exactly_once_skipped_transactions_total",
+                                       "Exactly once: source transactions read again and dropped, their events being "
+                                       "in Kafka already.")),
+      committed_lsn(add_gauge(*registry_, "walrelay_exactly_once_committed_lsn",
+                              "Exactly once: end LSN of the last source transaction in a committed Kafka "
+                              "transaction.")),
       decode_errors(add_counter(*registry_, "walrelay_decode_errors_total",
                                 "Replication messages that could not be decoded.")),
       inflight_records(add_gauge(*registry_, "walrelay_inflight_records",
@@ -265,6 +271,9 @@ Metrics::Metrics()
       skipped_rows_family_(add_counter_family(
           *registry_, "walrelay_skipped_rows_total",
           "Inserted rows the publication sent from tables that are not in table.include.list, by table.")),
+      kafka_transactions_family_(add_counter_family(
+          *registry_, "walrelay_kafka_transactions_total",
+          "Exactly once: Kafka transactions ended, by outcome (committed, aborted).")),
       safe_wal_size_family_(&prometheus::BuildGauge()
                                  .Name("walrelay_slot_safe_wal_size_bytes")
                                  .Help("WAL that can still be written before max_slot_wal_keep_size invalidates the "
@@ -301,6 +310,10 @@ void Metrics::set_safe_wal_size(std::optional<double> bytes) {
     safe_wal_size_family_->Remove(safe_wal_size_);
     safe_wal_size_ = nullptr;
   }
+}
+
+prometheus::Counter& Metrics::kafka_transactions(std::string_view outcome) {
+  return kafka_transactions_family_->Add({{"outcome", std::string(outcome)}});
 }
 
 prometheus::Counter& Metrics::skipped_rows(std::string_view table) {

@@ -64,6 +64,16 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       wake_(io),
       tick_(io) {
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
+  sink_.on_committed([this](Lsn end) {
+    committed_lsn_ = end;
+    metrics_.kafka_transactions("committed").Increment();
+    metrics_.committed_lsn.Set(static_cast<double>(end.value));
+    wake_.cancel();  // reads held back for the commit go on
+  });
+  sink_.on_aborted([this](std::string reason) {
+    metrics_.kafka_transactions("aborted").Increment();
+    replay("the Kafka transaction was aborted (" + reason + ")");
+  });
   ledger_.on_retired([this](std::int64_t commit_time) {
     metrics_.commit_to_ack.Observe(static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time) / 1e6);
   });
@@ -125,10 +135,11 @@ void Relay::set_state(RelayState state, std::string reason) {
 
 // Stops for a human: nothing past the cause is confirmed, what is in flight
 // before it is drained (up to shutdown.timeout.ms), exit code 3.
-void Relay::halt(std::string reason) {
+void Relay::halt(std::string reason, int exit_code) {
   if (halt_reason_) return;
   spdlog::critical("{} halted: {}", context(), reason);
   halt_reason_ = reason;
+  halt_exit_code_ = exit_code;
   if (!drain_deadline_)
     drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
   set_state(RelayState::halted, std::move(reason));
@@ -147,9 +158,15 @@ void Relay::replay(std::string reason) {
                 "have settled",
                 context(), reason);
   replay_reason_ = std::move(reason);
+  sink_.abandon_transaction();
   set_state(RelayState::reconnecting, "sending again after a delivery failure: " + *replay_reason_);
   wake_.cancel();
   conn_.cancel_wait();
+}
+
+void Relay::check_producer() {
+  if (auto fatal = sink_.fatal_error(); fatal && !halt_reason_)
+    halt(*fatal, sink_.fenced() ? exit_failure : exit_halted);
 }
 
 // Whether another record may be handed to the sink (max.inflight.*).
@@ -191,6 +208,7 @@ asio::awaitable<void> Relay::run() {
         spdlog::error("{} replication connection lost: {}", context(), e.what());
       }
     }
+    check_producer();
     if (standby) {
       conn_.close();
       co_await sleep(std::min<std::chrono::milliseconds>(2000ms, std::chrono::milliseconds(config_.reconnect_backoff_max_ms)));
@@ -200,6 +218,12 @@ asio::awaitable<void> Relay::run() {
     ledger_.abandon_open();
     txn_.reset();
     if (stop_requested_ || halt_reason_) break;
+    // Exactly once: the server sends again from the slot, and the open Kafka
+    // transaction may hold some of it: drop it, resume from what committed.
+    if (sink_.transactional() && sessions_streamed_ > streamed_before && !replay_reason_) {
+      replay_reason_ = "the replication connection ended";
+      sink_.abandon_transaction();
+    }
     if (replay_reason_) {
       // Every record still in flight must settle first: a late report must
       // never meet the fresh ledger.
@@ -222,7 +246,7 @@ asio::awaitable<void> Relay::run() {
   co_await drain(nullptr);
   // A lost slot is a halt too: a restart would create a new slot and skip
   // events, so it must not look like a crash a supervisor retries.
-  if (halt_reason_) exit_code_ = exit_halted;
+  if (halt_reason_) exit_code_ = halt_exit_code_;
   else set_state(RelayState::stopped);
   spdlog::info("slot={} stopped; confirmed_flush_lsn={} exit code {}", config_.slot_name,
                sent_flushed_lsn_.to_string(), exit_code_);
@@ -308,6 +332,31 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
     }
     throw;
   }
+  if (sink_.transactional()) {
+    // The slot is ours now: take over the transactional producer (a zombie
+    // holding it is fenced) and start after what the output already holds.
+    SourceIdentity source{ident.at(0, "systemid").value_or(""), ident.at(0, "timeline").value_or(""),
+                          config_.database_dbname, config_.slot_name};
+    std::optional<CommittedPosition> committed;
+    try {
+      committed = co_await sink_.recover(source);
+    } catch (const std::exception& e) {
+      throw PgError(std::string("exactly once: ") + e.what(), "");  // retried with backoff
+    }
+    if (committed && !committed->system.empty() && committed->system != source.system)
+      throw Fatal("offsets.storage.topic: the position committed for " + config_.transactional_id() +
+                  " was written for the database with system identifier " + committed->system + ", this one is " +
+                  source.system + " (a restore, a new cluster, or another database under the same name?): "
+                  "walrelay will not skip events by another cluster's position. Use a new "
+                  "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
+    skip_until_ = committed ? std::optional<Lsn>(committed->end_lsn) : std::nullopt;
+    committed_lsn_ = skip_until_;
+    if (committed) {
+      metrics_.committed_lsn.Set(static_cast<double>(committed->end_lsn.value));
+      spdlog::info("slot={} exactly once: source transactions ending at or before {} are in Kafka already: skipped",
+                   config_.slot_name, committed->end_lsn.to_string());
+    }
+  }
   spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
   set_state(RelayState::streaming);
 }
@@ -321,15 +370,13 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
   ReadState state = ReadState::buffered;
   while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
     co_await keep_alive(conn, clock);
-    if (sink_.fatal_error()) {
-      halt(*sink_.fatal_error());
-      break;
-    }
+    check_producer();
+    if (halt_reason_) break;
     // Backpressure: at the in-flight limits, or with a record the producer
     // refused, stop reading. The walsender then blocks on a full socket, so
     // memory stays bounded and the WAL waits on the server.
     if (held) state = ReadState::await_queue;
-    else if (!has_room()) state = ReadState::await_acks;
+    else if (!has_room() || !sink_.accepting()) state = ReadState::await_acks;
     else if (state == ReadState::await_queue || state == ReadState::await_acks) state = ReadState::buffered;
     note_backpressure(state == ReadState::await_queue || state == ReadState::await_acks);
 
@@ -360,7 +407,8 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
         break;
       case ReadState::await_acks:
         sink_.poll();
-        if (!has_room()) co_await hold_back(200ms, clock);  // woken early by a delivery that makes room
+        // Woken early by a delivery that makes room, or a commit.
+        if (!has_room() || !sink_.accepting()) co_await hold_back(200ms, clock);
         break;
       case ReadState::await_queue: {
         sink_.poll();
@@ -462,6 +510,9 @@ void Relay::note_backpressure(bool on) {
 asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requested) {
   auto& msg = status_msg_;
   Lsn flushed = ledger_.flushed();
+  // Exactly once: records in an open Kafka transaction are acknowledged but
+  // not yet visible; the slot waits for the commit. Never backwards.
+  if (auto limit = sink_.confirm_limit()) flushed = std::max(sent_flushed_lsn_, std::min(flushed, *limit));
   if (mutation::active(mutation::Break::confirm_before_ack)) flushed = std::max(flushed, last_commit_end_);
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_)
     flushed = std::max(flushed, last_commit_end_);
@@ -491,11 +542,14 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
   };
   // Nothing queued behind a failed record may land before it is sent again.
   if (settle_all) sink_.abort_queued();
+  // Exactly once: what is whole in the open Kafka transaction becomes visible.
+  if (!settle_all) sink_.commit_now();
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_ && !halt_reason_)
     drain_deadline_ = std::chrono::steady_clock::now();
   // A record whose delivery failed for good is never acknowledged: waiting
   // for it would only spend the deadline.
-  while (ledger_.inflight_records() > failed_records_ && !past_deadline() && !sink_.fatal_error()) {
+  while ((ledger_.inflight_records() > failed_records_ || !sink_.accepting()) && !past_deadline() &&
+         !sink_.fatal_error()) {
     sink_.poll();
     co_await sleep(20ms);
     if (conn && conn->connected() && std::chrono::steady_clock::now() - last_received_ > 1s) {

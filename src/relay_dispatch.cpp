@@ -58,12 +58,19 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, pgoutput::Begin>) {
+          // Its commit record starts before the committed position ends:
+          // this transaction is in Kafka already.
+          skipping_txn_ = skip_until_ && m.final_lsn < *skip_until_;
+          if (skipping_txn_) metrics_.exactly_once_skipped.Increment();
           txn_ = ledger_.open(m.commit_time, m.final_lsn);
           xid_ = m.xid;
           commit_time_ = m.commit_time;
         } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
-          if (txn_ && ledger_.had_records(*txn_)) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
+          const bool had_records = txn_ && ledger_.had_records(*txn_);
+          if (had_records) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
           if (txn_) ledger_.commit(*txn_, m.end_lsn);
+          if (had_records) sink_.source_transaction_ended(m.end_lsn);
+          skipping_txn_ = false;
           txn_.reset();
           last_commit_end_ = m.end_lsn;
           metrics_.transactions.Increment();
@@ -71,6 +78,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           bool outbox = mapper_.on_relation(m);
           spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
         } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
+          if (skipping_txn_) return;
           step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
         } else if constexpr (std::is_same_v<T, pgoutput::Update> || std::is_same_v<T, pgoutput::Delete> ||
                              std::is_same_v<T, pgoutput::Truncate> || std::is_same_v<T, pgoutput::Type> ||
@@ -229,6 +237,16 @@ void Relay::on_delivery(const Delivery& d) {
     // it alone would overtake nothing but could be overtaken; the slot gives
     // every record from the first unacknowledged one again, in order.
     replay("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code + ", transient)");
+    return;
+  }
+  if (sink_.transactional() && !d.at_submit) {
+    // The broker refused it inside a Kafka transaction, which can no longer
+    // commit; its dead-letter copy would go down with it, and a replay would
+    // meet the same refusal.
+    halt("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
+         "); in exactly-once mode a record the broker refuses fails its whole Kafka transaction. Make the producer "
+         "refuse such records before they are sent (kafka.message.max.bytes no larger than the topic's "
+         "max.message.bytes), or fix the topic, then restart");
     return;
   }
   if (d.dead_lettered) {

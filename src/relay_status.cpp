@@ -64,6 +64,7 @@ StatusSnapshot Relay::status() const {
   s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
   s.producer_error = sink_.fatal_error().value_or(sink_.health_reason());
   s.server = slot_monitor_.last();
+  if (sink_.transactional()) s.exactly_once = StatusSnapshot::ExactlyOnce{config_.transactional_id(), committed_lsn_};
   return s;
 }
 

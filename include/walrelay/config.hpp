@@ -84,6 +84,15 @@ struct Config {
   std::vector<AdditionalField> additional_placement;
   bool route_tombstone_on_empty_payload = false;
 
+  // exactly once (Kafka Connect's names)
+  bool exactly_once = false;              // exactly.once.support=required
+  int transaction_boundary_interval_ms = 100;  // transaction.boundary.interval.ms (transaction.boundary=poll: 0)
+  long transaction_boundary_max_records = 10000;
+  std::string offsets_topic = "walrelay-offsets";  // offsets.storage.topic
+  // kafka.transactional.id, or walrelay-<dbname>-<slot>: the same for every
+  // walrelay of one slot, so that a takeover fences the old one.
+  std::string transactional_id() const;
+
   // flow control and errors
   std::int64_t max_inflight_records = 2048;
   std::int64_t max_inflight_bytes = 64LL * 1024 * 1024;

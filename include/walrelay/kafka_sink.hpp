@@ -1,5 +1,6 @@
-// The at-least-once Kafka sink: an idempotent librdkafka producer whose
-// delivery reports are served on the relay's io_context thread.
+// The Kafka sink: an idempotent librdkafka producer, transactional with
+// exactly.once.support=required, whose events (delivery reports, errors,
+// statistics, logs) are all served on the relay's io_context thread.
 #pragma once
 
 #include <chrono>
@@ -15,20 +16,33 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include "walrelay/sink.hpp"
 
 struct rd_kafka_s;
 struct rd_kafka_message_s;
 struct rd_kafka_topic_s;
+struct rd_kafka_queue_s;
 
 namespace walrelay {
+
+// exactly.once.support=required: the producer is transactional. A Kafka
+// transaction holds whole source transactions and, in the offsets topic, the
+// end LSN of the last of them.
+struct KafkaTransactions {
+  std::string transactional_id;   // stable per database and slot: a takeover fences the old producer
+  std::string offsets_topic;      // offsets.storage.topic (compacted, one partition)
+  int boundary_interval_ms = 100; // transaction.boundary.interval.ms (0: commit at every source transaction)
+  long boundary_max_records = 10000;
+};
 
 class KafkaSink final : public Sink {
  public:
   // settings: librdkafka properties (kafka.* without the prefix). Throws
   // ConfigError naming the kafka.* key librdkafka rejects.
-  KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings);
+  KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
+            std::optional<KafkaTransactions> transactions = std::nullopt);
   ~KafkaSink() override;
   KafkaSink(const KafkaSink&) = delete;
   KafkaSink& operator=(const KafkaSink&) = delete;
@@ -47,7 +61,17 @@ class KafkaSink final : public Sink {
   bool healthy() const override { return brokers_up_ > 0; }
   std::string health_reason() const override { return last_error_; }
   std::optional<std::string> fatal_error() const override { return fatal_; }
+  bool fenced() const override { return fenced_; }
   void check_connectivity(int timeout_ms) override;
+
+  // Exactly-once (kafka_transactions.cpp).
+  bool transactional() const override { return transactions_.has_value(); }
+  boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) override;
+  bool accepting() const override { return txn_state_ == TxnState::idle || txn_state_ == TxnState::open; }
+  void source_transaction_ended(pgoutput::Lsn end_lsn) override;
+  std::optional<pgoutput::Lsn> confirm_limit() const override;
+  void abandon_transaction() override;
+  void commit_now() override;
 
   // Called from librdkafka callbacks (on the polling thread).
   void handle_delivery(const rd_kafka_message_s* message);
@@ -69,15 +93,37 @@ class KafkaSink final : public Sink {
                        std::optional<std::string_view> value, std::int64_t timestamp_ms,
                        const std::vector<OutboxRecord::Header>& headers, Pending* pending);
 
+  enum class TxnState {
+    idle,        // no Kafka transaction open
+    open,        // begun; records go into it
+    committing,  // commit_transaction running on the worker
+    aborting,    // abort_transaction running on the worker
+  };
+  // Runs a blocking librdkafka call on the worker thread; the coroutine
+  // resumes on the loop. librdkafka's transactional calls block, and the
+  // loop must go on serving delivery reports meanwhile.
+  template <class F>
+  boost::asio::awaitable<decltype(std::declval<F>()())> on_worker(F f);
+  // Begins a Kafka transaction before the first record of one.
+  bool ensure_transaction();
+  // Commits the open transaction with its position (the offsets record).
+  void start_commit();
+  boost::asio::awaitable<void> commit();
+  boost::asio::awaitable<void> abort(std::string reason);
+  void arm_boundary();
+
   boost::asio::io_context& io_;
+  std::map<std::string, std::string> settings_;  // as given: the offsets consumer shares some
   rd_kafka_s* rk_ = nullptr;
+  rd_kafka_queue_s* queue_ = nullptr;            // the main queue: every event walrelay serves
+  bool repoll_posted_ = false;                   // a poll() is queued to serve what is left
   int wake_pipe_[2] = {-1, -1};                  // librdkafka writes here when its queue has events
   boost::asio::posix::stream_descriptor wake_;   // watches wake_pipe_[0]
-  boost::asio::steady_timer poll_timer_;         // safety net: polls even if a wake-up is missed
   int brokers_up_ = 0;
   bool seen_up_ = false;                         // a broker has been up since start
   std::string last_error_ = "no broker connection yet";
   std::optional<std::string> fatal_;
+  bool fenced_ = false;
   // One handle per topic, created on first use. rd_kafka_topic_new asks the
   // broker for a new topic's metadata at once; producing by name would leave
   // it to librdkafka's 1 s topic scan, and the first records would wait.
@@ -94,6 +140,20 @@ class KafkaSink final : public Sink {
   };
   std::optional<Held> held_;
   std::uint64_t mutation_count_ = 0;
+
+  // Exactly-once state, all on the loop thread.
+  std::optional<KafkaTransactions> transactions_;
+  std::optional<SourceIdentity> source_;          // written beside each position
+  bool recovered_ = false;                        // init_transactions done, position read
+  std::optional<CommittedPosition> committed_;    // what the last commit (or the offsets topic) holds
+  TxnState txn_state_ = TxnState::idle;
+  std::chrono::steady_clock::time_point txn_began_;
+  long txn_records_ = 0;                          // records submitted into the open transaction
+  bool txn_partial_ = false;                      // records of a source transaction not yet ended
+  std::optional<pgoutput::Lsn> txn_end_;          // end of the last source transaction in the open one
+  boost::asio::steady_timer boundary_timer_;      // the interval's end, while a transaction waits for it
+  bool boundary_armed_ = false;
+  boost::asio::thread_pool worker_{1};            // the blocking transactional calls
 };
 
 }  // namespace walrelay

@@ -36,6 +36,7 @@ class Metrics {
   prometheus::Counter& dead_lettered(std::string_view reason);
   prometheus::Counter& mapping_errors(std::string_view reason);
   prometheus::Counter& skipped_rows(std::string_view table);
+  prometheus::Counter& kafka_transactions(std::string_view outcome);  // committed, aborted
 
   prometheus::Counter& bytes_relayed;         // walrelay_bytes_relayed_total (key + value)
   prometheus::Counter& transactions;          // walrelay_transactions_total (commits seen)
@@ -43,6 +44,8 @@ class Metrics {
   prometheus::Counter& status_updates;        // walrelay_status_updates_total
   prometheus::Counter& reconnects;            // walrelay_reconnects_total
   prometheus::Counter& replays;               // walrelay_replays_total
+  prometheus::Counter& exactly_once_skipped;  // walrelay_exactly_once_skipped_transactions_total
+  prometheus::Gauge& committed_lsn;           // walrelay_exactly_once_committed_lsn
   prometheus::Counter& decode_errors;         // walrelay_decode_errors_total
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes
@@ -75,6 +78,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* dead_lettered_family_;
   prometheus::Family<prometheus::Counter>* mapping_errors_family_;
   prometheus::Family<prometheus::Counter>* skipped_rows_family_;
+  prometheus::Family<prometheus::Counter>* kafka_transactions_family_;
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;
 };

@@ -95,7 +95,10 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> send_status(PgConnection& conn, bool reply_requested);
   boost::asio::awaitable<void> drain(PgConnection* conn);
   boost::asio::awaitable<void> sleep(std::chrono::milliseconds duration);
-  void halt(std::string reason);
+  void halt(std::string reason, int exit_code = exit_halted);
+  // A fatal producer error halts; a fence (another walrelay took over the
+  // transactional producer) stops with exit 1, to come back as a standby.
+  void check_producer();
   void replay(std::string reason);
   void set_state(RelayState state, std::string reason = {});
   bool has_room() const;
@@ -147,12 +150,19 @@ class Relay final : public StatusSource {
   std::string state_reason_;
   bool stop_requested_ = false;
   std::optional<std::string> halt_reason_;
+  int halt_exit_code_ = exit_halted;
   std::optional<std::string> replay_reason_;  // set until the replay has started
   // Set by the stop request or the halt: the one deadline for draining.
   std::optional<std::chrono::steady_clock::time_point> drain_deadline_;
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
+
+  // Exactly once: source transactions ending at or before this are in Kafka
+  // already (the committed position); they are read and dropped.
+  std::optional<pgoutput::Lsn> skip_until_;
+  bool skipping_txn_ = false;
+  std::optional<pgoutput::Lsn> committed_lsn_;  // the last Kafka transaction's position (/slot)
 
   // Transaction being read
   std::optional<LsnLedger::TxnId> txn_;

@@ -8,6 +8,12 @@
 #include <string>
 #include <string_view>
 
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+
+#include <pgoutput/pgoutput.hpp>
+
 #include "walrelay/outbox_mapper.hpp"
 
 namespace walrelay {
@@ -17,6 +23,7 @@ struct Delivery {
   std::uint64_t token = 0;       // what submit() was given
   std::size_t bytes = 0;         // what submit() counted
   bool ok = true;
+  bool at_submit = false;        // refused inside submit(), before it reached a broker
   // On failure: true when the error is not the record's own (a time-out, a
   // broker or network error): the record must be sent again, never
   // dead-lettered. False for what belongs to the record (too large, invalid
@@ -32,6 +39,22 @@ struct Delivery {
   std::optional<std::string_view> key;
   std::optional<std::string_view> value;
   std::vector<OutboxRecord::Header> headers;
+};
+
+// The position an exactly-once sink commits with its output: the end LSN of
+// the last source transaction in it, and where it was read.
+struct CommittedPosition {
+  pgoutput::Lsn end_lsn;
+  std::string system;  // the database's system identifier
+  std::string timeline;
+};
+
+// Where the records come from, written beside the position.
+struct SourceIdentity {
+  std::string system;
+  std::string timeline;
+  std::string database;
+  std::string slot;
 };
 
 enum class SubmitStatus {
@@ -68,13 +91,53 @@ class Sink {
   virtual std::string health_reason() const = 0;
   // A fatal producer error (e.g. idempotence broken): the sink cannot go on.
   virtual std::optional<std::string> fatal_error() const = 0;
+  // The fatal error is a fence: another producer with the same
+  // transactional.id took over (exactly once).
+  virtual bool fenced() const { return false; }
   // Metadata round trip, for --check; throws std::runtime_error with the reason.
   virtual void check_connectivity(int timeout_ms) = 0;
 
   void on_delivery(DeliveryHandler handler) { on_delivery_ = std::move(handler); }
 
+  // Exactly-once (Kafka transactions). An at-least-once sink keeps the
+  // defaults: records are visible once acknowledged, nothing is held back.
+
+  // Whether records become visible only when the transaction holding them
+  // commits.
+  virtual bool transactional() const { return false; }
+  // Once per session, before the first record: takes over the transactional
+  // producer (fencing any older one) and returns the position committed with
+  // the output, or nullopt when there is none. Throws std::runtime_error.
+  virtual boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) {
+    (void)source;
+    co_return std::nullopt;
+  }
+  // Whether the sink takes records now (not while a transaction commits or
+  // aborts).
+  virtual bool accepting() const { return true; }
+  // A source transaction whose records were all submitted ended at end_lsn:
+  // a transactional sink commits when its boundary is due.
+  virtual void source_transaction_ended(pgoutput::Lsn end_lsn) { (void)end_lsn; }
+  // How far the slot may be confirmed as far as the sink is concerned: the
+  // position of the last committed transaction while records wait in an
+  // open one, else no limit.
+  virtual std::optional<pgoutput::Lsn> confirm_limit() const { return std::nullopt; }
+  // Drops the open transaction, if any (a replay from the committed position follows).
+  virtual void abandon_transaction() {}
+  // Shutting down: commits the open transaction now if it holds only whole
+  // source transactions (one cut in the middle is left to be aborted).
+  virtual void commit_now() {}
+
+  // Called on the loop when a transaction committed: everything up to end_lsn is visible.
+  void on_committed(std::function<void(pgoutput::Lsn)> handler) { on_committed_ = std::move(handler); }
+  // Called on the loop when a transaction had to be aborted: a replay from
+  // the committed position must follow.
+  void on_aborted(std::function<void(std::string reason)> handler) { on_aborted_ = std::move(handler); }
+
  protected:
   DeliveryHandler on_delivery_;
+  std::function<void(pgoutput::Lsn)> on_committed_;
+  std::function<void(std::string)> on_aborted_;
 };
 
 }  // namespace walrelay

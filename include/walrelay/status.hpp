@@ -51,6 +51,13 @@ struct StatusSnapshot {
   std::uint64_t inflight_bytes = 0;
   bool producer_healthy = true;
   std::string producer_error;           // last broker-level error while unhealthy
+  // exactly.once.support=required: the transactional.id and the position
+  // the last committed Kafka transaction holds.
+  struct ExactlyOnce {
+    std::string transactional_id;
+    std::optional<pgoutput::Lsn> committed_lsn;
+  };
+  std::optional<ExactlyOnce> exactly_once;
   std::optional<ServerSlotInfo> server;
 };
 

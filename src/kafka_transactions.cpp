@@ -1,0 +1,362 @@
+// Exactly-once into Kafka: the transactional side of KafkaSink.
+//
+// A Kafka transaction holds whole source transactions only, and, as its last
+// record, one record in the compacted offsets topic with the end LSN of the
+// last of them. The position travels in the same transaction as the events,
+// so it is visible exactly when they are. At start, init_transactions fences
+// any older producer with the same transactional.id (a zombie can never
+// commit again) and aborts its open transaction; then the last committed
+// position is read back, and the relay drops every source transaction at or
+// below it. The slot may lag the offsets topic, never the other way round.
+#include <spdlog/spdlog.h>
+
+#include <librdkafka/rdkafka.h>
+#include <nlohmann/json.hpp>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include <memory>
+
+#include "walrelay/json.hpp"
+#include "walrelay/kafka_sink.hpp"
+
+namespace walrelay {
+namespace asio = boost::asio;
+using pgoutput::Lsn;
+
+namespace {
+
+// The outcome of a transactional call, taken apart on the worker (the error
+// object is freed there).
+struct TxnResult {
+  bool ok = true;
+  bool retriable = false;
+  bool requires_abort = false;
+  bool fatal = false;
+  std::string message;
+};
+
+TxnResult result_of(rd_kafka_error_t* error) {
+  TxnResult r;
+  if (!error) return r;
+  r.ok = false;
+  r.retriable = rd_kafka_error_is_retriable(error);
+  r.requires_abort = rd_kafka_error_txn_requires_abort(error);
+  r.fatal = rd_kafka_error_is_fatal(error);
+  r.message = std::string(rd_kafka_error_name(error)) + ": " + rd_kafka_error_string(error);
+  rd_kafka_error_destroy(error);
+  return r;
+}
+
+// The offsets record's value: the position and where it was read.
+std::string position_json(const CommittedPosition& p, const SourceIdentity& s) {
+  Json doc = Json::object();
+  doc["end_lsn"] = p.end_lsn.to_string();
+  doc["system_identifier"] = s.system;
+  doc["timeline"] = s.timeline;
+  doc["database"] = s.database;
+  doc["slot"] = s.slot;
+  return to_json_text(doc);
+}
+
+// The settings a consumer of the offsets topic shares with the producer:
+// where the brokers are and how to authenticate.
+bool shared_with_consumer(const std::string& key) {
+  return key == "bootstrap.servers" || key == "client.id" || key.rfind("security.", 0) == 0 ||
+         key.rfind("sasl.", 0) == 0 || key.rfind("ssl.", 0) == 0 || key == "broker.address.family";
+}
+
+// Creates the offsets topic (compacted, one partition) unless it exists.
+// Runs on the worker.
+void create_offsets_topic(rd_kafka_t* rk, const std::string& topic) {
+  char err[512];
+  rd_kafka_NewTopic_t* t = rd_kafka_NewTopic_new(topic.c_str(), 1, -1, err, sizeof err);
+  if (!t) throw std::runtime_error("offsets.storage.topic: " + std::string(err));
+  rd_kafka_NewTopic_set_config(t, "cleanup.policy", "compact");
+  rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
+  rd_kafka_CreateTopics(rk, &t, 1, nullptr, q);
+  rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 30000);
+  std::string problem;
+  if (!ev) {
+    problem = "no answer within 30 s";
+  } else if (rd_kafka_event_error(ev)) {
+    problem = rd_kafka_event_error_string(ev);
+  } else if (auto* res = rd_kafka_event_CreateTopics_result(ev)) {
+    size_t n = 0;
+    const rd_kafka_topic_result_t** results = rd_kafka_CreateTopics_result_topics(res, &n);
+    for (size_t i = 0; i < n; ++i) {
+      auto code = rd_kafka_topic_result_error(results[i]);
+      if (code && code != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS)
+        problem = rd_kafka_topic_result_error_string(results[i]);
+    }
+  }
+  if (ev) rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_NewTopic_destroy(t);
+  if (!problem.empty()) throw std::runtime_error("could not create offsets.storage.topic " + topic + ": " + problem);
+}
+
+// The last position committed for `key` in the offsets topic, read with
+// isolation.level=read_committed from the start to the end. Runs on the worker.
+std::optional<CommittedPosition> read_position(const std::map<std::string, std::string>& settings,
+                                               const std::string& topic, const std::string& key) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  auto set = [&](const char* k, const std::string& v) {
+    if (rd_kafka_conf_set(conf, k, v.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
+      throw std::runtime_error(std::string("offsets consumer: ") + k + ": " + err);
+  };
+  for (auto& [k, v] : settings)
+    if (shared_with_consumer(k)) set(k.c_str(), v);
+  set("group.id", "walrelay-offsets-reader");  // required by librdkafka; no offsets are ever committed
+  set("enable.auto.commit", "false");
+  set("isolation.level", "read_committed");
+  set("enable.partition.eof", "true");
+  set("log.queue", "true");  // never served: this consumer's logs stay off the loop's sinks
+  rd_kafka_t* consumer = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
+  if (!consumer) {
+    rd_kafka_conf_destroy(conf);
+    throw std::runtime_error(std::string("could not create the offsets consumer: ") + err);
+  }
+  std::unique_ptr<rd_kafka_t, void (*)(rd_kafka_t*)> guard(consumer, [](rd_kafka_t* c) {
+    rd_kafka_consumer_close(c);
+    rd_kafka_destroy(c);
+  });
+  // walrelay writes partition 0; a topic made by hand (or by auto-creation)
+  // may have more, and every partition is read.
+  int partitions = 1;
+  {
+    rd_kafka_topic_t* rkt = rd_kafka_topic_new(consumer, topic.c_str(), nullptr);
+    const rd_kafka_metadata_t* md = nullptr;
+    if (rkt && rd_kafka_metadata(consumer, 0, rkt, &md, 30000) == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1)
+      partitions = std::max(1, md->topics[0].partition_cnt);
+    if (md) rd_kafka_metadata_destroy(md);
+    if (rkt) rd_kafka_topic_destroy(rkt);
+  }
+  rd_kafka_topic_partition_list_t* parts = rd_kafka_topic_partition_list_new(partitions);
+  for (int p = 0; p < partitions; ++p)
+    rd_kafka_topic_partition_list_add(parts, topic.c_str(), p)->offset = RD_KAFKA_OFFSET_BEGINNING;
+  auto assigned = rd_kafka_assign(consumer, parts);
+  rd_kafka_topic_partition_list_destroy(parts);
+  if (assigned) throw std::runtime_error(std::string("could not read the offsets topic: ") + rd_kafka_err2str(assigned));
+  std::optional<std::string> last;
+  std::int64_t last_timestamp = -1;
+  int at_end = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (at_end < partitions) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("could not read the offsets topic " + topic + " to its end within 60 s");
+    rd_kafka_message_t* m = rd_kafka_consumer_poll(consumer, 500);
+    if (!m) continue;
+    std::unique_ptr<rd_kafka_message_t, void (*)(rd_kafka_message_t*)> msg(m, rd_kafka_message_destroy);
+    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+      ++at_end;
+      continue;
+    }
+    if (m->err) {
+      if (m->err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC || m->err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) continue;
+      throw std::runtime_error("could not read the offsets topic " + topic + ": " + rd_kafka_message_errstr(m));
+    }
+    std::int64_t ts = rd_kafka_message_timestamp(m, nullptr);
+    if (m->key && std::string_view(static_cast<const char*>(m->key), m->key_len) == key && ts >= last_timestamp) {
+      last = m->payload ? std::string(static_cast<const char*>(m->payload), m->len) : std::string();
+      last_timestamp = ts;
+    }
+  }
+  if (!last) return std::nullopt;
+  auto doc = Json::parse(*last, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("end_lsn"))
+    throw std::runtime_error("the offsets topic " + topic + " holds an unreadable position for " + key + ": " + *last);
+  CommittedPosition p;
+  auto lsn = Lsn::parse(doc["end_lsn"].get<std::string>());
+  if (!lsn) throw std::runtime_error("the offsets topic " + topic + " holds an unreadable LSN for " + key);
+  p.end_lsn = *lsn;
+  p.system = doc.value("system_identifier", "");
+  p.timeline = doc.value("timeline", "");
+  return p;
+}
+
+}  // namespace
+
+template <class F>
+asio::awaitable<decltype(std::declval<F>()())> KafkaSink::on_worker(F f) {
+  using R = decltype(f());
+  // A timer that never expires, cancelled from the worker's completion on
+  // the loop: the coroutine resumes on the loop thread.
+  asio::steady_timer done(io_, std::chrono::steady_clock::time_point::max());
+  std::optional<R> result;
+  std::exception_ptr failure;
+  asio::post(worker_, [&] {
+    try {
+      result.emplace(f());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    asio::post(io_, [&] { done.cancel(); });
+  });
+  boost::system::error_code ec;
+  co_await done.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  if (failure) std::rethrow_exception(failure);
+  co_return std::move(*result);
+}
+
+asio::awaitable<std::optional<CommittedPosition>> KafkaSink::recover(const SourceIdentity& source) {
+  source_ = source;
+  if (!recovered_) {
+    const auto& t = *transactions_;
+    spdlog::info("kafka: exactly once: taking over transactional.id {} (an older producer with it is fenced)",
+                 t.transactional_id);
+    auto init = co_await on_worker([rk = rk_] { return result_of(rd_kafka_init_transactions(rk, -1)); });
+    if (!init.ok) throw std::runtime_error("could not initialise Kafka transactions: " + init.message);
+    // The callables capture `this` only: settings_ and transactions_ do not
+    // change after construction, and g++ 12 destroys a coroutine argument's
+    // captured strings twice.
+    co_await on_worker([this] {
+      create_offsets_topic(rk_, transactions_->offsets_topic);
+      return true;
+    });
+    committed_ = co_await on_worker([this] {
+      return read_position(settings_, transactions_->offsets_topic, transactions_->transactional_id);
+    });
+    recovered_ = true;
+    if (committed_)
+      spdlog::info("kafka: exactly once: committed position {} (system identifier {}) in {}",
+                   committed_->end_lsn.to_string(), committed_->system, t.offsets_topic);
+    else
+      spdlog::info("kafka: exactly once: no committed position in {} yet", t.offsets_topic);
+  }
+  co_return committed_;
+}
+
+bool KafkaSink::ensure_transaction() {
+  if (txn_state_ == TxnState::open) return true;
+  if (txn_state_ != TxnState::idle || fatal_ || !recovered_) return false;
+  TxnResult r = result_of(rd_kafka_begin_transaction(rk_));
+  if (!r.ok) {
+    fatal_ = "could not begin a Kafka transaction: " + r.message;
+    spdlog::critical("kafka: {}", *fatal_);
+    return false;
+  }
+  txn_state_ = TxnState::open;
+  txn_began_ = std::chrono::steady_clock::now();
+  txn_records_ = 0;
+  txn_end_.reset();
+  return true;
+}
+
+void KafkaSink::source_transaction_ended(Lsn end_lsn) {
+  if (!transactions_ || txn_state_ != TxnState::open) return;
+  txn_end_ = end_lsn;
+  txn_partial_ = false;
+  const auto& t = *transactions_;
+  bool due = std::chrono::steady_clock::now() - txn_began_ >= std::chrono::milliseconds(t.boundary_interval_ms) ||
+             txn_records_ >= t.boundary_max_records;
+  if (due) start_commit();
+  else arm_boundary();
+}
+
+void KafkaSink::arm_boundary() {
+  if (boundary_armed_) return;
+  boundary_armed_ = true;
+  boundary_timer_.expires_at(txn_began_ + std::chrono::milliseconds(transactions_->boundary_interval_ms));
+  boundary_timer_.async_wait([this](boost::system::error_code ec) {
+    boundary_armed_ = false;
+    if (ec) return;
+    // Only at a source transaction's end: a Kafka transaction holds whole
+    // ones. Otherwise the end of the one being read commits it.
+    if (txn_state_ == TxnState::open && !txn_partial_ && txn_end_) start_commit();
+  });
+}
+
+void KafkaSink::start_commit() {
+  txn_state_ = TxnState::committing;
+  boost::system::error_code ignored;
+  boundary_timer_.cancel();
+  // The position, last in the transaction: visible exactly when the events are.
+  CommittedPosition p{*txn_end_, source_ ? source_->system : "", source_ ? source_->timeline : ""};
+  std::string value = position_json(p, source_.value_or(SourceIdentity{}));
+  const std::string& key = transactions_->transactional_id;
+  rd_kafka_resp_err_t err = rd_kafka_producev(
+      rk_, RD_KAFKA_V_TOPIC(transactions_->offsets_topic.c_str()), RD_KAFKA_V_PARTITION(0),
+      RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_VALUE(value.data(), value.size()),
+      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(nullptr), RD_KAFKA_V_END);
+  if (err) {
+    asio::co_spawn(io_, abort(std::string("could not write the position to the offsets topic: ") +
+                              rd_kafka_err2str(err)),
+                   asio::detached);
+    return;
+  }
+  asio::co_spawn(io_, commit(), asio::detached);
+}
+
+asio::awaitable<void> KafkaSink::commit() {
+  const Lsn end = *txn_end_;
+  for (;;) {
+    // -1: the remaining transaction time, as librdkafka recommends. The
+    // flush inside serves no callbacks (event mode): the loop goes on
+    // serving delivery reports while the worker waits.
+    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_commit_transaction(rk, -1)); });
+    if (r.ok) break;
+    if (r.retriable) {
+      spdlog::warn("kafka: committing a transaction: {}; trying again", r.message);
+      continue;
+    }
+    if (r.requires_abort) {
+      co_await abort("the Kafka transaction could not commit: " + r.message);
+      co_return;
+    }
+    fenced_ = r.message.find("FENCED") != std::string::npos || r.message.find("EPOCH") != std::string::npos;
+    fatal_ = "could not commit a Kafka transaction: " + r.message +
+             (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)"
+                      : std::string());
+    spdlog::critical("kafka: {}", *fatal_);
+    co_return;
+  }
+  committed_ = CommittedPosition{end, source_ ? source_->system : "", source_ ? source_->timeline : ""};
+  txn_state_ = TxnState::idle;
+  txn_end_.reset();
+  spdlog::debug("kafka: transaction committed up to {} ({} records)", end.to_string(), txn_records_);
+  if (on_committed_) on_committed_(end);
+}
+
+asio::awaitable<void> KafkaSink::abort(std::string reason) {
+  txn_state_ = TxnState::aborting;
+  spdlog::error("kafka: {}; aborting the transaction", reason);
+  for (;;) {
+    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_abort_transaction(rk, -1)); });
+    if (r.ok) break;
+    if (r.retriable) continue;
+    fatal_ = "could not abort a Kafka transaction: " + r.message;
+    spdlog::critical("kafka: {}", *fatal_);
+    co_return;
+  }
+  txn_state_ = TxnState::idle;
+  txn_end_.reset();
+  txn_partial_ = false;
+  if (on_aborted_) on_aborted_(reason);
+}
+
+void KafkaSink::commit_now() {
+  if (transactions_ && txn_state_ == TxnState::open && !txn_partial_ && txn_end_) start_commit();
+}
+
+void KafkaSink::abandon_transaction() {
+  if (transactions_ && txn_state_ == TxnState::open)
+    asio::co_spawn(io_, abort("the relay replays from the committed position"), asio::detached);
+}
+
+std::optional<Lsn> KafkaSink::confirm_limit() const {
+  if (!transactions_) return std::nullopt;
+  // Records wait in an open (or committing) transaction: only what is
+  // committed may be confirmed. With none open, everything acknowledged is
+  // committed.
+  if (txn_state_ == TxnState::idle) return std::nullopt;
+  return committed_ ? committed_->end_lsn : Lsn{};
+}
+
+}  // namespace walrelay
