@@ -432,8 +432,28 @@ TEST_CASE("slot endpoint returns the snapshot as JSON", "[admin]") {
           R"("retained_wal_bytes":1048576,"lag_seconds":null,"inflight_records":7,"inflight_bytes":2048,)"
           R"("producer_healthy":true,"server":{"wal_status":"reserved","safe_wal_size":4096,"active_pid":4242,)"
           R"("confirmed_flush_lsn":"16/B3740000","restart_lsn":"16/B3700000","current_wal_lsn":"16/B3750000",)"
-          R"("observed_at_unix_ms":1700000000123}})"
+          R"("observed_at_unix_ms":1700000000123},"exactly_once":null})"
           "\n");
+  }
+
+  SECTION("exactly once: the transactional id and the committed position") {
+    auto s = streaming();
+    s.exactly_once = walrelay::StatusSnapshot::ExactlyOnce{"walrelay-db-slot", pgoutput::Lsn{0x16B3740000ULL}};
+    server.status.set(s);
+    auto reply = fetch(server.port(), "/slot");
+    REQUIRE_FALSE(reply.ec);
+    simdjson::dom::element doc;
+    REQUIRE(parser.parse(reply.response.body()).get(doc) == simdjson::SUCCESS);
+    simdjson::dom::element eos = doc["exactly_once"];
+    REQUIRE(eos.is_object());
+    CHECK(std::string(std::string_view(eos["transactional_id"])) == "walrelay-db-slot");
+    CHECK(std::string(std::string_view(eos["committed_lsn"])) == "16/B3740000");
+
+    s.exactly_once->committed_lsn.reset();  // nothing committed yet
+    server.status.set(s);
+    reply = fetch(server.port(), "/slot");
+    REQUIRE(parser.parse(reply.response.body()).get(doc) == simdjson::SUCCESS);
+    CHECK(doc["exactly_once"]["committed_lsn"].is_null());
   }
 }
 
