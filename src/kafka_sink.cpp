@@ -73,6 +73,13 @@ std::string error_code_name(rd_kafka_resp_err_t err) {
 KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
                      std::optional<KafkaTransactions> transactions)
     : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io) {
+  if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
+  wake_.assign(wake_pipe_[0]);
+  create_producer();
+  watch_queue();
+}
+
+void KafkaSink::create_producer() {
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   char err[512];
   auto set = [&](const std::string& k, const std::string& v) {
@@ -81,9 +88,9 @@ KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, st
       throw ConfigError("kafka." + k, err);
     }
   };
-  for (auto& [k, v] : settings) set(k, v);
-  if (!settings.count("statistics.interval.ms")) set("statistics.interval.ms", "1000");
-  if (!settings.count("client.id")) set("client.id", "walrelay");
+  for (auto& [k, v] : settings_) set(k, v);
+  if (!settings_.count("statistics.interval.ms")) set("statistics.interval.ms", "1000");
+  if (!settings_.count("client.id")) set("client.id", "walrelay");
   // librdkafka logs from its own threads unless told to queue them; spdlog's
   // sinks here are single-threaded, so logs are served on the loop by poll(),
   // like delivery reports.
@@ -100,12 +107,9 @@ KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, st
     rd_kafka_conf_destroy(conf);
     throw ConfigError("kafka.*", std::string("could not create the Kafka producer: ") + err);
   }
-  if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
   queue_ = rd_kafka_queue_get_main(rk_);
   rd_kafka_set_log_queue(rk_, queue_);
   rd_kafka_queue_io_event_enable(queue_, wake_pipe_[1], "1", 1);
-  wake_.assign(wake_pipe_[0]);
-  watch_queue();
   // The pipe is written when the queue goes from empty to non-empty, and
   // rd_kafka_new has already queued its first log lines: empty it once.
   boost::asio::post(io_, [this] { poll(); });
@@ -147,6 +151,7 @@ void KafkaSink::watch_queue() {
 // on this thread. Bounded so that one call cannot starve the replication
 // socket; what is left is served after the loop's other handlers.
 void KafkaSink::poll() {
+  if (!queue_) return;  // between two producers (renew)
   if (mutation::active(mutation::Break::reorder_key) && held_ &&
       std::chrono::steady_clock::now() - held_->since > std::chrono::seconds(1))
     produce_held();
@@ -188,6 +193,7 @@ void KafkaSink::poll() {
 
 // Fails the records still in librdkafka's queues; each reports _PURGE_QUEUE.
 void KafkaSink::abort_queued() {
+  if (!rk_) return;
   // Queued records only: a request already sent may still be acknowledged,
   // and its records are then duplicates of the replay, not losses.
   auto err = rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE);

@@ -71,9 +71,25 @@ bool shared_with_consumer(const std::string& key) {
          key.rfind("sasl.", 0) == 0 || key.rfind("ssl.", 0) == 0 || key == "broker.address.family";
 }
 
-// Creates the offsets topic (compacted, one partition) unless it exists.
-// Runs on the worker.
+// Whether the cluster knows `topic`, asked without creating it.
+// A producer's metadata request for one topic lets the broker auto-create
+// it (uncompacted): the list of all topics does not. Once per start.
+bool topic_exists(rd_kafka_t* rk, const std::string& topic) {
+  const rd_kafka_metadata_t* md = nullptr;
+  bool exists = false;
+  if (rd_kafka_metadata(rk, 1, nullptr, &md, 30000) == RD_KAFKA_RESP_ERR_NO_ERROR)
+    for (int i = 0; i < md->topic_cnt && !exists; ++i)
+      exists = topic == md->topics[i].topic && md->topics[i].err == RD_KAFKA_RESP_ERR_NO_ERROR &&
+               md->topics[i].partition_cnt > 0;
+  if (md) rd_kafka_metadata_destroy(md);
+  return exists;
+}
+
+// Creates the offsets topic (compacted, one partition) unless it exists: a
+// topic made by an operator (say, where walrelay may not create topics) is
+// used as it is. Runs on the worker.
 void create_offsets_topic(rd_kafka_t* rk, const std::string& topic) {
+  if (topic_exists(rk, topic)) return;
   char err[512];
   rd_kafka_NewTopic_t* t = rd_kafka_NewTopic_new(topic.c_str(), 1, -1, err, sizeof err);
   if (!t) throw std::runtime_error("offsets.storage.topic: " + std::string(err));
@@ -286,9 +302,7 @@ void KafkaSink::start_commit() {
       RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_VALUE(value.data(), value.size()),
       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(nullptr), RD_KAFKA_V_END);
   if (err) {
-    asio::co_spawn(io_, abort(std::string("could not write the position to the offsets topic: ") +
-                              rd_kafka_err2str(err)),
-                   asio::detached);
+    start_abort(std::string("could not write the position to the offsets topic: ") + rd_kafka_err2str(err));
     return;
   }
   asio::co_spawn(io_, commit(), asio::detached);
@@ -296,11 +310,13 @@ void KafkaSink::start_commit() {
 
 asio::awaitable<void> KafkaSink::commit() {
   const Lsn end = *txn_end_;
+  const auto generation = generation_;
   for (;;) {
     // -1: the remaining transaction time, as librdkafka recommends. The
     // flush inside serves no callbacks (event mode): the loop goes on
     // serving delivery reports while the worker waits.
     TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_commit_transaction(rk, -1)); });
+    if (generation != generation_) co_return;  // that producer is gone
     if (r.ok) break;
     if (r.retriable) {
       spdlog::warn("kafka: committing a transaction: {}; trying again", r.message);
@@ -326,9 +342,11 @@ asio::awaitable<void> KafkaSink::commit() {
 
 asio::awaitable<void> KafkaSink::abort(std::string reason) {
   txn_state_ = TxnState::aborting;
+  const auto generation = generation_;
   spdlog::error("kafka: {}; aborting the transaction", reason);
   for (;;) {
     TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_abort_transaction(rk, -1)); });
+    if (generation != generation_) co_return;
     if (r.ok) break;
     if (r.retriable) continue;
     fatal_ = "could not abort a Kafka transaction: " + r.message;
@@ -345,9 +363,50 @@ void KafkaSink::commit_now() {
   if (transactions_ && txn_state_ == TxnState::open && !txn_partial_ && txn_end_) start_commit();
 }
 
+void KafkaSink::start_abort(std::string reason) {
+  // Now, not when the coroutine first runs: a commit_now() in between must
+  // find the transaction taken.
+  txn_state_ = TxnState::aborting;
+  asio::co_spawn(io_, abort(std::move(reason)), asio::detached);
+}
+
 void KafkaSink::abandon_transaction() {
-  if (transactions_ && txn_state_ == TxnState::open)
-    asio::co_spawn(io_, abort("the relay replays from the committed position"), asio::detached);
+  if (transactions_ && txn_state_ == TxnState::open) start_abort("the relay replays from the committed position");
+}
+
+asio::awaitable<bool> KafkaSink::renew() {
+  if (!transactions_ || fenced_ || !rk_) co_return false;
+  spdlog::warn("kafka: exactly once: replacing the failed producer ({}); the new one resumes from the committed "
+               "position",
+               fatal_.value_or("no error"));
+  ++generation_;
+  boundary_timer_.cancel();
+  boundary_armed_ = false;
+  // The old producer's events are never served: its delivery reports belong
+  // to a ledger the relay is about to reset, and its open transaction is
+  // aborted by the coordinator when the new one calls init_transactions.
+  rd_kafka_queue_io_event_enable(queue_, -1, nullptr, 0);
+  rd_kafka_queue_destroy(queue_);
+  queue_ = nullptr;
+  for (auto& [name, rkt] : topics_) rd_kafka_topic_destroy(rkt);
+  topics_.clear();
+  rd_kafka_t* old = rk_;
+  rk_ = nullptr;
+  // After whatever the worker still runs on the old producer.
+  co_await on_worker([old] {
+    rd_kafka_destroy(old);
+    return true;
+  });
+  fatal_.reset();
+  last_error_ = "no broker connection yet";
+  brokers_up_ = 0;
+  recovered_ = false;
+  txn_state_ = TxnState::idle;
+  txn_end_.reset();
+  txn_partial_ = false;
+  txn_records_ = 0;
+  create_producer();
+  co_return true;
 }
 
 std::optional<Lsn> KafkaSink::confirm_limit() const {

@@ -220,6 +220,9 @@ Metrics::Metrics()
       exactly_once_skipped(add_counter(*registry_, "walrelay_exactly_once_skipped_transactions_total",
                                        "Exactly once: source transactions read again and dropped, their events being "
                                        "in Kafka already.")),
+      producer_replacements(add_counter(*registry_, "walrelay_kafka_producer_replacements_total",
+                                        "Exactly once: times a producer that failed (not fenced) was replaced by a new "
+                                        "one, resuming from the committed position.")),
       committed_lsn(add_gauge(*registry_, "walrelay_exactly_once_committed_lsn",
                               "Exactly once: end LSN of the last source transaction in a committed Kafka "
                               "transaction.")),

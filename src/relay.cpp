@@ -164,9 +164,19 @@ void Relay::replay(std::string reason) {
   conn_.cancel_wait();
 }
 
+// A fatal producer error halts, except in exactly-once mode when it is not a
+// fence: nothing past the committed position was confirmed, so a new
+// producer can take over from there (a transaction librdkafka could not end,
+// a broker that lost the producer's state).
 void Relay::check_producer() {
-  if (auto fatal = sink_.fatal_error(); fatal && !halt_reason_)
-    halt(*fatal, sink_.fenced() ? exit_failure : exit_halted);
+  auto fatal = sink_.fatal_error();
+  if (!fatal || halt_reason_) return;
+  if (sink_.transactional() && !sink_.fenced()) {
+    renew_producer_ = true;
+    replay("the Kafka producer failed: " + *fatal);
+    return;
+  }
+  halt(*fatal, sink_.fenced() ? exit_failure : exit_halted);
 }
 
 // Whether another record may be handed to the sink (max.inflight.*).
@@ -218,10 +228,12 @@ asio::awaitable<void> Relay::run() {
     ledger_.abandon_open();
     txn_.reset();
     if (stop_requested_ || halt_reason_) break;
-    // Exactly once: the server sends again from the slot, and the open Kafka
-    // transaction may hold some of it: drop it, resume from what committed.
+    // Exactly once: the server sends again from the slot. What is whole in
+    // the open Kafka transaction commits; a source transaction cut in the
+    // middle is aborted, and the relay resumes from what committed.
     if (sink_.transactional() && sessions_streamed_ > streamed_before && !replay_reason_) {
       replay_reason_ = "the replication connection ended";
+      sink_.commit_now();
       sink_.abandon_transaction();
     }
     if (replay_reason_) {
@@ -229,6 +241,14 @@ asio::awaitable<void> Relay::run() {
       // never meet the fresh ledger.
       co_await drain(nullptr);
       if (stop_requested_ || halt_reason_) break;
+      if (renew_producer_) {
+        renew_producer_ = false;
+        if (!co_await sink_.renew()) {
+          halt(sink_.fatal_error().value_or("the Kafka producer failed"), exit_halted);
+          break;
+        }
+        metrics_.producer_replacements.Increment();
+      }
       ledger_.reset();
       failed_records_ = 0;
       replay_reason_.reset();
@@ -541,7 +561,9 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
     return !drain_deadline_ || std::chrono::steady_clock::now() >= *drain_deadline_;
   };
   // Nothing queued behind a failed record may land before it is sent again.
-  if (settle_all) sink_.abort_queued();
+  // (Exactly once: the aborted transaction takes its queue with it, and a
+  // purge would break a commit of what is whole.)
+  if (settle_all && !sink_.transactional()) sink_.abort_queued();
   // Exactly once: what is whole in the open Kafka transaction becomes visible.
   if (!settle_all) sink_.commit_now();
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_ && !halt_reason_)

@@ -72,6 +72,7 @@ class KafkaSink final : public Sink {
   std::optional<pgoutput::Lsn> confirm_limit() const override;
   void abandon_transaction() override;
   void commit_now() override;
+  boost::asio::awaitable<bool> renew() override;
 
   // Called from librdkafka callbacks (on the polling thread).
   void handle_delivery(const rd_kafka_message_s* message);
@@ -84,6 +85,8 @@ class KafkaSink final : public Sink {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
+  // Creates rk_ and queue_ from settings_ and wires the queue to the wake-up pipe.
+  void create_producer();
   void watch_queue();
   rd_kafka_topic_s* topic_handle(std::string_view topic);
   // reorder_key mutation (tests/mutation/run.sh) only.
@@ -110,6 +113,9 @@ class KafkaSink final : public Sink {
   void start_commit();
   boost::asio::awaitable<void> commit();
   boost::asio::awaitable<void> abort(std::string reason);
+  // Marks the open transaction aborting now (so nothing begins a commit
+  // meanwhile) and aborts it on the worker.
+  void start_abort(std::string reason);
   void arm_boundary();
 
   boost::asio::io_context& io_;
@@ -145,6 +151,7 @@ class KafkaSink final : public Sink {
   std::optional<KafkaTransactions> transactions_;
   std::optional<SourceIdentity> source_;          // written beside each position
   bool recovered_ = false;                        // init_transactions done, position read
+  std::uint64_t generation_ = 0;                  // bumped by renew(): the old producer's calls end quietly
   std::optional<CommittedPosition> committed_;    // what the last commit (or the offsets topic) holds
   TxnState txn_state_ = TxnState::idle;
   std::chrono::steady_clock::time_point txn_began_;

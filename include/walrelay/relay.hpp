@@ -152,6 +152,7 @@ class Relay final : public StatusSource {
   std::optional<std::string> halt_reason_;
   int halt_exit_code_ = exit_halted;
   std::optional<std::string> replay_reason_;  // set until the replay has started
+  bool renew_producer_ = false;               // the replay starts with a new producer (exactly once)
   // Set by the stop request or the halt: the one deadline for draining.
   std::optional<std::chrono::steady_clock::time_point> drain_deadline_;
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked

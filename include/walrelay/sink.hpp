@@ -124,6 +124,11 @@ class Sink {
   virtual std::optional<pgoutput::Lsn> confirm_limit() const { return std::nullopt; }
   // Drops the open transaction, if any (a replay from the committed position follows).
   virtual void abandon_transaction() {}
+  // After a fatal error that is not a fence: replaces the producer with a
+  // new one, whose recover() takes over from the committed position. Every
+  // record of the old one is forgotten (none was confirmed past that
+  // position). Returns false when the sink cannot be renewed.
+  virtual boost::asio::awaitable<bool> renew() { co_return false; }
   // Shutting down: commits the open transaction now if it holds only whole
   // source transactions (one cut in the middle is left to be aborted).
   virtual void commit_now() {}
