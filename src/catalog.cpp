@@ -410,13 +410,15 @@ std::vector<std::string> publication_statements(PgConnection& conn, const Config
     // publish_via_partition_root: rows of a partitioned outbox carry the
     // root's name whatever partition they land in, also partitions attached
     // later.
-    std::string sql = "CREATE PUBLICATION " + name + " FOR TABLE " + tables +
+    // Messages only (no table): a publication of nothing, which pgoutput
+    // still needs to be named.
+    std::string sql = "CREATE PUBLICATION " + name + (tables.empty() ? std::string() : " FOR TABLE " + tables) +
                       " WITH (publish = 'insert', publish_via_partition_root = true" +
                       (facts.generated_mapped.empty() ? "" : ", publish_generated_columns = stored") + ")";
     out.push_back(sql);
     return out;
   }
-  if (!pf.all_tables && (!pf.missing_tables.empty() || !pf.column_list_gaps.empty() ||
+  if (!pf.all_tables && !tables.empty() && (!pf.missing_tables.empty() || !pf.column_list_gaps.empty() ||
                          !pf.leaf_named_tables.empty())) {
     // filtered: the publication covers exactly the configured tables, whole.
     std::string sql = "ALTER PUBLICATION " + name + " SET TABLE " + tables;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <regex>
 #include <sstream>
 
 #include <boost/algorithm/hex.hpp>
@@ -159,8 +160,7 @@ const std::vector<KeySpec>& key_specs() {
       {"table.include.list",
        [](Config& c, const std::string& k, const std::string& v) {
          auto items = split_list(v);
-         if (items.empty()) throw ConfigError(k, "must name at least one table");
-         c.table_include_list.clear();
+         c.table_include_list.clear();  // empty: messages only (checked in validate)
          for (auto& i : items) {
            auto t = parse_table(k, i);
            if (std::find(c.table_include_list.begin(), c.table_include_list.end(), t) != c.table_include_list.end())
@@ -196,6 +196,18 @@ const std::vector<KeySpec>& key_specs() {
          }
        }},
       {"route.tombstone.on.empty.payload", bool_field(&Config::route_tombstone_on_empty_payload)},
+      {"message.prefix.include.list",
+       [](Config& c, const std::string& k, const std::string& v) {
+         c.message_prefix_include_list.clear();
+         for (auto& item : split_list(v)) {
+           try {
+             std::regex check(item);
+           } catch (const std::regex_error& e) {
+             throw ConfigError(k, "\"" + item + "\" is not a regular expression: " + e.what());
+           }
+           c.message_prefix_include_list.push_back(item);
+         }
+       }},
       {"exactly.once.support",
        [](Config& c, const std::string& k, const std::string& v) {
          if (v == "required" || v == "requested") c.exactly_once = true;
@@ -309,6 +321,11 @@ void apply_kafka_policy(Config& c) {
 }
 
 void validate(Config& c) {
+  // Messages only: the default outbox table is not wanted unless named.
+  if (!c.message_prefix_include_list.empty() && !c.origin.count("table.include.list")) c.table_include_list.clear();
+  if (c.table_include_list.empty() && c.message_prefix_include_list.empty())
+    throw ConfigError("table.include.list", "must name at least one table (or set message.prefix.include.list for "
+                                            "the tableless outbox)");
   {
     auto hosts = split_list(c.database_hostname);
     auto ports = split_list(c.database_port);
@@ -539,6 +556,9 @@ std::string Config::describe() const {
   line("table.field.event.timestamp", field_event_timestamp);
   line("route.by.field", route_by_field);
   line("route.topic.replacement", route_topic_replacement);
+  std::string prefixes;
+  for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;
+  line("message.prefix.include.list", prefixes);
   line("max.inflight.records", std::to_string(max_inflight_records));
   line("max.inflight.bytes", std::to_string(max_inflight_bytes));
   line("errors.tolerance", errors_tolerance == ErrorTolerance::none ? "none" : "all");

@@ -28,6 +28,21 @@ DeadLetter unmappable_row(const OutboxMapper& mapper, const pgoutput::Insert& in
   return d;
 }
 
+DeadLetter unmappable_message(const pgoutput::LogicalMessage& message, const MapError& error, bool context_headers) {
+  DeadLetter d;
+  d.reason = error.reason;
+  d.value = std::string(reinterpret_cast<const char*>(message.content.data()), message.content.size());
+  if (context_headers) {
+    d.headers.emplace_back("__connect.errors.exception.class.name", "walrelay.MappingError");
+    d.headers.emplace_back("__connect.errors.exception.message", error.message);
+    d.headers.emplace_back("walrelay.error.reason", error.reason);
+    d.headers.emplace_back("walrelay.source.message.prefix", std::string(message.prefix));
+    d.headers.emplace_back("walrelay.source.message.transactional", message.transactional() ? "true" : "false");
+    d.headers.emplace_back("walrelay.source.lsn", message.lsn.to_string());
+  }
+  return d;
+}
+
 DeadLetter refused_record(const Delivery& delivery, bool context_headers) {
   DeadLetter d;
   d.reason = delivery.error_code;

@@ -274,6 +274,9 @@ Metrics::Metrics()
       skipped_rows_family_(add_counter_family(
           *registry_, "walrelay_skipped_rows_total",
           "Inserted rows the publication sent from tables that are not in table.include.list, by table.")),
+      skipped_messages_family_(add_counter_family(
+          *registry_, "walrelay_skipped_messages_total",
+          "Logical messages whose prefix matches no pattern of message.prefix.include.list, by prefix.")),
       kafka_transactions_family_(add_counter_family(
           *registry_, "walrelay_kafka_transactions_total",
           "Exactly once: Kafka transactions ended, by outcome (committed, aborted).")),
@@ -317,6 +320,10 @@ void Metrics::set_safe_wal_size(std::optional<double> bytes) {
 
 prometheus::Counter& Metrics::kafka_transactions(std::string_view outcome) {
   return kafka_transactions_family_->Add({{"outcome", std::string(outcome)}});
+}
+
+prometheus::Counter& Metrics::skipped_messages(std::string_view prefix) {
+  return skipped_messages_family_->Add({{"prefix", std::string(prefix)}});
 }
 
 prometheus::Counter& Metrics::skipped_rows(std::string_view table) {

@@ -8,6 +8,7 @@
 
 #include <boost/algorithm/hex.hpp>
 #include <nlohmann/json.hpp>
+#include <simdjson.h>
 #include <pgoutput/binary.hpp>
 
 #include "walrelay/json.hpp"
@@ -96,7 +97,9 @@ bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
     while (digits++ < 6) micros *= 10;
   }
   int offset_s = 0;
-  if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) {
+  if (pos + 1 == s.size() && s[pos] == 'Z') {
+    ++pos;  // JSON's (ISO 8601's) UTC
+  } else if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) {
     int sign = s[pos] == '-' ? -1 : 1, oh = 0, om = 0, os = 0;
     if (!read_number(s, pos + 1, 2, oh)) return false;
     pos += 3;
@@ -151,12 +154,11 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
     if (!ref && required) info.missing += (info.missing.empty() ? "" : ", ") + name;
     return ref;
   };
-  bool routed = config_.route_topic_replacement.find("${routedByValue}") != std::string::npos;
   info.id = find(config_.field_event_id, true);
   info.key = find(config_.field_event_key, true);
   info.payload = find(config_.field_event_payload, true);
   info.timestamp = find(config_.field_event_timestamp, true);
-  info.route = find(config_.route_by_field, routed);
+  info.route = find(config_.route_by_field, routed());
   for (auto& p : config_.additional_placement) info.placements.push_back({find(p.column, true), p.alias, p.column});
   bool outbox = info.outbox;
   relations_[relation.oid] = std::move(info);
@@ -311,27 +313,12 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   out.key = key;
 
   // Topic: ${routedByValue} replaced by the route column's text form.
-  const std::string& pattern = config_.route_topic_replacement;
-  auto marker = pattern.find("${routedByValue}");
-  if (marker == std::string::npos) {
-    out.topic = pattern;
+  if (!routed()) {
+    out.topic = config_.route_topic_replacement;
   } else {
     std::string_view route;
     if (auto e = text_of(rel, rel.route, col(rel.route), route_buf_, route, "route")) return e;
-    if (route.empty())
-      return MapError{"empty_route", "route column \"" + config_.route_by_field + "\" is empty: no topic to route to"};
-    topic_buf_.assign(pattern, 0, marker);
-    topic_buf_.append(route);
-    topic_buf_.append(pattern, marker + 16);
-    // Row data names the topic: check it as Kafka would, so that a bad value
-    // is this row's mapping error, not a producer or broker refusal later.
-    if (auto why = illegal_topic_reason(topic_buf_)) {
-      std::string shown;
-      for (unsigned char c : route.substr(0, 100)) shown += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-      return MapError{"invalid_topic", "route column \"" + config_.route_by_field + "\" value \"" + shown +
-                                           "\" makes an illegal Kafka topic name: " + *why};
-    }
-    out.topic = topic_buf_;
+    if (auto e = route_to(route, "route column", out)) return e;
   }
 
   // Value: the payload as stored. NULL is a tombstone; so is an empty payload
@@ -379,6 +366,30 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   return std::nullopt;
 }
 
+bool OutboxMapper::routed() const {
+  return config_.route_topic_replacement.find("${routedByValue}") != std::string::npos;
+}
+
+std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::string_view what, OutboxRecord& out) {
+  const std::string& pattern = config_.route_topic_replacement;
+  const auto marker = pattern.find("${routedByValue}");
+  if (route.empty())
+    return MapError{"empty_route", std::string(what) + " \"" + config_.route_by_field + "\" is empty: no topic to route to"};
+  topic_buf_.assign(pattern, 0, marker);
+  topic_buf_.append(route);
+  topic_buf_.append(pattern, marker + 16);
+  // Event data names the topic: check it as Kafka would, so that a bad value
+  // is this event's mapping error, not a producer or broker refusal later.
+  if (auto why = illegal_topic_reason(topic_buf_)) {
+    std::string shown;
+    for (unsigned char c : route.substr(0, 100)) shown += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+    return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + shown +
+                                         "\" makes an illegal Kafka topic name: " + *why};
+  }
+  out.topic = topic_buf_;
+  return std::nullopt;
+}
+
 std::string OutboxMapper::row_json(const pgoutput::Insert& insert) const {
   auto it = relations_.find(insert.relation_oid);
   const std::vector<std::string>* names = it == relations_.end() ? nullptr : &it->second.column_names;
@@ -414,6 +425,133 @@ std::string OutboxMapper::event_id_of(const pgoutput::Insert& insert) const {
     return std::string(v);
   }
   return {};
+}
+
+// A logical message's content. simdjson's on-demand reader: one pass over
+// the members, views into the content (or into the parser's buffer for
+// strings with escapes), nothing allocated per message once warm.
+std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage& message,
+                                                  std::int64_t commit_time_us, std::uint16_t source_index,
+                                                  OutboxRecord& out) {
+  namespace od = simdjson::ondemand;
+  static thread_local od::parser parser;
+  out.table_index = source_index;
+  const auto content = message.content;
+  message_buf_.assign(reinterpret_cast<const char*>(content.data()), content.size());
+  message_buf_.append(simdjson::SIMDJSON_PADDING, '\0');
+  auto bad = [](std::string why) { return MapError{"bad_content", std::move(why)}; };
+  od::document doc;
+  if (parser.iterate(message_buf_.data(), content.size(), message_buf_.size()).get(doc))
+    return bad("the content is not JSON");
+  od::object object;
+  if (doc.get_object().get(object)) return bad("the content is not a JSON object");
+
+  using Member = MessageMember;
+  Member id, key, payload, timestamp, route;
+  if (header_bufs_.size() < config_.additional_placement.size()) header_bufs_.resize(config_.additional_placement.size());
+  std::vector<Member>& placed = placed_members_;
+  placed.assign(config_.additional_placement.size(), Member{});
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\n' || v.back() == '\r' || v.back() == '\t'))
+      v.remove_suffix(1);
+    return v;
+  };
+  for (auto field : object) {
+    std::string_view name;
+    if (field.unescaped_key().get(name)) return bad("a member's name is not valid JSON");
+    Member* targets[8];
+    std::size_t n = 0;
+    if (name == config_.field_event_id) targets[n++] = &id;
+    if (name == config_.field_event_key) targets[n++] = &key;
+    if (name == config_.field_event_payload) targets[n++] = &payload;
+    if (!config_.field_event_timestamp.empty() && name == config_.field_event_timestamp) targets[n++] = &timestamp;
+    if (name == config_.route_by_field) targets[n++] = &route;
+    bool wanted = n > 0;
+    for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
+      if (name == config_.additional_placement[i].column) wanted = true;
+    if (!wanted) continue;  // skipped unread by the on-demand reader
+    od::value value = field.value();
+    Member m;
+    m.present = true;
+    od::json_type type;
+    if (value.type().get(type)) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+    if (type == od::json_type::null) {
+      m.null = true;
+      if (value.is_null().error()) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+    } else if (type == od::json_type::string) {
+      m.string = true;
+      if (value.get_string().get(m.text)) return bad("member \"" + std::string(name) + "\" is not a valid JSON string");
+    } else {
+      // An object or array as written; a number or boolean as its token.
+      std::string_view raw;
+      bool failed = false;
+      if (type == od::json_type::object) {
+        od::object o;
+        failed = value.get_object().get(o) || o.raw_json().get(raw);
+      } else if (type == od::json_type::array) {
+        od::array a;
+        failed = value.get_array().get(a) || a.raw_json().get(raw);
+      } else {
+        raw = value.raw_json_token();
+      }
+      if (failed) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+      m.text = trim(raw);
+    }
+    for (std::size_t i = 0; i < n; ++i) *targets[i] = m;
+    for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
+      if (name == config_.additional_placement[i].column) placed[i] = m;
+  }
+
+  auto required = [&](const Member& m, const std::string& member, std::string_view role) -> std::optional<MapError> {
+    if (!m.present)
+      return MapError{"missing_column", std::string(role) + " member \"" + member + "\" is missing"};
+    if (m.null) return MapError{"null_value", std::string(role) + " member \"" + member + "\" is null"};
+    return std::nullopt;
+  };
+  if (auto e = required(id, config_.field_event_id, "event id")) return e;
+  if (auto e = required(key, config_.field_event_key, "event key")) return e;
+  out.key = key.text;
+  if (!routed()) {
+    out.topic = config_.route_topic_replacement;
+  } else {
+    if (auto e = required(route, config_.route_by_field, "route")) return e;
+    if (auto e = route_to(route.text, "route member", out)) return e;
+  }
+  // The payload as written: a string's characters, other JSON as its text;
+  // null is a tombstone, as a NULL payload column is.
+  if (!payload.present)
+    return MapError{"missing_column", "payload member \"" + config_.field_event_payload + "\" is missing"};
+  if (payload.null) out.value.reset();
+  else out.value = payload.text;
+  if (out.value && out.value->empty() && config_.route_tombstone_on_empty_payload) out.value.reset();
+
+  if (!config_.field_event_timestamp.empty()) {
+    const std::string& member = config_.field_event_timestamp;
+    auto bad_ts = [&](const std::string& why) {
+      return MapError{"bad_timestamp", "timestamp member \"" + member + "\": " + why};
+    };
+    if (!timestamp.present || timestamp.null) return bad_ts("is missing or null");
+    if (timestamp.string) {
+      if (!parse_iso_timestamp(timestamp.text, out.timestamp_ms))
+        return bad_ts("could not parse \"" + std::string(timestamp.text) + "\"");
+    } else {
+      auto r = std::from_chars(timestamp.text.data(), timestamp.text.data() + timestamp.text.size(), out.timestamp_ms);
+      if (r.ec != std::errc{} || r.ptr != timestamp.text.data() + timestamp.text.size())
+        return bad_ts("\"" + std::string(timestamp.text) + "\" is neither epoch milliseconds nor an ISO 8601 string");
+    }
+  } else {
+    out.timestamp_ms = pg_epoch_unix_ms + commit_time_us / 1000;
+  }
+
+  out.headers.clear();
+  out.headers.push_back({"id", id.text});
+  for (std::size_t i = 0; i < placed.size(); ++i) {
+    const Member& m = placed[i];
+    const std::string& header = config_.additional_placement[i].alias;
+    if (!m.present || m.null) out.headers.push_back({header, std::nullopt});
+    else out.headers.push_back({header, m.text});
+  }
+  return std::nullopt;
 }
 
 }  // namespace walrelay

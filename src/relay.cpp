@@ -78,6 +78,10 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
     metrics_.commit_to_ack.Observe(static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time) / 1e6);
   });
   for (auto& t : config_.table_include_list) table_names_.push_back(t.qualified());
+  for (auto& p : config_.message_prefix_include_list) {
+    message_prefixes_.emplace_back(p, std::regex::ECMAScript | std::regex::optimize);
+    table_names_.push_back("message:" + p);  // the table label of events relayed from messages
+  }
   relayed_counters_.resize(table_names_.size());
   record_.headers.reserve(4 + config_.additional_placement.size());
 }
@@ -335,7 +339,8 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   std::string cmd = "START_REPLICATION SLOT " + conn.quote_identifier(config_.slot_name) + " LOGICAL 0/0 (" +
                     "proto_version '" + std::to_string(proto_version) + "', publication_names " +
                     conn.quote_literal(conn.quote_identifier(config_.publication_name)) +
-                    (config_.binary ? ", binary 'true'" : "") + ")";
+                    (config_.binary ? ", binary 'true'" : "") +
+                    (message_prefixes_.empty() ? "" : ", messages 'true'") + ")";
   try {
     co_await conn.start_copy_both(cmd, std::chrono::milliseconds(config_.database_connect_timeout_ms));
   } catch (const PgError& e) {

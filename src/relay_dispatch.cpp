@@ -80,6 +80,16 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
         } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
           if (skipping_txn_) return;
           step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
+        } else if constexpr (std::is_same_v<T, pgoutput::LogicalMessage>) {
+          if (!message_prefixes_.empty() && !m.xid) {
+            step = on_logical_message(m);
+          } else {
+            metrics_.decode_errors.Increment();
+            halt("unexpected logical message at " + xlog.wal_start.to_string() +
+                 (m.xid ? ": walrelay asked for committed transactions only"
+                        : ": walrelay did not ask for messages (message.prefix.include.list is empty)"));
+            step = Step::stop;
+          }
         } else if constexpr (std::is_same_v<T, pgoutput::Update> || std::is_same_v<T, pgoutput::Delete> ||
                              std::is_same_v<T, pgoutput::Truncate> || std::is_same_v<T, pgoutput::Type> ||
                              std::is_same_v<T, pgoutput::Origin>) {
@@ -110,6 +120,10 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
     metrics_.mapping_errors(error->reason).Increment();
     return dead_letter_row(insert, *error, lsn);
   }
+  return submit_record();
+}
+
+Relay::Step Relay::submit_record() {
   std::size_t bytes = record_.size_bytes();
   std::uint16_t table = record_.table_index;
   // Counted before submit: a synchronous rejection reports its delivery at once.
@@ -173,6 +187,95 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
   if (status == SubmitStatus::queue_full) {
     ledger_.withdraw(*txn_, bytes);
     return Step::retry;
+  }
+  return halt_reason_ ? Step::stop : Step::done;
+}
+
+// The include-list entry of a prefix, looked up by regular expression once
+// per distinct prefix (past a bound, every time).
+Relay::PrefixSource& Relay::prefix_source(std::string_view prefix) {
+  if (auto it = prefix_sources_.find(prefix); it != prefix_sources_.end()) return it->second;
+  static thread_local PrefixSource uncached;
+  PrefixSource found;
+  const std::string name(prefix);
+  for (std::size_t i = 0; i < message_prefixes_.size() && found.source < 0; ++i)
+    if (std::regex_match(name, message_prefixes_[i])) found.source = static_cast<int>(i);
+  if (prefix_sources_.size() >= max_prefix_entries) {
+    uncached = found;
+    if (found.source < 0) uncached.skipped = &metrics_.skipped_messages(other_topics_label);
+    return uncached;
+  }
+  if (found.source < 0) {
+    found.skipped = &metrics_.skipped_messages(name);
+    spdlog::warn("{} logical messages with prefix \"{}\" match no pattern of message.prefix.include.list: they "
+                 "are skipped and counted in walrelay_skipped_messages_total",
+                 context(), name);
+  }
+  return prefix_sources_.emplace(name, found).first->second;
+}
+
+// A logical message. A transactional one arrives inside its transaction, in
+// commit order, and only if it committed: mapped like a row. One that is not
+// transactional was written whether or not its transaction committed, so it
+// is refused (errors.tolerance: a halt, or the dead-letter topic).
+Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
+  PrefixSource& source = prefix_source(message.prefix);
+  if (source.source < 0) {
+    source.skipped->Increment();
+    return Step::done;
+  }
+  if (!message.transactional()) {
+    // Exactly once: in Kafka already if at or below the committed position.
+    if (skip_until_ && message.lsn <= *skip_until_) return Step::done;
+    metrics_.mapping_errors("non_transactional").Increment();
+    return dead_letter_message(
+        message, MapError{"non_transactional",
+                          "the message was emitted with transactional=false: it is written at once, whether or not "
+                          "the transaction around it commits, so relaying it could publish an event of a rolled-back "
+                          "transaction; emit outbox messages with pg_logical_emit_message(true, ...)"});
+  }
+  if (skipping_txn_) return Step::done;
+  if (!txn_) {
+    halt("transactional logical message outside a transaction at " + message.lsn.to_string());
+    return Step::stop;
+  }
+  const auto index = static_cast<std::uint16_t>(config_.table_include_list.size() + static_cast<std::size_t>(source.source));
+  if (auto error = mapper_.map_message(message, commit_time_, index, record_)) {
+    metrics_.mapping_errors(error->reason).Increment();
+    return dead_letter_message(message, *error);
+  }
+  return submit_record();
+}
+
+// A message that cannot be relayed: a halt (errors.tolerance=none) or its
+// dead-letter copy. A non-transactional message has no transaction of its
+// own in the ledger: it gets one, at its LSN.
+Relay::Step Relay::dead_letter_message(const pgoutput::LogicalMessage& message, const MapError& error) {
+  std::string prefix;
+  for (unsigned char c : message.prefix.substr(0, 100)) prefix += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  std::string where = "logical message with prefix \"" + prefix + "\" at LSN " + message.lsn.to_string() +
+                      (message.transactional() ? " (xid " + std::to_string(xid_) + ")" : " (not transactional)");
+  if (config_.errors_tolerance == ErrorTolerance::none) {
+    halt("could not relay the " + where + ": " + error.message +
+         " (errors.tolerance=none; nothing past it is confirmed)");
+    return Step::stop;
+  }
+  spdlog::error("{} could not relay the {}: {}; sending it to {}", context(), where, error.message, config_.dlq_topic);
+  const DeadLetter dead = unmappable_message(message, error, config_.dlq_context_headers);
+  const std::size_t bytes = dead.size_bytes();
+  const bool own_txn = !message.transactional();
+  if (own_txn && !txn_) txn_ = ledger_.open(pgoutput::pg_epoch_micros_now(), message.lsn);
+  ledger_.add_record(*txn_, bytes);
+  auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
+                                         make_token(*txn_, 0), bytes);
+  if (status == SubmitStatus::queue_full) {
+    ledger_.withdraw(*txn_, bytes);
+    return Step::retry;  // offered again with the same ledger entry
+  }
+  if (own_txn) {
+    ledger_.commit(*txn_, message.lsn);
+    sink_.source_transaction_ended(message.lsn);
+    txn_.reset();
   }
   return halt_reason_ ? Step::stop : Step::done;
 }

@@ -84,6 +84,12 @@ struct Config {
   std::vector<AdditionalField> additional_placement;
   bool route_tombstone_on_empty_payload = false;
 
+  // The tableless outbox: transactional logical messages
+  // (pg_logical_emit_message) whose prefix matches one of these regular
+  // expressions (whole prefix, Debezium's message.prefix.include.list) are
+  // outbox events. Empty: messages are not requested at all.
+  std::vector<std::string> message_prefix_include_list;
+
   // exactly once (Kafka Connect's names)
   bool exactly_once = false;              // exactly.once.support=required
   int transaction_boundary_interval_ms = 100;  // transaction.boundary.interval.ms (transaction.boundary=poll: 0)

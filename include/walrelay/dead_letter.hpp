@@ -33,6 +33,10 @@ struct DeadLetter {
 DeadLetter unmappable_row(const OutboxMapper& mapper, const pgoutput::Insert& insert, const MapError& error,
                           pgoutput::Lsn lsn, bool context_headers);
 
+// A logical message that could not be mapped (or was refused: not
+// transactional): its content as it came, with the prefix and the LSN.
+DeadLetter unmappable_message(const pgoutput::LogicalMessage& message, const MapError& error, bool context_headers);
+
 // A record the broker refused for a reason of its own: its key and headers as
 // sent, and its value unless the value is what was refused (too large), or
 // the copy would be refused the same way.

@@ -28,7 +28,9 @@ struct OutboxRecord {
   std::optional<std::string_view> value;  // nullopt: a tombstone
   std::int64_t timestamp_ms = 0;          // unix epoch
   std::vector<Header> headers;            // capacity kept between rows
-  std::uint16_t table_index = 0;          // where it came from: position in table.include.list
+  // Where it came from: a position in table.include.list, or past its end
+  // the position of a message prefix pattern in message.prefix.include.list.
+  std::uint16_t table_index = 0;
 
   std::size_t size_bytes() const {
     return (key ? key->size() : 0) + (value ? value->size() : 0);
@@ -37,7 +39,7 @@ struct OutboxRecord {
 
 // Why a row could not be mapped. reason is a metric label.
 struct MapError {
-  std::string reason;   // missing_column, null_value, unsupported_type, bad_timestamp
+  std::string reason;   // missing_column, null_value, unsupported_type, bad_timestamp, bad_content, ...
   std::string message;  // names the column and what is wrong
 };
 
@@ -64,6 +66,14 @@ class OutboxMapper {
   // Maps one inserted row. commit_time_us is the transaction's commit time
   // (PostgreSQL epoch micros). On success `out` is filled; else the error.
   std::optional<MapError> map(const pgoutput::Insert& insert, std::int64_t commit_time_us, OutboxRecord& out);
+
+  // Maps the content of a logical message (pg_logical_emit_message): a JSON
+  // object whose members are named by the same table.field.event.* keys as
+  // a row's columns, with the same rules. A string member counts as a
+  // column's text; any other JSON value as its JSON text (a jsonb column's
+  // text form). source_index goes to out.table_index.
+  std::optional<MapError> map_message(const pgoutput::LogicalMessage& message, std::int64_t commit_time_us,
+                                      std::uint16_t source_index, OutboxRecord& out);
 
   // The row as a JSON object of column name to text form (or null; binary
   // values as "\\x" hex), for a dead-letter record when the row cannot be
@@ -99,12 +109,27 @@ class OutboxMapper {
   std::optional<MapError> timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
                                        std::int64_t& out_ms) const;
 
+  // Whether route.topic.replacement has ${routedByValue} in it.
+  bool routed() const;
+  // Sets out.topic from the route value; `what` names its source in errors.
+  std::optional<MapError> route_to(std::string_view route, std::string_view what, OutboxRecord& out);
+
   const Config& config_;
   std::unordered_map<std::uint32_t, RelationInfo> relations_;
   // Reusable buffers: no allocation per row once warm.
   std::string topic_buf_, key_buf_, value_buf_, id_buf_, route_buf_;
   std::vector<std::string> header_bufs_;
   std::vector<pgoutput::Column> columns_;
+  std::string message_buf_;  // a message's content, padded as simdjson reads it
+  // One member of a message's JSON object: a string's characters, or any
+  // other value's JSON text.
+  struct MessageMember {
+    bool present = false;
+    bool null = false;
+    bool string = false;
+    std::string_view text;
+  };
+  std::vector<MessageMember> placed_members_;  // one per additional placement
 };
 
 }  // namespace walrelay

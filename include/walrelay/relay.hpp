@@ -8,6 +8,7 @@
 #include <utility>  // before Boost 1.74 asio: its awaitable.hpp needs std::exchange
 #include <cstdint>
 #include <optional>
+#include <regex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -110,6 +111,17 @@ class Relay final : public StatusSource {
   Step relay_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
   Step skip_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
   Step dead_letter_row(const pgoutput::Insert& insert, const MapError& error, pgoutput::Lsn lsn);
+  // Hands record_ (mapped) to the sink inside the open transaction.
+  Step submit_record();
+  // A logical message: an outbox event if its prefix is included.
+  Step on_logical_message(const pgoutput::LogicalMessage& message);
+  Step dead_letter_message(const pgoutput::LogicalMessage& message, const MapError& error);
+  // The include-list entry for a message prefix (counting the skipped ones).
+  struct PrefixSource {
+    int source = -1;                        // index in message_prefixes_, -1: not an outbox prefix
+    prometheus::Counter* skipped = nullptr; // walrelay_skipped_messages_total{prefix}
+  };
+  PrefixSource& prefix_source(std::string_view prefix);
   void on_delivery(const Delivery& delivery);
   void dead_letter_refused(const Delivery& delivery, const std::string& where);
   void check_ledger();
@@ -195,6 +207,10 @@ class Relay final : public StatusSource {
   static constexpr std::size_t max_topic_series = 1000;
   static constexpr std::string_view other_topics_label = "(other)";
   std::unordered_map<std::uint32_t, prometheus::Counter*> skipped_;  // by relation OID: rows not of the outbox
+  // message.prefix.include.list, compiled; a prefix's match is looked up once.
+  std::vector<std::regex> message_prefixes_;
+  std::unordered_map<std::string, PrefixSource, TopicHash, std::equal_to<>> prefix_sources_;
+  static constexpr std::size_t max_prefix_entries = 1000;
   // Coroutine frames may not hold arrays with g++ 12; this one lives here.
   std::array<std::byte, pgoutput::standby_status_update_size> status_msg_{};
 };

@@ -1,0 +1,149 @@
+// The tableless outbox end to end: pg_logical_emit_message on the real
+// PostgreSQL, walrelay, the real broker, kcat as the judge.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "test_util.hpp"
+
+using namespace it;
+
+namespace {
+
+// deploy/sql/walrelay_emit_event.sql, as shipped.
+std::string emit_function_sql() {
+  std::ifstream in(std::string(WALRELAY_SOURCE_DIR) + "/deploy/sql/walrelay_emit_event.sql");
+  REQUIRE(in);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// An outbox message emitted with the shipped function under `prefix`.
+std::string emit(const std::string& prefix, const std::string& type, const std::string& key,
+                 const std::string& payload_json) {
+  return "SELECT walrelay_emit_event('" + type + "', '" + key + "', 'Created', '" + payload_json + "', '" + prefix +
+         "');";
+}
+
+}  // namespace
+
+TEST_CASE("messages: transactional logical messages are outbox events - beside table rows, in commit order, "
+          "rolled-back ones never, other prefixes counted",
+          "[relay][message]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  f.db().exec(emit_function_sql());
+  const std::string prefix = f.slot;  // each test its own prefix
+  Walrelay relay(f.config("message.prefix.include.list=" + prefix + "\n"));  // and the fixture's table
+  relay.start();
+  relay.wait_streaming();
+
+  // A row and a message of one key in one transaction: in that order.
+  f.db().exec("BEGIN;" + insert_event(f.table, "Order", "o-1", "'{\"seq\": 1}'") +
+              emit(prefix, "Order", "o-1", "{\"seq\": 2}") + "COMMIT;");
+  f.db().exec("BEGIN;" + emit(prefix, "Order", "rolled-back", "{\"seq\": -1}") + "ROLLBACK;");
+  f.db().exec("BEGIN;" + emit(prefix, "Order", "o-1", "{\"seq\": 3}") + "SAVEPOINT s;" +
+              emit(prefix, "Order", "savepoint-rolled-back", "{\"seq\": -2}") + "ROLLBACK TO SAVEPOINT s;" +
+              emit(prefix, "Customer", "c-1", "{\"seq\": 4}") + "COMMIT;");
+  // Another application's messages: not outbox events, counted.
+  f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix + "-audit', 'not an event');");
+  // A message whose content walrelay must not read as JSON text with
+  // escapes undone wrongly: payload strings with quotes and newlines.
+  f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix +
+              R"(', '{"id":"m-5","aggregatetype":"Customer","aggregateid":"c-1","payload":"say \"hi\"\nbye"}');)");
+  // A sentinel written last: once it is in Kafka, anything wrongly relayed is too.
+  f.db().exec(emit(prefix, "Sentinel", "s", "{}"));
+
+  REQUIRE(read_topic(f.topic("Sentinel"), 1, 60s).size() == 1);
+  auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 30s));
+  auto orders = read_topic(f.topic("Order"), 3);
+  auto customers = read_topic(f.topic("Customer"), 2);
+  REQUIRE(orders.size() == 3);
+  REQUIRE(customers.size() == 2);
+  std::vector<std::string> order_values;
+  for (auto& r : orders) {
+    CHECK(r.key == std::optional<std::string>("o-1"));
+    order_values.push_back(r.value.value_or("<null>"));
+    REQUIRE(r.header("id"));
+  }
+  // jsonb's text form, as a jsonb payload column gives it; commit order.
+  CHECK(order_values == std::vector<std::string>{"{\"seq\": 1}", "{\"seq\": 2}", "{\"seq\": 3}"});
+  CHECK(orders[1].header("id")->size() == 36);  // gen_random_uuid() in the function
+  CHECK(customers[0].value == std::optional<std::string>("{\"seq\": 4}"));
+  CHECK(customers[1].value == std::optional<std::string>("say \"hi\"\nbye"));
+  CHECK(customers[1].header("id") == std::optional<std::string>("m-5"));
+  for (auto& r : orders) CHECK(r.timestamp_ms > 0);
+
+  CHECK(relay.metric("walrelay_skipped_messages_total{prefix=\"" + prefix + "-audit\"}") == 1);
+  CHECK(relay.metric("walrelay_events_relayed_total{table=\"message:" + prefix + "\",topic=\"" + f.topic("Order") +
+                     "\"}") == 2);
+  CHECK(count_of(relay.log(), "match no pattern of message.prefix.include.list") == 1);
+}
+
+TEST_CASE("messages: a non-transactional message is refused - errors.tolerance=none halts before it, all sends it to "
+          "the dead-letter topic",
+          "[relay][message]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string prefix = f.slot;
+  SECTION("errors.tolerance=none: exit 3, nothing confirmed past it, the reason named") {
+    Walrelay relay(f.config("message.prefix.include.list=" + prefix + "\n"));
+    relay.start();
+    relay.wait_streaming();
+    auto before = f.db().current_wal_lsn();
+    f.db().exec("SELECT pg_logical_emit_message(false, '" + prefix +
+                R"(', '{"id":"1","aggregatetype":"Order","aggregateid":"k","payload":{}}');)");
+    CHECK(relay.wait_exit(30s) == 3);
+    CHECK(relay.log().find("transactional=false") != std::string::npos);
+    CHECK(f.db().confirmed_flush(f.slot) <= before);
+  }
+  SECTION("errors.tolerance=all: the content in the dead-letter topic, the next event flows") {
+    const std::string dlq = f.topic_prefix + "dlq";
+    Walrelay relay(f.config("message.prefix.include.list=" + prefix + "\nerrors.tolerance=all\n"
+                            "errors.deadletterqueue.topic.name=" + dlq + "\n"));
+    relay.start();
+    relay.wait_streaming();
+    const std::string content = R"({"id":"1","aggregatetype":"Order","aggregateid":"k","payload":{}})";
+    f.db().exec("SELECT pg_logical_emit_message(false, '" + prefix + "', '" + content + "');");
+    f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix + "', 'not json at all');");
+    f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix +
+                R"(', '{"id":"2","aggregatetype":"Order","aggregateid":"k","payload":{"ok":true}}');)");
+    auto good = read_topic(f.topic("Order"), 1);
+    REQUIRE(good.size() == 1);
+    CHECK(good[0].header("id") == std::optional<std::string>("2"));
+    auto dead = read_topic(dlq, 2);
+    REQUIRE(dead.size() == 2);
+    CHECK(dead[0].value == std::optional<std::string>(content));
+    CHECK(dead[0].header("walrelay.error.reason") == std::optional<std::string>("non_transactional"));
+    CHECK(dead[0].header("walrelay.source.message.transactional") == std::optional<std::string>("false"));
+    CHECK(dead[1].value == std::optional<std::string>("not json at all"));
+    CHECK(dead[1].header("walrelay.error.reason") == std::optional<std::string>("bad_content"));
+    CHECK(dead[1].header("walrelay.source.message.prefix") == std::optional<std::string>(prefix));
+    auto end = f.db().current_wal_lsn();
+    CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 30s));
+    CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"non_transactional\"}") == 1);
+    CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"bad_content\"}") == 1);
+  }
+}
+
+TEST_CASE("messages: messages only - no outbox table at all, the publication made empty, --check content",
+          "[relay][message]") {
+  Fixture f;
+  f.db().exec(emit_function_sql());
+  const std::string config = base_config(f.slot) + "route.topic.replacement=" + f.topic_prefix +
+                             "${routedByValue}\nmessage.prefix.include.list=" + f.slot + "\n";
+  Walrelay check(config);
+  CHECK(check.run({"--config", check.config_path(), "--check"}) == 0);
+  Walrelay relay(config);
+  relay.start();
+  relay.wait_streaming();
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_publication_tables WHERE pubname = '" + f.slot + "'") == "0");
+  f.db().exec("BEGIN;" + emit(f.slot, "Order", "k", "{\"only\": \"messages\"}") + "COMMIT;");
+  auto recs = read_topic(f.topic("Order"), 1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].value == std::optional<std::string>("{\"only\": \"messages\"}"));
+}
