@@ -174,6 +174,7 @@ const std::vector<KeySpec>& key_specs() {
       {"table.field.event.payload", column_field(&Config::field_event_payload, false)},
       {"table.field.event.timestamp", column_field(&Config::field_event_timestamp, true)},
       {"route.by.field", column_field(&Config::route_by_field, true)},
+      {"tracing.span.context.field", column_field(&Config::tracing_span_context_field, true)},
       {"route.topic.replacement",
        [](Config& c, const std::string& k, const std::string& v) {
          if (v.empty()) throw ConfigError(k, "must not be empty");
@@ -556,6 +557,7 @@ std::string Config::describe() const {
   line("table.field.event.timestamp", field_event_timestamp);
   line("route.by.field", route_by_field);
   line("route.topic.replacement", route_topic_replacement);
+  line("tracing.span.context.field", tracing_span_context_field);
   std::string prefixes;
   for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;
   line("message.prefix.include.list", prefixes);

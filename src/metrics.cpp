@@ -223,6 +223,9 @@ Metrics::Metrics()
       producer_replacements(add_counter(*registry_, "walrelay_kafka_producer_replacements_total",
                                         "Exactly once: times a producer that failed (not fenced) was replaced by a new "
                                         "one, resuming from the committed position.")),
+      trace_context_errors(add_counter(*registry_, "walrelay_trace_context_errors_total",
+                                       "Events relayed without trace headers because their trace context "
+                                       "(tracing.span.context.field) was malformed.")),
       committed_lsn(add_gauge(*registry_, "walrelay_exactly_once_committed_lsn",
                               "Exactly once: end LSN of the last source transaction in a committed Kafka "
                               "transaction.")),

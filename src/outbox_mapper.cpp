@@ -12,6 +12,7 @@
 #include <pgoutput/binary.hpp>
 
 #include "walrelay/json.hpp"
+#include "walrelay/trace_context.hpp"
 
 namespace walrelay {
 namespace {
@@ -159,6 +160,7 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   info.payload = find(config_.field_event_payload, true);
   info.timestamp = find(config_.field_event_timestamp, true);
   info.route = find(config_.route_by_field, routed());
+  info.tracing = find(config_.tracing_span_context_field, false);  // used where the table has it
   for (auto& p : config_.additional_placement) info.placements.push_back({find(p.column, true), p.alias, p.column});
   bool outbox = info.outbox;
   relations_[relation.oid] = std::move(info);
@@ -363,7 +365,24 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     if (auto e = text_of(rel, p.column, c, header_bufs_[i], v, "header")) return e;
     out.headers.push_back({p.header, v});
   }
+  trace_problem_.clear();
+  if (rel.tracing) {
+    const pgoutput::Column& c = col(rel.tracing);
+    std::string_view text;
+    if (c.kind == pgoutput::ColumnKind::text || c.kind == pgoutput::ColumnKind::binary) {
+      if (auto e = text_of(rel, rel.tracing, c, trace_text_buf_, text, "tracing span context"))
+        trace_problem_ = e->message;
+      else
+        add_trace_headers(text, out);
+    }
+  }
   return std::nullopt;
+}
+
+void OutboxMapper::add_trace_headers(std::string_view text, OutboxRecord& out) {
+  if (!parse_trace_context(text, traceparent_buf_, tracestate_buf_, trace_problem_)) return;
+  out.headers.push_back({"traceparent", traceparent_buf_});
+  if (!tracestate_buf_.empty()) out.headers.push_back({"tracestate", tracestate_buf_});
 }
 
 bool OutboxMapper::routed() const {
@@ -447,7 +466,7 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
   if (doc.get_object().get(object)) return bad("the content is not a JSON object");
 
   using Member = MessageMember;
-  Member id, key, payload, timestamp, route;
+  Member id, key, payload, timestamp, route, tracing;
   if (header_bufs_.size() < config_.additional_placement.size()) header_bufs_.resize(config_.additional_placement.size());
   std::vector<Member>& placed = placed_members_;
   placed.assign(config_.additional_placement.size(), Member{});
@@ -466,6 +485,8 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
     if (name == config_.field_event_payload) targets[n++] = &payload;
     if (!config_.field_event_timestamp.empty() && name == config_.field_event_timestamp) targets[n++] = &timestamp;
     if (name == config_.route_by_field) targets[n++] = &route;
+    if (!config_.tracing_span_context_field.empty() && name == config_.tracing_span_context_field)
+      targets[n++] = &tracing;
     bool wanted = n > 0;
     for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
       if (name == config_.additional_placement[i].column) wanted = true;
@@ -551,6 +572,8 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
     if (!m.present || m.null) out.headers.push_back({header, std::nullopt});
     else out.headers.push_back({header, m.text});
   }
+  trace_problem_.clear();
+  if (tracing.present && !tracing.null) add_trace_headers(tracing.text, out);
   return std::nullopt;
 }
 

@@ -124,6 +124,15 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
 }
 
 Relay::Step Relay::submit_record() {
+  if (!mapper_.trace_problem().empty()) {
+    // The event goes out without trace headers: a trace is worth a warning,
+    // never an event.
+    metrics_.trace_context_errors.Increment();
+    const auto n = static_cast<std::uint64_t>(metrics_.trace_context_errors.Value());
+    if (n <= 10 || n % 1000 == 0)
+      spdlog::warn("{} an event's trace context ({}) was left out: {} (walrelay_trace_context_errors_total={})",
+                   context(), config_.tracing_span_context_field, mapper_.trace_problem(), n);
+  }
   std::size_t bytes = record_.size_bytes();
   std::uint16_t table = record_.table_index;
   // Counted before submit: a synchronous rejection reports its delivery at once.

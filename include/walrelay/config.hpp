@@ -83,6 +83,10 @@ struct Config {
   std::string route_topic_replacement = "outbox.event.${routedByValue}";
   std::vector<AdditionalField> additional_placement;
   bool route_tombstone_on_empty_payload = false;
+  // tracing.span.context.field: a column (or message member) holding the
+  // writer's W3C trace context, as Debezium's router reads it (Java
+  // properties text) or as a plain traceparent. Empty: not read.
+  std::string tracing_span_context_field = "tracingspancontext";
 
   // The tableless outbox: transactional logical messages
   // (pg_logical_emit_message) whose prefix matches one of these regular

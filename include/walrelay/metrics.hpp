@@ -47,6 +47,7 @@ class Metrics {
   prometheus::Counter& replays;               // walrelay_replays_total
   prometheus::Counter& exactly_once_skipped;  // walrelay_exactly_once_skipped_transactions_total
   prometheus::Counter& producer_replacements; // walrelay_kafka_producer_replacements_total
+  prometheus::Counter& trace_context_errors;  // walrelay_trace_context_errors_total
   prometheus::Gauge& committed_lsn;           // walrelay_exactly_once_committed_lsn
   prometheus::Counter& decode_errors;         // walrelay_decode_errors_total
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records

@@ -75,6 +75,10 @@ class OutboxMapper {
   std::optional<MapError> map_message(const pgoutput::LogicalMessage& message, std::int64_t commit_time_us,
                                       std::uint16_t source_index, OutboxRecord& out);
 
+  // Why the last mapped event's trace context was left out (malformed), or
+  // empty. The event itself is relayed either way.
+  const std::string& trace_problem() const { return trace_problem_; }
+
   // The row as a JSON object of column name to text form (or null; binary
   // values as "\\x" hex), for a dead-letter record when the row cannot be
   // mapped. Always valid JSON: invalid UTF-8 becomes U+FFFD.
@@ -99,7 +103,7 @@ class OutboxMapper {
     std::uint16_t table_index = 0;      // position in table.include.list
     std::vector<std::string> column_names;
     std::vector<std::uint32_t> column_types;
-    ColumnRef id, key, payload, timestamp, route;
+    ColumnRef id, key, payload, timestamp, route, tracing;
     std::vector<Placement> placements;
     std::string missing;                // required columns absent, named; empty if none
   };
@@ -109,6 +113,9 @@ class OutboxMapper {
   std::optional<MapError> timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
                                        std::int64_t& out_ms) const;
 
+  // Adds traceparent (and tracestate) headers from a trace context's text,
+  // or sets trace_problem_.
+  void add_trace_headers(std::string_view text, OutboxRecord& out);
   // Whether route.topic.replacement has ${routedByValue} in it.
   bool routed() const;
   // Sets out.topic from the route value; `what` names its source in errors.
@@ -130,6 +137,7 @@ class OutboxMapper {
     std::string_view text;
   };
   std::vector<MessageMember> placed_members_;  // one per additional placement
+  std::string trace_text_buf_, traceparent_buf_, tracestate_buf_, trace_problem_;
 };
 
 }  // namespace walrelay
