@@ -13,7 +13,7 @@ pg_majors="${WALRELAY_PG_MAJORS:-}"
 # dpkg-query never reports as installed.)
 packages=(
   build-essential cmake ninja-build pkg-config git python3
-  libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev
+  libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev libboost-regex-dev
   libsimdjson-dev nlohmann-json3-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   postgresql-15 postgresql-client-15

@@ -58,7 +58,7 @@ std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& co
       {"table.field.event.payload", config.field_event_payload},
       {"table.field.event.timestamp", config.field_event_timestamp},
   };
-  if (config.route_topic_replacement.find("${routedByValue}") != std::string::npos)
+  if (config.routes_by_value())
     out.emplace_back("route.by.field", config.route_by_field);
   for (auto& p : config.additional_placement) out.emplace_back("table.fields.additional.placement", p.column);
   out.erase(std::remove_if(out.begin(), out.end(), [](auto& kv) { return kv.second.empty(); }), out.end());

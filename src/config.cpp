@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <boost/algorithm/hex.hpp>
+#include <boost/regex.hpp>
 
 namespace walrelay {
 namespace {
@@ -108,6 +109,33 @@ Setter column_field(std::string Config::*field, bool optional) {
   };
 }
 
+// A Kafka Connect converter class, as a Connect configuration names it.
+Setter converter_field(Converter Config::*field) {
+  return [=](Config& c, const std::string& k, const std::string& v) {
+    if (v == "org.apache.kafka.connect.storage.StringConverter" ||
+        v == "org.apache.kafka.connect.converters.ByteArrayConverter" ||
+        v == "io.debezium.converters.BinaryDataConverter" || v == "io.debezium.converters.ByteArrayConverter")
+      c.*field = Converter::string;
+    else if (v == "org.apache.kafka.connect.json.JsonConverter")
+      c.*field = Converter::json;
+    else
+      throw ConfigError(k, "\"" + v + "\" is not a converter walrelay writes: StringConverter, ByteArrayConverter "
+                           "or JsonConverter (with schemas.enable=false)");
+  };
+}
+
+// JsonConverter's schemas.enable: only false exists here (walrelay writes no
+// schema envelope); Connect's default is true, so it must be said.
+Setter schemas_enable_field() {
+  return [](Config& c, const std::string& k, const std::string& v) {
+    (void)c;
+    if (v != "false")
+      throw ConfigError(k, "only false is supported: walrelay does not write JsonConverter's schema envelope "
+                           "({\"schema\": ..., \"payload\": ...}); consumers reading schemas.enable=true output "
+                           "need Debezium");
+  };
+}
+
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"database.hostname", string_field(&Config::database_hostname)},
@@ -174,6 +202,16 @@ const std::vector<KeySpec>& key_specs() {
       {"table.field.event.payload", column_field(&Config::field_event_payload, false)},
       {"table.field.event.timestamp", column_field(&Config::field_event_timestamp, true)},
       {"route.by.field", column_field(&Config::route_by_field, true)},
+      {"route.topic.regex",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v.empty()) throw ConfigError(k, "must not be empty");
+         try {
+           boost::regex check(v, boost::regex::perl);
+         } catch (const boost::regex_error& e) {
+           throw ConfigError(k, "\"" + v + "\" is not a regular expression: " + e.what());
+         }
+         c.route_topic_regex = v;
+       }},
       {"tracing.span.context.field", column_field(&Config::tracing_span_context_field, true)},
       {"route.topic.replacement",
        [](Config& c, const std::string& k, const std::string& v) {
@@ -190,13 +228,22 @@ const std::vector<KeySpec>& key_specs() {
            while (std::getline(in, part, ':')) parts.push_back(trim(part));
            if (parts.size() < 2 || parts.size() > 3 || parts[0].empty())
              throw ConfigError(k, "expected column:header[:alias], got \"" + item + "\"");
-           if (parts[1] != "header")
+           if (parts[1] != "header" && parts[1] != "envelope" && parts[1] != "partition")
              throw ConfigError(k, "placement \"" + parts[1] + "\" in \"" + item +
-                                      "\" is not supported: walrelay relays the payload as stored, so only header placement exists");
+                                      "\" is not one of header, envelope, partition");
+           if (parts[1] == "partition" &&
+               std::any_of(c.additional_placement.begin(), c.additional_placement.end(),
+                           [](auto& f) { return f.placement == "partition"; }))
+             throw ConfigError(k, "more than one partition placement: a record has one partition");
            c.additional_placement.push_back({parts[0], parts[1], parts.size() == 3 ? parts[2] : parts[0]});
          }
        }},
       {"route.tombstone.on.empty.payload", bool_field(&Config::route_tombstone_on_empty_payload)},
+      {"table.expand.json.payload", bool_field(&Config::expand_json_payload)},
+      {"key.converter", converter_field(&Config::key_converter)},
+      {"value.converter", converter_field(&Config::value_converter)},
+      {"key.converter.schemas.enable", schemas_enable_field()},
+      {"value.converter.schemas.enable", schemas_enable_field()},
       {"message.prefix.include.list",
        [](Config& c, const std::string& k, const std::string& v) {
          c.message_prefix_include_list.clear();
@@ -340,8 +387,16 @@ void validate(Config& c) {
   if (c.errors_tolerance == ErrorTolerance::all && c.dlq_topic.empty())
     throw ConfigError("errors.deadletterqueue.topic.name",
                       "is required with errors.tolerance=all: walrelay never drops an event silently");
-  if (c.route_topic_replacement.find("${routedByValue}") != std::string::npos && c.route_by_field.empty())
-    throw ConfigError("route.by.field", "must name a column while route.topic.replacement uses ${routedByValue}");
+  for (const char* side : {"key", "value"}) {
+    const bool json = std::string(side) == "key" ? c.key_converter == Converter::json : c.value_converter == Converter::json;
+    const std::string schemas = std::string(side) + ".converter.schemas.enable";
+    if (json && !c.origin.count(schemas))
+      throw ConfigError(schemas, "must be set to false with " + std::string(side) +
+                                     ".converter=org.apache.kafka.connect.json.JsonConverter (Kafka Connect's default "
+                                     "is true, a schema envelope walrelay does not write)");
+  }
+  if (c.routes_by_value() && c.route_by_field.empty())
+    throw ConfigError("route.by.field", "must name a column while route.topic.replacement refers to the route value");
   for (auto& f : c.additional_placement)
     if (f.alias.empty()) throw ConfigError("table.fields.additional.placement", "empty header name for column " + f.column);
   if (!c.exactly_once && c.kafka.count("transactional.id"))
@@ -368,9 +423,25 @@ void validate(Config& c) {
       throw ConfigError("errors.deadletterqueue.topic.name", "\"" + c.dlq_topic + "\" is not a legal Kafka topic name: " + *why);
   {
     // The fixed parts of the route must be legal whatever the row supplies.
-    std::string fixed = c.route_topic_replacement;
-    for (auto p = fixed.find("${routedByValue}"); p != std::string::npos; p = fixed.find("${routedByValue}"))
-      fixed.replace(p, 16, "x");
+    // ${name}, $n and \x are the regex's (Java's replacement syntax).
+    std::string fixed;
+    const std::string& r = c.route_topic_replacement;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      if (r[i] == '\\' && i + 1 < r.size()) {
+        fixed += r[++i];
+      } else if (r[i] == '$' && i + 1 < r.size() && r[i + 1] == '{') {
+        auto close = r.find('}', i);
+        if (close == std::string::npos)
+          throw ConfigError("route.topic.replacement", "\"" + r + "\" has a ${ without its }");
+        fixed += 'x';
+        i = close;
+      } else if (r[i] == '$' && i + 1 < r.size() && std::isdigit(static_cast<unsigned char>(r[i + 1]))) {
+        while (i + 1 < r.size() && std::isdigit(static_cast<unsigned char>(r[i + 1]))) ++i;
+        fixed += 'x';
+      } else {
+        fixed += r[i];
+      }
+    }
     if (auto why = illegal_topic_reason(fixed))
       throw ConfigError("route.topic.replacement",
                         "\"" + c.route_topic_replacement + "\" cannot make a legal Kafka topic name: " + *why);
@@ -557,6 +628,7 @@ std::string Config::describe() const {
   line("table.field.event.timestamp", field_event_timestamp);
   line("route.by.field", route_by_field);
   line("route.topic.replacement", route_topic_replacement);
+  line("route.topic.regex", route_topic_regex);
   line("tracing.span.context.field", tracing_span_context_field);
   std::string prefixes;
   for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;

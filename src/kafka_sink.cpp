@@ -203,7 +203,8 @@ void KafkaSink::abort_queued() {
 // Hands one record to librdkafka, copied; a refusal is reported at once.
 SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::string_view> key,
                                 std::optional<std::string_view> value, std::int64_t timestamp_ms,
-                                const std::vector<OutboxRecord::Header>& headers, Pending* pending) {
+                                const std::vector<OutboxRecord::Header>& headers, Pending* pending,
+                                std::int32_t partition) {
   // Rejected before it entered the queue: reported like a failed delivery.
   auto reject = [&](std::string code, std::string message, bool transient) {
     Delivery d;
@@ -247,6 +248,10 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
   }
   vus[n].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
   vus[n++].u.i = RD_KAFKA_MSG_F_COPY;
+  if (partition >= 0) {  // a partition placement; otherwise the partitioner's choice by key
+    vus[n].vtype = RD_KAFKA_VTYPE_PARTITION;
+    vus[n++].u.i32 = partition;
+  }
   if (timestamp_ms > 0) {
     vus[n].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
     vus[n++].u.i64 = timestamp_ms;
@@ -301,7 +306,7 @@ SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) 
   if (mutation::active(mutation::Break::drop_records) && mutation_count_++ % 10 == 2)
     return SubmitStatus::accepted;  // gone: no report, ever
   if (mutation::active(mutation::Break::reorder_key)) return submit_reordered(record, opaque);
-  return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
+  return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque, record.partition);
 }
 
 // reorder_key mutation: produces the record held back.
@@ -318,7 +323,7 @@ SubmitStatus KafkaSink::submit_reordered(const OutboxRecord& record, Pending* op
   // Every fifth record waits for the next one of its key and goes after it;
   // one that waits for more than a second goes alone.
   if (held_ && held_->key == record.key) {
-    auto r = produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
+    auto r = produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque, record.partition);
     produce_held();
     return r;
   }
@@ -332,7 +337,7 @@ SubmitStatus KafkaSink::submit_reordered(const OutboxRecord& record, Pending* op
     held_ = std::move(h);
     return SubmitStatus::accepted;
   }
-  return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque);
+  return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque, record.partition);
 }
 
 // A dead-letter record; a heap Pending carries its token, size and reason.

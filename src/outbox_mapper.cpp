@@ -7,6 +7,7 @@
 #include <string>
 
 #include <boost/algorithm/hex.hpp>
+#include <boost/regex.hpp>
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
 #include <pgoutput/binary.hpp>
@@ -127,7 +128,10 @@ bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
 
 }  // namespace
 
-OutboxMapper::OutboxMapper(const Config& config) : config_(config) {}
+OutboxMapper::OutboxMapper(const Config& config) : config_(config) {
+  if (config_.route_topic_regex != Config::default_route_topic_regex)
+    route_regex_.emplace(config_.route_topic_regex, boost::regex::perl);
+}
 
 bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   RelationInfo info;
@@ -353,18 +357,23 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
 
   out.headers.clear();
   out.headers.push_back({"id", id});
+  out.partition = -1;
+  envelope_.clear();
   if (header_bufs_.size() < rel.placements.size()) header_bufs_.resize(rel.placements.size());
   for (std::size_t i = 0; i < rel.placements.size(); ++i) {
     const Placement& p = rel.placements[i];
     const pgoutput::Column& c = col(p.column);
     if (c.is_null()) {
-      out.headers.push_back({p.header, std::nullopt});
+      if (auto e = place(i, std::nullopt, false, out)) return e;
       continue;
     }
     std::string_view v;
-    if (auto e = text_of(rel, p.column, c, header_bufs_[i], v, "header")) return e;
-    out.headers.push_back({p.header, v});
+    if (auto e = text_of(rel, p.column, c, header_bufs_[i], v, config_.additional_placement[i].placement)) return e;
+    const auto t = p.column.type_oid;
+    const bool number = t == pgtype::int2 || t == pgtype::int4 || t == pgtype::int8 || t == pgtype::oid;
+    if (auto e = place(i, v, number, out)) return e;
   }
+  convert(out);
   trace_problem_.clear();
   if (rel.tracing) {
     const pgoutput::Column& c = col(rel.tracing);
@@ -379,33 +388,176 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   return std::nullopt;
 }
 
+std::optional<MapError> OutboxMapper::place(std::size_t index, std::optional<std::string_view> value, bool json,
+                                            OutboxRecord& out) {
+  const AdditionalField& f = config_.additional_placement[index];
+  if (f.placement == "header") {
+    out.headers.push_back({f.alias, value});
+  } else if (f.placement == "envelope") {
+    envelope_.push_back({index, value, json});
+  } else if (value) {  // partition; NULL leaves it to the key
+    std::int32_t p = -1;
+    auto r = std::from_chars(value->data(), value->data() + value->size(), p);
+    if (r.ec != std::errc{} || r.ptr != value->data() + value->size() || p < 0)
+      return MapError{"bad_partition", "partition placement \"" + f.column + "\" value \"" +
+                                           std::string(value->substr(0, 40)) + "\" is not a partition number"};
+    out.partition = p;
+  }
+  return std::nullopt;
+}
+
+namespace {
+// A string as a JSON string (invalid UTF-8 as U+FFFD).
+std::string json_string(std::string_view s) {
+  return Json(std::string(s)).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+}  // namespace
+
+void OutboxMapper::convert(OutboxRecord& out) {
+  if (config_.key_converter == Converter::json && out.key) {
+    converted_key_buf_ = json_string(*out.key);
+    out.key = converted_key_buf_;
+  }
+  if (!out.value) return;  // a tombstone stays one
+  std::string_view payload = *out.value;
+  bool payload_json = false;
+  if (config_.expand_json_payload) {
+    // Debezium parses the payload and writes it back compact; text that is
+    // not JSON stays a string.
+    static thread_local simdjson::dom::parser parser;
+    simdjson::dom::element ignored;
+    if (!parser.parse(payload.data(), payload.size()).get(ignored)) {
+      expanded_buf_.resize(payload.size() + simdjson::SIMDJSON_PADDING);
+      std::size_t len = 0;
+      if (!simdjson::minify(payload.data(), payload.size(), expanded_buf_.data(), len)) {
+        expanded_buf_.resize(len);
+        payload = expanded_buf_;
+        payload_json = true;
+      }
+    }
+  }
+  if (!envelope_.empty()) {
+    std::string& v = converted_value_buf_;
+    v = "{\"payload\":";
+    v += payload_json ? std::string(payload) : json_string(payload);
+    for (const EnvelopeMember& m : envelope_) {
+      v += ',';
+      v += json_string(config_.additional_placement[m.index].alias);
+      v += ':';
+      if (!m.value) v += "null";
+      else if (m.json) v.append(*m.value);
+      else v += json_string(*m.value);
+    }
+    v += '}';
+    out.value = v;
+  } else if (config_.value_converter == Converter::json && !payload_json) {
+    converted_value_buf_ = json_string(payload);
+    out.value = converted_value_buf_;
+  } else {
+    out.value = payload;
+  }
+}
+
 void OutboxMapper::add_trace_headers(std::string_view text, OutboxRecord& out) {
   if (!parse_trace_context(text, traceparent_buf_, tracestate_buf_, trace_problem_)) return;
   out.headers.push_back({"traceparent", traceparent_buf_});
   if (!tracestate_buf_.empty()) out.headers.push_back({"tracestate", tracestate_buf_});
 }
 
-bool OutboxMapper::routed() const {
-  return config_.route_topic_replacement.find("${routedByValue}") != std::string::npos;
+bool OutboxMapper::routed() const { return config_.routes_by_value(); }
+
+// route.topic.replacement with Java's replacement syntax: ${name} and $n
+// name the regex's groups, a backslash escapes the next character.
+std::optional<std::string> OutboxMapper::expand_route(
+    const std::function<std::optional<std::string_view>(std::string_view)>& group,
+    std::string& out) const {
+  const std::string& r = config_.route_topic_replacement;
+  out.clear();
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == '\\' && i + 1 < r.size()) {
+      out += r[++i];
+      continue;
+    }
+    if (r[i] != '$' || i + 1 == r.size()) {
+      out += r[i];
+      continue;
+    }
+    std::string_view ref;
+    if (r[i + 1] == '{') {
+      auto close = r.find('}', i);
+      ref = std::string_view(r).substr(i + 2, close - i - 2);
+      i = close;
+    } else {
+      std::size_t start = i + 1;
+      while (i + 1 < r.size() && r[i + 1] >= '0' && r[i + 1] <= '9') ++i;
+      ref = std::string_view(r).substr(start, i + 1 - start);
+      if (ref.empty()) {
+        out += '$';
+        continue;
+      }
+    }
+    auto value = group(ref);
+    if (!value) return "route.topic.replacement refers to group \"" + std::string(ref) + "\", which route.topic.regex does not have";
+    out.append(*value);
+  }
+  return std::nullopt;
 }
 
 std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::string_view what, OutboxRecord& out) {
-  const std::string& pattern = config_.route_topic_replacement;
-  const auto marker = pattern.find("${routedByValue}");
   if (route.empty())
     return MapError{"empty_route", std::string(what) + " \"" + config_.route_by_field + "\" is empty: no topic to route to"};
-  topic_buf_.assign(pattern, 0, marker);
-  topic_buf_.append(route);
-  topic_buf_.append(pattern, marker + 16);
+  // Event data in an error message: control characters never break a log line.
+  auto shown = [](std::string_view text, std::size_t limit) {
+    std::string s;
+    for (unsigned char c : text.substr(0, limit)) s += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+    return s;
+  };
+  if (!route_regex_) {
+    // The default regex, (?<routedByValue>.*): every group is the whole value.
+    auto problem = expand_route([&](std::string_view name) -> std::optional<std::string_view> {
+      if (name == "routedByValue" || name == "0" || name == "1") return route;
+      return std::nullopt;
+    }, topic_buf_);
+    if (problem) return MapError{"invalid_topic", *problem};
+  } else {
+    // Routes repeat: each value's topic is worked out once.
+    if (auto it = topic_cache_.find(route); it != topic_cache_.end()) {
+      out.topic = it->second;
+      return std::nullopt;
+    }
+    const std::string value(route);
+    boost::smatch match;
+    if (boost::regex_match(value, match, *route_regex_)) {
+      auto problem = expand_route([&](std::string_view ref) -> std::optional<std::string_view> {
+        const std::string name(ref);
+        if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+          const auto n = std::stoul(name);
+          if (n >= match.size()) return std::nullopt;
+          return std::string_view(value).substr(static_cast<std::size_t>(match.position(static_cast<int>(n))),
+                                                static_cast<std::size_t>(match.length(static_cast<int>(n))));
+        }
+        const auto& sub = match[name];
+        if (!sub.matched && match.named_subexpression_index(name.c_str(), name.c_str() + name.size()) < 0)
+          return std::nullopt;
+        return sub.matched ? std::string_view(&*sub.first, static_cast<std::size_t>(sub.length())) : std::string_view{};
+      }, topic_buf_);
+      if (problem) return MapError{"invalid_topic", *problem};
+    } else {
+      topic_buf_ = value;  // no match: the route value is the topic (Debezium)
+    }
+  }
   // Event data names the topic: check it as Kafka would, so that a bad value
   // is this event's mapping error, not a producer or broker refusal later.
-  if (auto why = illegal_topic_reason(topic_buf_)) {
-    std::string shown;
-    for (unsigned char c : route.substr(0, 100)) shown += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-    return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + shown +
-                                         "\" makes an illegal Kafka topic name: " + *why};
+  if (auto why = illegal_topic_reason(topic_buf_))
+    return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + shown(route, 100) +
+                                         "\" makes an illegal Kafka topic name \"" + shown(topic_buf_, 300) +
+                                         "\": " + *why};
+  if (route_regex_) {
+    if (topic_cache_.size() >= max_cached_topics) topic_cache_.clear();
+    out.topic = topic_cache_.emplace(std::string(route), topic_buf_).first->second;
+  } else {
+    out.topic = topic_buf_;
   }
-  out.topic = topic_buf_;
   return std::nullopt;
 }
 
@@ -566,12 +718,14 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
 
   out.headers.clear();
   out.headers.push_back({"id", id.text});
+  out.partition = -1;
+  envelope_.clear();
   for (std::size_t i = 0; i < placed.size(); ++i) {
     const Member& m = placed[i];
-    const std::string& header = config_.additional_placement[i].alias;
-    if (!m.present || m.null) out.headers.push_back({header, std::nullopt});
-    else out.headers.push_back({header, m.text});
+    auto value = !m.present || m.null ? std::nullopt : std::optional<std::string_view>(m.text);
+    if (auto e = place(i, value, !m.string, out)) return e;
   }
+  convert(out);
   trace_problem_.clear();
   if (tracing.present && !tracing.null) add_trace_headers(tracing.text, out);
   return std::nullopt;

@@ -26,14 +26,19 @@ enum class PublicationAutocreate { filtered, disabled };
 enum class ErrorTolerance { none, all };
 enum class LogFormat { text, json };
 
-// `column:header[:alias]` of table.fields.additional.placement. Only header
-// placement exists here: walrelay emits the payload as-is, so there is no
-// envelope to place fields in.
+// `column:placement[:alias]` of table.fields.additional.placement, as
+// Debezium's router defines them: a header, a member of the value's
+// envelope ({"payload": ..., alias: ...}), or the record's partition.
 struct AdditionalField {
   std::string column;
-  std::string placement;  // "header"
-  std::string alias;      // header name; the column name when empty
+  std::string placement;  // "header", "envelope" or "partition"
+  std::string alias;      // header or envelope member name; the column name when empty
 };
+
+// key.converter / value.converter: the Kafka Connect converter whose bytes
+// walrelay writes. string: StringConverter (and ByteArrayConverter, the
+// same bytes here); json: JsonConverter with schemas.enable=false.
+enum class Converter { string, json };
 
 struct TableName {
   std::string schema;
@@ -81,8 +86,21 @@ struct Config {
   std::string field_event_timestamp;      // empty: the commit time
   std::string route_by_field = "aggregatetype";
   std::string route_topic_replacement = "outbox.event.${routedByValue}";
+  // route.topic.regex: matched against the whole route value; the
+  // replacement's ${name} and $n refer to its groups (Java's syntax). No
+  // match: the route value itself is the topic, as in Debezium.
+  static constexpr const char* default_route_topic_regex = "(?<routedByValue>.*)";
+  std::string route_topic_regex = default_route_topic_regex;
+  // Whether the topic depends on the route value (a group reference in the
+  // replacement, or a regex of one's own).
+  bool routes_by_value() const {
+    return route_topic_replacement.find('$') != std::string::npos || route_topic_regex != default_route_topic_regex;
+  }
   std::vector<AdditionalField> additional_placement;
   bool route_tombstone_on_empty_payload = false;
+  bool expand_json_payload = false;       // table.expand.json.payload
+  Converter key_converter = Converter::string;
+  Converter value_converter = Converter::string;
   // tracing.span.context.field: a column (or message member) holding the
   // writer's W3C trace context, as Debezium's router reads it (Java
   // properties text) or as a plain traceparent. Empty: not read.

@@ -94,7 +94,8 @@ class KafkaSink final : public Sink {
   void produce_held();
   SubmitStatus produce(std::string_view topic, std::optional<std::string_view> key,
                        std::optional<std::string_view> value, std::int64_t timestamp_ms,
-                       const std::vector<OutboxRecord::Header>& headers, Pending* pending);
+                       const std::vector<OutboxRecord::Header>& headers, Pending* pending,
+                       std::int32_t partition = -1);
 
   enum class TxnState {
     idle,        // no Kafka transaction open

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include <boost/regex.hpp>
 #include <pgoutput/pgoutput.hpp>
 
 #include "walrelay/config.hpp"
@@ -27,6 +29,7 @@ struct OutboxRecord {
   std::optional<std::string_view> key;
   std::optional<std::string_view> value;  // nullopt: a tombstone
   std::int64_t timestamp_ms = 0;          // unix epoch
+  std::int32_t partition = -1;            // a partition placement's value; -1: by key
   std::vector<Header> headers;            // capacity kept between rows
   // Where it came from: a position in table.include.list, or past its end
   // the position of a message prefix pattern in message.prefix.include.list.
@@ -94,7 +97,7 @@ class OutboxMapper {
   };
   struct Placement {
     ColumnRef column;
-    std::string header;
+    std::string header;  // the header's or envelope member's name
     std::string column_name;
   };
   struct RelationInfo {
@@ -113,6 +116,13 @@ class OutboxMapper {
   std::optional<MapError> timestamp_of(const RelationInfo& rel, const pgoutput::Column& column,
                                        std::int64_t& out_ms) const;
 
+  // One additional placement's value (nullopt: NULL) put where its
+  // placement says; json: the text is a JSON value, else a string.
+  std::optional<MapError> place(std::size_t index, std::optional<std::string_view> value, bool json,
+                                OutboxRecord& out);
+  // key.converter, value.converter, table.expand.json.payload and the
+  // envelope applied to a mapped record.
+  void convert(OutboxRecord& out);
   // Adds traceparent (and tracestate) headers from a trace context's text,
   // or sets trace_problem_.
   void add_trace_headers(std::string_view text, OutboxRecord& out);
@@ -120,8 +130,21 @@ class OutboxMapper {
   bool routed() const;
   // Sets out.topic from the route value; `what` names its source in errors.
   std::optional<MapError> route_to(std::string_view route, std::string_view what, OutboxRecord& out);
+  // route.topic.replacement expanded into out, groups looked up by name or
+  // number; a problem when it names a group that is not there.
+  std::optional<std::string> expand_route(
+      const std::function<std::optional<std::string_view>(std::string_view)>& group,
+      std::string& out) const;
 
   const Config& config_;
+  std::optional<boost::regex> route_regex_;  // a route.topic.regex of the user's own
+  // Topic per route value under route_regex_ (node-based: out.topic points into it).
+  struct ViewHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::string, ViewHash, std::equal_to<>> topic_cache_;
+  static constexpr std::size_t max_cached_topics = 10000;
   std::unordered_map<std::uint32_t, RelationInfo> relations_;
   // Reusable buffers: no allocation per row once warm.
   std::string topic_buf_, key_buf_, value_buf_, id_buf_, route_buf_;
@@ -138,6 +161,13 @@ class OutboxMapper {
   };
   std::vector<MessageMember> placed_members_;  // one per additional placement
   std::string trace_text_buf_, traceparent_buf_, tracestate_buf_, trace_problem_;
+  struct EnvelopeMember {
+    std::size_t index;  // in config_.additional_placement
+    std::optional<std::string_view> value;
+    bool json;
+  };
+  std::vector<EnvelopeMember> envelope_;
+  std::string expanded_buf_, converted_value_buf_, converted_key_buf_;
 };
 
 }  // namespace walrelay

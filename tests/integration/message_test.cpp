@@ -185,3 +185,38 @@ TEST_CASE("trace context: a tracingspancontext column in Debezium's format and a
   CHECK(relay.metric("walrelay_trace_context_errors_total") == 1);
   CHECK(relay.log().find("trace context (tracingspancontext) was left out") != std::string::npos);
 }
+
+TEST_CASE("router: route.topic.regex, a partition placement, envelope members and JsonConverter's bytes on the real "
+          "broker",
+          "[relay][router]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN shard int, ADD COLUMN version int");
+  // The fixture routes to <prefix>${routedByValue}; here the regex takes the
+  // entity out of "domain.Entity" values.
+  Walrelay relay(with_key(f.config("route.topic.regex=(?<domain>[a-z]+)\\.(?<entity>[A-Za-z]+)\n"
+                                   "table.fields.additional.placement=shard:partition,type:envelope:eventType,"
+                                   "version:envelope\n"
+                                   "table.expand.json.payload=true\n"
+                                   "value.converter=org.apache.kafka.connect.json.JsonConverter\n"
+                                   "value.converter.schemas.enable=false\n"),
+                          "route.topic.replacement", f.topic_prefix + "${entity}"));
+  relay.start();
+  relay.wait_streaming();
+  for (int shard : {2, 0, 1, 2})
+    f.db().exec("INSERT INTO " + f.table +
+                " (aggregatetype, aggregateid, type, payload, shard, version) VALUES ('shop.Order', 'k', 'Created', "
+                "'{\"shard\": " + std::to_string(shard) + ", \"list\": [1, 2]}', " + std::to_string(shard) + ", 7)");
+  auto recs = read_topic(f.topic("Order"), 4);
+  REQUIRE(recs.size() == 4);
+  std::multiset<int> partitions;
+  for (auto& r : recs) {
+    partitions.insert(r.partition);
+    INFO(r.value.value_or("<null>"));
+    // The partition is the one the row named.
+    // jsonb's key order (shorter keys first), compact as JsonConverter writes it.
+    CHECK(r.value == std::optional<std::string>("{\"payload\":{\"list\":[1,2],\"shard\":" +
+                                                std::to_string(r.partition) + "},\"eventType\":\"Created\",\"version\":7}"));
+  }
+  CHECK(partitions == std::multiset<int>{0, 1, 2, 2});
+}

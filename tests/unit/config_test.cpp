@@ -61,7 +61,7 @@ TEST_CASE("config: bad input names the key", "[config]") {
   CHECK(error_key("errors.tolerance=all\n") == "errors.deadletterqueue.topic.name");
   CHECK(error_key("kafka.acks=1\n") == "kafka.acks");
   CHECK(error_key("kafka.enable.idempotence=false\n") == "kafka.enable.idempotence");
-  CHECK(error_key("table.fields.additional.placement=type:envelope\n") == "table.fields.additional.placement");
+  CHECK(error_key("table.fields.additional.placement=type:value\n") == "table.fields.additional.placement");
   CHECK(error_key("admin.listen=8080\n") == "admin.listen");
   CHECK(error_key("log.format=xml\n") == "log.format");
   CHECK(error_key("publication.autocreate.mode=all_tables\n") == "publication.autocreate.mode");
