@@ -758,7 +758,7 @@ def main():
     ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to measure its CPU")
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency")
+    ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency,tableless")
     ap.add_argument("--walrelay-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a walrelay setting for every walrelay run (e.g. kafka.linger.ms=1)")
     ap.add_argument("--rates", default="", help="latency: comma list of the rates to run (default 1000,10000)")
@@ -770,7 +770,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
-    sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency"}
+    sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency", "tableless"}
     contenders = sorted(args.contenders.split(","), key=lambda c: c == "polling")  # polling last
     if args.quick:
         workloads = [("20k_tx100", 20000, 100)]
@@ -786,7 +786,7 @@ def main():
               "argv": sys.argv[1:],
               "versions": {"postgresql": env.one("SHOW server_version"),
                            "kafka_clients_python": confluent_kafka_version()},
-              "runs": [], "option_runs": [], "latency": []}
+              "runs": [], "option_runs": [], "latency": [], "tableless": []}
     seq = 0
 
     def save():
@@ -867,6 +867,25 @@ def main():
                     log(json.dumps(r))
                     result["latency"].append(r)
                     save()
+
+    if "tableless" in sections:
+        # Explicit only (--only tableless): the table against logical messages.
+        import tableless
+        n_writer = args.events or 20000
+        for rep in range(repeats):
+            for kind in ("table", "message"):
+                r = tableless.writer_side(env, kind, n_writer, log, psycopg)
+                r["repeat"] = rep + 1
+                result["tableless"].append(r)
+                save()
+            for kind in ("table", "message"):
+                seq += 1
+                r = tableless.relay_side(env, kind, 200000, 100, seq, run_walrelay, log)
+                r["repeat"] = rep + 1
+                log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
+                result["tableless"].append(r)
+                save()
+        write_csv(os.path.join(args.out, "tableless.csv"), result["tableless"])
 
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     save()

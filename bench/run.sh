@@ -76,7 +76,10 @@ mode=()
 "$venv/bin/python" "$here/bench.py" "${mode[@]}" --pgport "$WALRELAY_TEST_PGPORT" --kafka "$WALRELAY_TEST_KAFKA" \
   --walrelay "$bin" --pg-recvlogical "${PG_BIN:-/usr/lib/postgresql/15/bin}/pg_recvlogical" \
   --kafka-pid "$(cat "$WALRELAY_RUN_DIR/kafka/pid")" --out "$out" --work "$work" "${dbz[@]}" "${args[@]}"
-if ((!quick)) && [[ -f $out/full.json ]]; then
+only=0
+for a in "${args[@]}"; do [[ $a == --only* ]] && only=1; done
+# A partial run (--only) leaves the plots of the full one alone.
+if ((!quick && !only)) && [[ -f $out/full.json ]]; then
   "$venv/bin/python" "$here/plot.py" "$out/full.json" "$repo/docs/img"
 fi
 echo "==> results in $out" >&2

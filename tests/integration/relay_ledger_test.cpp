@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "in_process.hpp"
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/metrics.hpp"
@@ -121,53 +122,21 @@ class FakeSink final : public walrelay::Sink {
   std::vector<Record> records_;
 };
 
-// A Relay on its own loop thread, with the fake sink.
-struct InProcess {
+// A Relay on its own loop thread, with the fake sink, streaming.
+struct InProcess : InProcessRelay<FakeSink> {
   explicit InProcess(Fixture& f, const std::string& extra = "")
-      : config(walrelay::parse_config(with_key(f.config("status.update.interval.ms=100\nshutdown.timeout.ms=500\n" +
-                                                         extra),
-                                                "slot.status.interval.ms", "0"),
-                                       "relay_ledger_test", {})),
-        sink(io),
-        relay(io, config, metrics, sink) {
+      : InProcessRelay(walrelay::parse_config(with_key(f.config("status.update.interval.ms=100\nshutdown.timeout.ms=500\n" +
+                                                                 extra),
+                                                        "slot.status.interval.ms", "0"),
+                                               "relay_ledger_test", {}),
+                       [](asio::io_context& io, const walrelay::Config&) { return std::make_unique<FakeSink>(io); }) {
     spdlog::set_level(spdlog::level::warn);
-    relay.start();
-    loop = std::thread([this] { io.run(); });
     REQUIRE(eventually([&] { return status().state == walrelay::RelayState::streaming; }, 30s, 20ms));
-  }
-  // The relay's status, read on its loop.
-  walrelay::StatusSnapshot status() {
-    std::promise<walrelay::StatusSnapshot> p;
-    asio::post(io, [&] { p.set_value(relay.status()); });
-    auto f = p.get_future();
-    REQUIRE(f.wait_for(10s) == std::future_status::ready);
-    return f.get();
   }
   ~InProcess() {
     stop();
     spdlog::set_level(spdlog::level::info);
   }
-  // SIGTERM's path: drain (up to shutdown.timeout.ms), final status, stop.
-  int stop() {
-    if (loop.joinable()) {
-      asio::post(io, [this] { relay.request_stop(); });
-      loop.join();
-    }
-    return relay.exit_code();
-  }
-  // Waits for `n` more standby status updates than now: what the relay
-  // confirms after a change has then reached the server.
-  void wait_status_updates(int n) {
-    double from = metrics.status_updates.Value();
-    REQUIRE(eventually([&] { return metrics.status_updates.Value() >= from + n; }, 10s, 10ms));
-  }
-
-  asio::io_context io{1};
-  walrelay::Config config;
-  walrelay::Metrics metrics;
-  FakeSink sink;
-  walrelay::Relay relay;
-  std::thread loop;
 };
 
 // Inserts one event in a transaction of its own; returns a position past
@@ -194,9 +163,9 @@ TEST_CASE("relay with a fake sink: a record never acknowledged holds the slot be
   auto in_a = inside(f, "a");
   event(f, "b");
   event(f, "c");
-  auto recs = p.sink.wait_for(3);
-  p.sink.acknowledge(recs[1]);
-  p.sink.acknowledge(recs[2]);
+  auto recs = p.sink->wait_for(3);
+  p.sink->acknowledge(recs[1]);
+  p.sink->acknowledge(recs[2]);
   p.wait_status_updates(3);
   CHECK(f.db().confirmed_flush(f.slot) < in_a);
   CHECK(p.status().inflight_records == 1);
@@ -216,12 +185,12 @@ TEST_CASE("relay with a fake sink: acknowledgements out of order move the slot o
                                       "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
   auto in_b = inside(f, "b");
   auto after_b = f.db().current_wal_lsn();
-  auto recs = p.sink.wait_for(3);
-  p.sink.acknowledge(recs[2]);  // b first: another partition was faster
-  p.sink.acknowledge(recs[1]);  // then half of a
+  auto recs = p.sink->wait_for(3);
+  p.sink->acknowledge(recs[2]);  // b first: another partition was faster
+  p.sink->acknowledge(recs[1]);  // then half of a
   p.wait_status_updates(3);
   CHECK(f.db().confirmed_flush(f.slot) < in_a);
-  p.sink.acknowledge(recs[0]);  // a complete: a and b are confirmable at once
+  p.sink->acknowledge(recs[0]);  // a complete: a and b are confirmable at once
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_b; }, 10s, 20ms));
   CHECK(f.db().confirmed_flush(f.slot) <= after_b);
 }
@@ -237,13 +206,13 @@ TEST_CASE("relay with a fake sink: the dead-letter copy of a row that cannot be 
       "BEGIN; INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES ('Ledger', NULL, 'x', "
       "'{}'); SELECT pg_current_wal_insert_lsn(); COMMIT;"));
   auto in_good = inside(f, "good");
-  auto dead = p.sink.wait_for(1, [](auto& r) { return r.dead_letter; });
+  auto dead = p.sink->wait_for(1, [](auto& r) { return r.dead_letter; });
   CHECK(dead[0].reason == "null_value");
-  auto good = p.sink.wait_for(1, [](auto& r) { return !r.dead_letter; });
-  p.sink.acknowledge(good[0]);
+  auto good = p.sink->wait_for(1, [](auto& r) { return !r.dead_letter; });
+  p.sink->acknowledge(good[0]);
   p.wait_status_updates(3);
   CHECK(f.db().confirmed_flush(f.slot) < in_poison);
-  p.sink.acknowledge(dead[0]);
+  p.sink->acknowledge(dead[0]);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_good; }, 10s, 20ms));
 }
 
@@ -253,17 +222,17 @@ TEST_CASE("relay with a fake sink: a record the broker refuses for its own reaso
   create_outbox(f.db(), f.table, "bigint");
   InProcess p(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.slot + ".dlq\n");
   auto in_big = inside(f, "too-big");
-  auto recs = p.sink.wait_for(1);
-  p.sink.fail(recs[0], "msg_size_too_large", false);
-  auto dead = p.sink.wait_for(1, [](auto& r) { return r.dead_letter; });
+  auto recs = p.sink->wait_for(1);
+  p.sink->fail(recs[0], "msg_size_too_large", false);
+  auto dead = p.sink->wait_for(1, [](auto& r) { return r.dead_letter; });
   CHECK(dead[0].reason == "msg_size_too_large");
   CHECK(dead[0].id == recs[0].id);
   auto after_good = event(f, "good");
-  auto good = p.sink.wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
-  p.sink.acknowledge(good[0]);
+  auto good = p.sink->wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
+  p.sink->acknowledge(good[0]);
   p.wait_status_updates(3);
   CHECK(f.db().confirmed_flush(f.slot) < in_big);
-  p.sink.acknowledge(dead[0]);
+  p.sink->acknowledge(dead[0]);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_big; }, 10s, 20ms));
   CHECK(f.db().confirmed_flush(f.slot) <= after_good);
 }
@@ -277,18 +246,18 @@ TEST_CASE("relay with a fake sink: a transient failure sends the record again fr
                      ".dlq\nreconnect.backoff.ms=100\n");
   auto in_first = inside(f, "first");
   event(f, "second");
-  auto recs = p.sink.wait_for(2);
-  p.sink.acknowledge(recs[1]);
-  p.sink.fail(recs[0], "msg_timed_out", true);
+  auto recs = p.sink->wait_for(2);
+  p.sink->acknowledge(recs[1]);
+  p.sink->fail(recs[0], "msg_timed_out", true);
   // Both come again, in order, from the slot's confirmed position.
-  auto again = p.sink.wait_for(4);
+  auto again = p.sink->wait_for(4);
   CHECK(again[2].id == recs[0].id);
   CHECK(again[3].id == recs[1].id);
   for (auto& r : again) CHECK_FALSE(r.dead_letter);
   CHECK(f.db().confirmed_flush(f.slot) < in_first);
   CHECK(p.metrics.replays.Value() == 1);
-  p.sink.acknowledge(again[2]);
-  p.sink.acknowledge(again[3]);
+  p.sink->acknowledge(again[2]);
+  p.sink->acknowledge(again[3]);
   auto end = f.db().current_wal_lsn();
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 10s, 20ms));
 }

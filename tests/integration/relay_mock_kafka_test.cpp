@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "in_process.hpp"
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/kafka_sink.hpp"
@@ -76,43 +77,21 @@ struct MockCluster {
 };
 
 // A Relay and a transactional KafkaSink on their own loop thread.
-struct InProcess {
+struct InProcess : InProcessRelay<walrelay::KafkaSink> {
   InProcess(Fixture& f, const std::string& bootstraps, const std::string& extra)
-      : config(walrelay::parse_config(
-            with_key(with_key(f.config("status.update.interval.ms=100\nshutdown.timeout.ms=2000\n" + extra),
-                              "slot.status.interval.ms", "0"),
-                     "kafka.bootstrap.servers", bootstraps),
-            "relay_mock_kafka_test", {})),
-        sink(io, config.kafka,
-             walrelay::KafkaTransactions{config.transactional_id(), config.offsets_topic,
-                                         config.transaction_boundary_interval_ms,
-                                         config.transaction_boundary_max_records}),
-        relay(io, config, metrics, sink) {
-    relay.start();
-    loop = std::thread([this] { io.run(); });
-  }
-  walrelay::StatusSnapshot status() {
-    std::promise<walrelay::StatusSnapshot> p;
-    asio::post(io, [&] { p.set_value(relay.status()); });
-    auto f = p.get_future();
-    REQUIRE(f.wait_for(10s) == std::future_status::ready);
-    return f.get();
-  }
-  int stop() {
-    if (loop.joinable()) {
-      asio::post(io, [this] { relay.request_stop(); });
-      loop.join();
-    }
-    return relay.exit_code();
-  }
-  ~InProcess() { stop(); }
-
-  asio::io_context io{1};
-  walrelay::Config config;
-  walrelay::Metrics metrics;
-  walrelay::KafkaSink sink;
-  walrelay::Relay relay;
-  std::thread loop;
+      : InProcessRelay(
+            walrelay::parse_config(
+                with_key(with_key(f.config("status.update.interval.ms=100\nshutdown.timeout.ms=2000\n" + extra),
+                                  "slot.status.interval.ms", "0"),
+                         "kafka.bootstrap.servers", bootstraps),
+                "relay_mock_kafka_test", {}),
+            [](asio::io_context& io, const walrelay::Config& c) {
+              return std::make_unique<walrelay::KafkaSink>(
+                  io, c.kafka,
+                  walrelay::KafkaTransactions{c.transactional_id(), c.offsets_topic,
+                                              c.transaction_boundary_interval_ms,
+                                              c.transaction_boundary_max_records});
+            }) {}
 };
 
 }  // namespace

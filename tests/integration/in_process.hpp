@@ -1,0 +1,63 @@
+// A Relay in the test's process, with a sink of the test's choosing, on its
+// own loop thread as main() runs it; its state read on that loop.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "test_util.hpp"
+#include "walrelay/config.hpp"
+#include "walrelay/metrics.hpp"
+#include "walrelay/relay.hpp"
+
+namespace it {
+
+template <class SinkT>
+struct InProcessRelay {
+  using MakeSink = std::function<std::unique_ptr<SinkT>(boost::asio::io_context&, const walrelay::Config&)>;
+  InProcessRelay(walrelay::Config c, const MakeSink& make)
+      : config(std::move(c)), sink(make(io, config)), relay(io, config, metrics, *sink) {
+    relay.start();
+    loop = std::thread([this] { io.run(); });
+  }
+  ~InProcessRelay() { stop(); }
+  InProcessRelay(const InProcessRelay&) = delete;
+  InProcessRelay& operator=(const InProcessRelay&) = delete;
+
+  // The relay's status, read on its loop.
+  walrelay::StatusSnapshot status() {
+    std::promise<walrelay::StatusSnapshot> p;
+    boost::asio::post(io, [&] { p.set_value(relay.status()); });
+    auto f = p.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    return f.get();
+  }
+  // SIGTERM's path: drain (up to shutdown.timeout.ms), final status, stop.
+  int stop() {
+    if (loop.joinable()) {
+      boost::asio::post(io, [this] { relay.request_stop(); });
+      loop.join();
+    }
+    return relay.exit_code();
+  }
+  // Waits for `n` more standby status updates than now: what the relay
+  // confirms after a change has then reached the server.
+  void wait_status_updates(int n) {
+    double from = metrics.status_updates.Value();
+    REQUIRE(eventually([&] { return metrics.status_updates.Value() >= from + n; }, 10s, 10ms));
+  }
+
+  boost::asio::io_context io{1};
+  walrelay::Config config;
+  walrelay::Metrics metrics;
+  std::unique_ptr<SinkT> sink;
+  walrelay::Relay relay;
+  std::thread loop;
+};
+
+}  // namespace it
