@@ -231,6 +231,7 @@ asio::awaitable<void> Relay::run() {
     conn_.close();
     ledger_.abandon_open();
     txn_.reset();
+    message_txn_ = false;
     if (stop_requested_ || halt_reason_) break;
     // Exactly once: the server sends again from the slot. What is whole in
     // the open Kafka transaction commits; a source transaction cut in the

@@ -236,6 +236,13 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
   if (!message.transactional()) {
     // Exactly once: in Kafka already if at or below the committed position.
     if (skip_until_ && message.lsn <= *skip_until_) return Step::done;
+    // Sent as decoded, so between transactions, never inside one (a retry
+    // of this very message excepted).
+    if (txn_ && !message_txn_) {
+      halt("non-transactional logical message at " + message.lsn.to_string() +
+           " inside a transaction: the stream is not what walrelay expects");
+      return Step::stop;
+    }
     metrics_.mapping_errors("non_transactional").Increment();
     return dead_letter_message(
         message, MapError{"non_transactional",
@@ -273,7 +280,10 @@ Relay::Step Relay::dead_letter_message(const pgoutput::LogicalMessage& message, 
   const DeadLetter dead = unmappable_message(message, error, config_.dlq_context_headers);
   const std::size_t bytes = dead.size_bytes();
   const bool own_txn = !message.transactional();
-  if (own_txn && !txn_) txn_ = ledger_.open(pgoutput::pg_epoch_micros_now(), message.lsn);
+  if (own_txn && !txn_) {
+    txn_ = ledger_.open(pgoutput::pg_epoch_micros_now(), message.lsn);
+    message_txn_ = true;
+  }
   ledger_.add_record(*txn_, bytes);
   auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
                                          make_token(*txn_, 0), bytes);
@@ -285,6 +295,7 @@ Relay::Step Relay::dead_letter_message(const pgoutput::LogicalMessage& message, 
     ledger_.commit(*txn_, message.lsn);
     sink_.source_transaction_ended(message.lsn);
     txn_.reset();
+    message_txn_ = false;
   }
   return halt_reason_ ? Step::stop : Step::done;
 }

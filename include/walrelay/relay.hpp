@@ -179,6 +179,7 @@ class Relay final : public StatusSource {
 
   // Transaction being read
   std::optional<LsnLedger::TxnId> txn_;
+  bool message_txn_ = false;              // txn_ is a non-transactional message's own (dead-lettered)
   std::uint32_t xid_ = 0;
   std::int64_t commit_time_ = 0;
 
