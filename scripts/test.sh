@@ -49,7 +49,7 @@ ctest --test-dir build --output-on-failure
 # endpoint's view of the slot, crashes, database faults), and the
 # high-availability tests where the major has what they need. Each run
 # starts that major (the services fixture passes PG_MAJOR on) and stops it.
-version_tests='^(relay: |relay with a fake sink: |admin: |fault\.fault: (kill -9|PostgreSQL restarted|a walsender))'
+version_tests='^(relay: |relay with a fake sink: |messages: |admin: |fault\.fault: (kill -9|PostgreSQL restarted|a walsender))'
 ha_tests() {  # the hidden Catch tests a major runs
   local m=$1
   echo "failover: without a failover slot*"

@@ -550,8 +550,8 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
   // is this event's mapping error, not a producer or broker refusal later.
   if (auto why = illegal_topic_reason(topic_buf_))
     return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + shown(route, 100) +
-                                         "\" makes an illegal Kafka topic name \"" + shown(topic_buf_, 300) +
-                                         "\": " + *why};
+                                         "\" makes an illegal Kafka topic name: " + *why + " (topic \"" +
+                                         shown(topic_buf_, 300) + "\")"};
   if (route_regex_) {
     if (topic_cache_.size() >= max_cached_topics) topic_cache_.clear();
     out.topic = topic_cache_.emplace(std::string(route), topic_buf_).first->second;

@@ -154,7 +154,7 @@ TEST_CASE("messages: messages only - no outbox table at all, the publication mad
 }
 
 TEST_CASE("trace context: a tracingspancontext column in Debezium's format and as a plain traceparent becomes the "
-          "traceparent and tracestate headers; a malformed one is a warning and a metric, never a lost event",
+          "traceparent and tracestate headers, and a malformed one is a warning and a metric, never a lost event",
           "[relay][trace]") {
   Fixture f;
   create_outbox(f.db(), f.table);

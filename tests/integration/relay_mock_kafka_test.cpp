@@ -97,7 +97,7 @@ struct InProcess : InProcessRelay<walrelay::KafkaSink> {
 }  // namespace
 
 TEST_CASE("relay with a mock cluster: exactly once - a transaction the coordinator will not end (a fatal "
-          "INVALID_TXN_STATE) replaces the producer; every event lands, nothing halts",
+          "INVALID_TXN_STATE) replaces the producer, every event lands, nothing halts",
           "[relay][eos]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");

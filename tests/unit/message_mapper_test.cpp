@@ -120,7 +120,7 @@ TEST_CASE("messages: content that cannot be mapped says what and why", "[mapper]
   CHECK(e.reason == "bad_content");
 }
 
-TEST_CASE("messages: message.prefix.include.list takes regular expressions; no table then unless named",
+TEST_CASE("messages: message.prefix.include.list takes regular expressions, and no table then unless named",
           "[config][message]") {
   auto cfg = parse_config("kafka.bootstrap.servers=x:1\nmessage.prefix.include.list=outbox,orders\\..*\n", "t", {});
   CHECK(cfg.message_prefix_include_list == std::vector<std::string>{"outbox", "orders\\..*"});

@@ -70,7 +70,7 @@ TEST_CASE("router: route.topic.regex - named and numbered groups, Java's replace
   CHECK_THROWS_WITH(config_with("route.topic.replacement=a.${x\n"), Catch::Contains("route.topic.replacement"));
 }
 
-TEST_CASE("router: a partition placement chooses the partition; a value that is not one is the event's error",
+TEST_CASE("router: a partition placement chooses the partition, and a value that is not one is the event's error",
           "[mapper][router]") {
   Router r("table.fields.additional.placement=shard:partition,type:header:eventType\n");
   REQUIRE_FALSE(r.map(r.event("Order", R"(,"shard":3)")));

@@ -72,7 +72,7 @@ TEST_CASE("trace context: malformed values are named, a bad tracestate alone is 
   CHECK_FALSE(p.ok);  // a cut escape, never read past the end
 }
 
-TEST_CASE("trace context: a message member becomes traceparent and tracestate headers; a bad one only a problem",
+TEST_CASE("trace context: a message member becomes traceparent and tracestate headers, a bad one only a problem",
           "[trace][message]") {
   Config cfg = parse_config("kafka.bootstrap.servers=x:1\nmessage.prefix.include.list=outbox\n", "t", {});
   OutboxMapper m(cfg);
