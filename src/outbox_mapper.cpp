@@ -7,6 +7,7 @@
 #include <string>
 
 #include <boost/algorithm/hex.hpp>
+#include <boost/beast/core/detail/base64.hpp>
 #include <boost/regex.hpp>
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
@@ -373,7 +374,7 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     const bool number = t == pgtype::int2 || t == pgtype::int4 || t == pgtype::int8 || t == pgtype::oid;
     if (auto e = place(i, v, number, out)) return e;
   }
-  convert(out);
+  convert(out, rel.payload.type_oid == pgtype::bytea);
   trace_problem_.clear();
   if (rel.tracing) {
     const pgoutput::Column& c = col(rel.tracing);
@@ -413,7 +414,7 @@ std::string json_string(std::string_view s) {
 }
 }  // namespace
 
-void OutboxMapper::convert(OutboxRecord& out) {
+void OutboxMapper::convert(OutboxRecord& out, bool payload_bytes) {
   if (config_.key_converter == Converter::json && out.key) {
     converted_key_buf_ = json_string(*out.key);
     out.key = converted_key_buf_;
@@ -421,7 +422,18 @@ void OutboxMapper::convert(OutboxRecord& out) {
   if (!out.value) return;  // a tombstone stays one
   std::string_view payload = *out.value;
   bool payload_json = false;
-  if (config_.expand_json_payload) {
+  if (payload_bytes) {
+    // Bytes are no text: under JsonConverter or in an envelope they are a
+    // base64 string, as Connect writes a BYTES field.
+    if (config_.value_converter != Converter::json && envelope_.empty()) return;
+    namespace b64 = boost::beast::detail::base64;
+    expanded_buf_.assign(1, '"');
+    expanded_buf_.resize(1 + b64::encoded_size(payload.size()));
+    expanded_buf_.resize(1 + b64::encode(expanded_buf_.data() + 1, payload.data(), payload.size()));
+    expanded_buf_ += '"';
+    payload = expanded_buf_;
+    payload_json = true;
+  } else if (config_.expand_json_payload) {
     // Debezium parses the payload and writes it back compact; text that is
     // not JSON stays a string.
     static thread_local simdjson::dom::parser parser;
@@ -725,7 +737,7 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
     auto value = !m.present || m.null ? std::nullopt : std::optional<std::string_view>(m.text);
     if (auto e = place(i, value, !m.string, out)) return e;
   }
-  convert(out);
+  convert(out, false);
   trace_problem_.clear();
   if (tracing.present && !tracing.null) add_trace_headers(tracing.text, out);
   return std::nullopt;

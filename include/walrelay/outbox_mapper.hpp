@@ -121,8 +121,9 @@ class OutboxMapper {
   std::optional<MapError> place(std::size_t index, std::optional<std::string_view> value, bool json,
                                 OutboxRecord& out);
   // key.converter, value.converter, table.expand.json.payload and the
-  // envelope applied to a mapped record.
-  void convert(OutboxRecord& out);
+  // envelope applied to a mapped record. payload_bytes: the payload is a
+  // bytea's bytes, which JSON carries as base64 (as Connect's JsonConverter).
+  void convert(OutboxRecord& out, bool payload_bytes);
   // Adds traceparent (and tracestate) headers from a trace context's text,
   // or sets trace_problem_.
   void add_trace_headers(std::string_view text, OutboxRecord& out);

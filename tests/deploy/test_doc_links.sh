@@ -8,7 +8,7 @@ python3 - "$REPO" <<'PY'
 import os, re, sys
 repo = sys.argv[1]
 docs = ["quickstart.md", "configuration.md", "operations.md", "migration-from-debezium.md",
-        "migration-from-polling.md", "architecture.md"]
+        "migration-from-polling.md", "architecture.md", "tableless-outbox.md"]
 def anchors(path):
     out = set()
     in_code = False

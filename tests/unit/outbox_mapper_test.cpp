@@ -131,6 +131,40 @@ TEST_CASE("mapper: bytea payloads are relayed as raw bytes", "[mapper]") {
   }
 }
 
+TEST_CASE("mapper: a bytea payload under JsonConverter or in an envelope is base64, as Connect writes bytes",
+          "[mapper][router]") {
+  auto cols = outbox_cols;
+  cols[4].type = pgtype::bytea;
+  auto rel_bytes = relation(8, "public", "outbox", cols);
+  auto ins = insert(8, {"1", "A", "k", "Created", "\\x00ff41", "2026-01-01 00:00:00+00"});
+  SECTION("JsonConverter") {
+    Config cfg = parse_config("kafka.bootstrap.servers=x:1\nvalue.converter=org.apache.kafka.connect.json.JsonConverter\n"
+                              "value.converter.schemas.enable=false\ntable.expand.json.payload=true\n",
+                              "t", {});
+    OutboxMapper m(cfg);
+    m.on_relation(decode_as<pgoutput::Relation>(rel_bytes));
+    OutboxRecord rec;
+    REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+    CHECK(rec.value == std::optional<std::string_view>("\"AP9B\""));  // base64 of 00 ff 41
+  }
+  SECTION("an envelope") {
+    Config cfg = parse_config("kafka.bootstrap.servers=x:1\ntable.fields.additional.placement=type:envelope\n", "t", {});
+    OutboxMapper m(cfg);
+    m.on_relation(decode_as<pgoutput::Relation>(rel_bytes));
+    OutboxRecord rec;
+    REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+    CHECK(rec.value == std::optional<std::string_view>(R"({"payload":"AP9B","type":"Created"})"));
+  }
+  SECTION("StringConverter: the bytes as they are") {
+    Config cfg = base_config();
+    OutboxMapper m(cfg);
+    m.on_relation(decode_as<pgoutput::Relation>(rel_bytes));
+    OutboxRecord rec;
+    REQUIRE_FALSE(m.map(decode_as<pgoutput::Insert>(ins), 0, rec));
+    CHECK(rec.value == std::optional<std::string_view>(std::string_view("\x00\xff" "A", 3)));
+  }
+}
+
 TEST_CASE("mapper: rows that cannot be mapped say why", "[mapper]") {
   Config cfg = base_config();
   OutboxMapper m(cfg);
