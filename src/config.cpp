@@ -228,14 +228,18 @@ const std::vector<KeySpec>& key_specs() {
            while (std::getline(in, part, ':')) parts.push_back(trim(part));
            if (parts.size() < 2 || parts.size() > 3 || parts[0].empty())
              throw ConfigError(k, "expected column:header[:alias], got \"" + item + "\"");
-           if (parts[1] != "header" && parts[1] != "envelope" && parts[1] != "partition")
+           Placement placement;
+           if (parts[1] == "header") placement = Placement::header;
+           else if (parts[1] == "envelope") placement = Placement::envelope;
+           else if (parts[1] == "partition") placement = Placement::partition;
+           else
              throw ConfigError(k, "placement \"" + parts[1] + "\" in \"" + item +
                                       "\" is not one of header, envelope, partition");
-           if (parts[1] == "partition" &&
+           if (placement == Placement::partition &&
                std::any_of(c.additional_placement.begin(), c.additional_placement.end(),
-                           [](auto& f) { return f.placement == "partition"; }))
+                           [](auto& f) { return f.placement == Placement::partition; }))
              throw ConfigError(k, "more than one partition placement: a record has one partition");
-           c.additional_placement.push_back({parts[0], parts[1], parts.size() == 3 ? parts[2] : parts[0]});
+           c.additional_placement.push_back({parts[0], placement, parts.size() == 3 ? parts[2] : parts[0]});
          }
        }},
       {"route.tombstone.on.empty.payload", bool_field(&Config::route_tombstone_on_empty_payload)},
@@ -422,26 +426,12 @@ void validate(Config& c) {
     if (auto why = illegal_topic_reason(c.dlq_topic))
       throw ConfigError("errors.deadletterqueue.topic.name", "\"" + c.dlq_topic + "\" is not a legal Kafka topic name: " + *why);
   {
-    // The fixed parts of the route must be legal whatever the row supplies.
-    // ${name}, $n and \x are the regex's (Java's replacement syntax).
+    // The fixed parts of the route must be legal whatever the row supplies:
+    // every group reference stands for one legal character here.
     std::string fixed;
-    const std::string& r = c.route_topic_replacement;
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      if (r[i] == '\\' && i + 1 < r.size()) {
-        fixed += r[++i];
-      } else if (r[i] == '$' && i + 1 < r.size() && r[i + 1] == '{') {
-        auto close = r.find('}', i);
-        if (close == std::string::npos)
-          throw ConfigError("route.topic.replacement", "\"" + r + "\" has a ${ without its }");
-        fixed += 'x';
-        i = close;
-      } else if (r[i] == '$' && i + 1 < r.size() && std::isdigit(static_cast<unsigned char>(r[i + 1]))) {
-        while (i + 1 < r.size() && std::isdigit(static_cast<unsigned char>(r[i + 1]))) ++i;
-        fixed += 'x';
-      } else {
-        fixed += r[i];
-      }
-    }
+    if (auto problem = expand_route_replacement(
+            c.route_topic_replacement, [](std::string_view) { return std::optional<std::string_view>("x"); }, fixed))
+      throw ConfigError("route.topic.replacement", "\"" + c.route_topic_replacement + "\": " + *problem);
     if (auto why = illegal_topic_reason(fixed))
       throw ConfigError("route.topic.replacement",
                         "\"" + c.route_topic_replacement + "\" cannot make a legal Kafka topic name: " + *why);
@@ -462,6 +452,49 @@ std::string quote_conninfo(const std::string& v) {
 }
 
 }  // namespace
+
+const char* placement_name(Placement placement) {
+  switch (placement) {
+    case Placement::header: return "header";
+    case Placement::envelope: return "envelope";
+    case Placement::partition: return "partition";
+  }
+  return "?";
+}
+
+std::optional<std::string> expand_route_replacement(std::string_view r, const RouteGroup& group, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == '\\' && i + 1 < r.size()) {
+      out += r[++i];
+      continue;
+    }
+    if (r[i] != '$' || i + 1 == r.size()) {
+      out += r[i];
+      continue;
+    }
+    std::string_view ref;
+    if (r[i + 1] == '{') {
+      const auto close = r.find('}', i);
+      if (close == std::string_view::npos) return std::string("a ${ without its }");
+      ref = r.substr(i + 2, close - i - 2);
+      i = close;
+    } else {
+      const std::size_t start = i + 1;
+      while (i + 1 < r.size() && r[i + 1] >= '0' && r[i + 1] <= '9') ++i;
+      ref = r.substr(start, i + 1 - start);
+      if (ref.empty()) {  // a '$' that refers to nothing is itself
+        out += '$';
+        continue;
+      }
+    }
+    auto value = group(ref);
+    if (!value)
+      return "route.topic.replacement refers to group \"" + std::string(ref) + "\", which route.topic.regex does not have";
+    out.append(*value);
+  }
+  return std::nullopt;
+}
 
 std::optional<std::string> illegal_topic_reason(std::string_view name) {
   if (name.empty()) return "it is empty";

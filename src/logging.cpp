@@ -59,4 +59,10 @@ std::string redact(std::string text, const std::string& secret) {
   return text;
 }
 
+std::string printable(std::string_view text, std::size_t limit) {
+  std::string out;
+  for (unsigned char c : text.substr(0, limit)) out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  return out;
+}
+
 }  // namespace walrelay

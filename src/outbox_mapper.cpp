@@ -14,6 +14,7 @@
 #include <pgoutput/binary.hpp>
 
 #include "walrelay/json.hpp"
+#include "walrelay/logging.hpp"
 #include "walrelay/trace_context.hpp"
 
 namespace walrelay {
@@ -164,7 +165,7 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   info.key = find(config_.field_event_key, true);
   info.payload = find(config_.field_event_payload, true);
   info.timestamp = find(config_.field_event_timestamp, true);
-  info.route = find(config_.route_by_field, routed());
+  info.route = find(config_.route_by_field, config_.routes_by_value());
   info.tracing = find(config_.tracing_span_context_field, false);  // used where the table has it
   for (auto& p : config_.additional_placement) info.placements.push_back({find(p.column, true), p.alias, p.column});
   bool outbox = info.outbox;
@@ -320,7 +321,7 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   out.key = key;
 
   // Topic: ${routedByValue} replaced by the route column's text form.
-  if (!routed()) {
+  if (!config_.routes_by_value()) {
     out.topic = config_.route_topic_replacement;
   } else {
     std::string_view route;
@@ -362,14 +363,14 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   envelope_.clear();
   if (header_bufs_.size() < rel.placements.size()) header_bufs_.resize(rel.placements.size());
   for (std::size_t i = 0; i < rel.placements.size(); ++i) {
-    const Placement& p = rel.placements[i];
+    const PlacedColumn& p = rel.placements[i];
     const pgoutput::Column& c = col(p.column);
     if (c.is_null()) {
       if (auto e = place(i, std::nullopt, false, out)) return e;
       continue;
     }
     std::string_view v;
-    if (auto e = text_of(rel, p.column, c, header_bufs_[i], v, config_.additional_placement[i].placement)) return e;
+    if (auto e = text_of(rel, p.column, c, header_bufs_[i], v, placement_name(config_.additional_placement[i].placement))) return e;
     const auto t = p.column.type_oid;
     const bool number = t == pgtype::int2 || t == pgtype::int4 || t == pgtype::int8 || t == pgtype::oid;
     if (auto e = place(i, v, number, out)) return e;
@@ -392,9 +393,9 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
 std::optional<MapError> OutboxMapper::place(std::size_t index, std::optional<std::string_view> value, bool json,
                                             OutboxRecord& out) {
   const AdditionalField& f = config_.additional_placement[index];
-  if (f.placement == "header") {
+  if (f.placement == Placement::header) {
     out.headers.push_back({f.alias, value});
-  } else if (f.placement == "envelope") {
+  } else if (f.placement == Placement::envelope) {
     envelope_.push_back({index, value, json});
   } else if (value) {  // partition; NULL leaves it to the key
     std::int32_t p = -1;
@@ -476,60 +477,18 @@ void OutboxMapper::add_trace_headers(std::string_view text, OutboxRecord& out) {
   if (!tracestate_buf_.empty()) out.headers.push_back({"tracestate", tracestate_buf_});
 }
 
-bool OutboxMapper::routed() const { return config_.routes_by_value(); }
-
-// route.topic.replacement with Java's replacement syntax: ${name} and $n
-// name the regex's groups, a backslash escapes the next character.
-std::optional<std::string> OutboxMapper::expand_route(
-    const std::function<std::optional<std::string_view>(std::string_view)>& group,
-    std::string& out) const {
-  const std::string& r = config_.route_topic_replacement;
-  out.clear();
-  for (std::size_t i = 0; i < r.size(); ++i) {
-    if (r[i] == '\\' && i + 1 < r.size()) {
-      out += r[++i];
-      continue;
-    }
-    if (r[i] != '$' || i + 1 == r.size()) {
-      out += r[i];
-      continue;
-    }
-    std::string_view ref;
-    if (r[i + 1] == '{') {
-      auto close = r.find('}', i);
-      ref = std::string_view(r).substr(i + 2, close - i - 2);
-      i = close;
-    } else {
-      std::size_t start = i + 1;
-      while (i + 1 < r.size() && r[i + 1] >= '0' && r[i + 1] <= '9') ++i;
-      ref = std::string_view(r).substr(start, i + 1 - start);
-      if (ref.empty()) {
-        out += '$';
-        continue;
-      }
-    }
-    auto value = group(ref);
-    if (!value) return "route.topic.replacement refers to group \"" + std::string(ref) + "\", which route.topic.regex does not have";
-    out.append(*value);
-  }
-  return std::nullopt;
-}
-
 std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::string_view what, OutboxRecord& out) {
   if (route.empty())
     return MapError{"empty_route", std::string(what) + " \"" + config_.route_by_field + "\" is empty: no topic to route to"};
-  // Event data in an error message: control characters never break a log line.
-  auto shown = [](std::string_view text, std::size_t limit) {
-    std::string s;
-    for (unsigned char c : text.substr(0, limit)) s += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-    return s;
-  };
   if (!route_regex_) {
     // The default regex, (?<routedByValue>.*): every group is the whole value.
-    auto problem = expand_route([&](std::string_view name) -> std::optional<std::string_view> {
-      if (name == "routedByValue" || name == "0" || name == "1") return route;
-      return std::nullopt;
-    }, topic_buf_);
+    auto problem = expand_route_replacement(
+        config_.route_topic_replacement,
+        [&](std::string_view name) -> std::optional<std::string_view> {
+          if (name == "routedByValue" || name == "0" || name == "1") return route;
+          return std::nullopt;
+        },
+        topic_buf_);
     if (problem) return MapError{"invalid_topic", *problem};
   } else {
     // Routes repeat: each value's topic is worked out once.
@@ -540,7 +499,7 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
     const std::string value(route);
     boost::smatch match;
     if (boost::regex_match(value, match, *route_regex_)) {
-      auto problem = expand_route([&](std::string_view ref) -> std::optional<std::string_view> {
+      auto problem = expand_route_replacement(config_.route_topic_replacement, [&](std::string_view ref) -> std::optional<std::string_view> {
         const std::string name(ref);
         if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
           const auto n = std::stoul(name);
@@ -561,9 +520,9 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
   // Event data names the topic: check it as Kafka would, so that a bad value
   // is this event's mapping error, not a producer or broker refusal later.
   if (auto why = illegal_topic_reason(topic_buf_))
-    return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + shown(route, 100) +
+    return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + printable(route, 100) +
                                          "\" makes an illegal Kafka topic name: " + *why + " (topic \"" +
-                                         shown(topic_buf_, 300) + "\")"};
+                                         printable(topic_buf_, 300) + "\")"};
   if (route_regex_) {
     if (topic_cache_.size() >= max_cached_topics) topic_cache_.clear();
     out.topic = topic_cache_.emplace(std::string(route), topic_buf_).first->second;
@@ -631,7 +590,6 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
 
   using Member = MessageMember;
   Member id, key, payload, timestamp, route, tracing;
-  if (header_bufs_.size() < config_.additional_placement.size()) header_bufs_.resize(config_.additional_placement.size());
   std::vector<Member>& placed = placed_members_;
   placed.assign(config_.additional_placement.size(), Member{});
   auto trim = [](std::string_view v) {
@@ -696,7 +654,7 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
   if (auto e = required(id, config_.field_event_id, "event id")) return e;
   if (auto e = required(key, config_.field_event_key, "event key")) return e;
   out.key = key.text;
-  if (!routed()) {
+  if (!config_.routes_by_value()) {
     out.topic = config_.route_topic_replacement;
   } else {
     if (auto e = required(route, config_.route_by_field, "route")) return e;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "walrelay/dead_letter.hpp"
+#include "walrelay/logging.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay.hpp"
 
@@ -175,27 +176,39 @@ Relay::Step Relay::skip_insert(const pgoutput::Insert& insert, Lsn lsn) {
 Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapError& error, Lsn lsn) {
   std::string where = "table " + std::string(mapper_.table_name(insert.relation_oid)) + " id " +
                       mapper_.event_id_of(insert) + " at LSN " + lsn.to_string() + " (xid " + std::to_string(xid_) + ")";
-  if (config_.errors_tolerance == ErrorTolerance::none) {
-    halt("could not map the outbox row of " + where + ": " + error.message +
-         " (errors.tolerance=none; nothing past this row is confirmed)");
-    return Step::stop;
-  }
-  spdlog::error("{} could not map the outbox row of {}: {}; sending it to {}", context(), where, error.message,
-                config_.dlq_topic);
+  if (!tolerate("map the outbox row of " + where, "this row", error)) return Step::stop;
   const DeadLetter dead = unmappable_row(mapper_, insert, error, lsn, config_.dlq_context_headers);
-  const std::size_t bytes = dead.size_bytes();
   if (mutation::active(mutation::Break::skip_dlq_wait)) {
     // The row counts as settled at once; its copy's report is ignored.
     sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
-                             make_token(*txn_, mutation_ignored_table), bytes);
+                             make_token(*txn_, mutation_ignored_table), dead.size_bytes());
     return Step::done;
   }
+  return submit_dead_letter(dead);
+}
+
+// errors.tolerance for an event that cannot be relayed: none halts (false),
+// all logs where its dead-letter copy goes (true).
+bool Relay::tolerate(const std::string& what, std::string_view subject, const MapError& error) {
+  if (config_.errors_tolerance == ErrorTolerance::none) {
+    halt("could not " + what + ": " + error.message + " (errors.tolerance=none; nothing past " + std::string(subject) +
+         " is confirmed)");
+    return false;
+  }
+  spdlog::error("{} could not {}: {}; sending it to {}", context(), what, error.message, config_.dlq_topic);
+  return true;
+}
+
+// A dead-letter copy inside the open transaction; it settles the event once
+// acknowledged.
+Relay::Step Relay::submit_dead_letter(const DeadLetter& dead) {
+  const std::size_t bytes = dead.size_bytes();
   ledger_.add_record(*txn_, bytes);
   auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
                                          make_token(*txn_, 0), bytes);
   if (status == SubmitStatus::queue_full) {
     ledger_.withdraw(*txn_, bytes);
-    return Step::retry;
+    return Step::retry;  // offered again with the same ledger entry
   }
   return halt_reason_ ? Step::stop : Step::done;
 }
@@ -267,37 +280,25 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
 // dead-letter copy. A non-transactional message has no transaction of its
 // own in the ledger: it gets one, at its LSN.
 Relay::Step Relay::dead_letter_message(const pgoutput::LogicalMessage& message, const MapError& error) {
-  std::string prefix;
-  for (unsigned char c : message.prefix.substr(0, 100)) prefix += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-  std::string where = "logical message with prefix \"" + prefix + "\" at LSN " + message.lsn.to_string() +
+  std::string where = "logical message with prefix \"" + printable(message.prefix, 100) + "\" at LSN " +
+                      message.lsn.to_string() +
                       (message.transactional() ? " (xid " + std::to_string(xid_) + ")" : " (not transactional)");
-  if (config_.errors_tolerance == ErrorTolerance::none) {
-    halt("could not relay the " + where + ": " + error.message +
-         " (errors.tolerance=none; nothing past it is confirmed)");
-    return Step::stop;
-  }
-  spdlog::error("{} could not relay the {}: {}; sending it to {}", context(), where, error.message, config_.dlq_topic);
+  if (!tolerate("relay the " + where, "it", error)) return Step::stop;
   const DeadLetter dead = unmappable_message(message, error, config_.dlq_context_headers);
-  const std::size_t bytes = dead.size_bytes();
   const bool own_txn = !message.transactional();
   if (own_txn && !txn_) {
     txn_ = ledger_.open(pgoutput::pg_epoch_micros_now(), message.lsn);
     message_txn_ = true;
   }
-  ledger_.add_record(*txn_, bytes);
-  auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
-                                         make_token(*txn_, 0), bytes);
-  if (status == SubmitStatus::queue_full) {
-    ledger_.withdraw(*txn_, bytes);
-    return Step::retry;  // offered again with the same ledger entry
-  }
+  const Step step = submit_dead_letter(dead);
+  if (step == Step::retry) return step;
   if (own_txn) {
     ledger_.commit(*txn_, message.lsn);
     sink_.source_transaction_ended(message.lsn);
     txn_.reset();
     message_txn_ = false;
   }
-  return halt_reason_ ? Step::stop : Step::done;
+  return step;
 }
 
 // Halts when the ledger reports a broken invariant.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -29,11 +30,14 @@ enum class LogFormat { text, json };
 // `column:placement[:alias]` of table.fields.additional.placement, as
 // Debezium's router defines them: a header, a member of the value's
 // envelope ({"payload": ..., alias: ...}), or the record's partition.
+enum class Placement { header, envelope, partition };
 struct AdditionalField {
   std::string column;
-  std::string placement;  // "header", "envelope" or "partition"
+  Placement placement = Placement::header;
   std::string alias;      // header or envelope member name; the column name when empty
 };
+// The placement's name as the configuration spells it.
+const char* placement_name(Placement placement);
 
 // key.converter / value.converter: the Kafka Connect converter whose bytes
 // walrelay writes. string: StringConverter (and ByteArrayConverter, the
@@ -156,6 +160,15 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& environ);
 Config parse_config(const std::string& text, const std::string& source_name,
                     const std::vector<std::string>& environ);
+
+// route.topic.replacement's syntax, Java's Matcher replacement: ${name} and
+// $n refer to route.topic.regex's groups, a backslash escapes the next
+// character. Expands `replacement` into `out`, each group looked up by
+// `group`; returns what is wrong (a group `group` does not know, a ${
+// without its }), or nullopt.
+using RouteGroup = std::function<std::optional<std::string_view>(std::string_view name)>;
+std::optional<std::string> expand_route_replacement(std::string_view replacement, const RouteGroup& group,
+                                                    std::string& out);
 
 // Why `name` is not a topic Kafka accepts (legal characters are ASCII
 // letters, digits, '.', '_' and '-'; 1 to 249 of them; not "." or ".."), or

@@ -95,7 +95,7 @@ class OutboxMapper {
     std::uint32_t type_oid = 0;
     explicit operator bool() const { return index >= 0; }
   };
-  struct Placement {
+  struct PlacedColumn {
     ColumnRef column;
     std::string header;  // the header's or envelope member's name
     std::string column_name;
@@ -107,7 +107,7 @@ class OutboxMapper {
     std::vector<std::string> column_names;
     std::vector<std::uint32_t> column_types;
     ColumnRef id, key, payload, timestamp, route, tracing;
-    std::vector<Placement> placements;
+    std::vector<PlacedColumn> placements;
     std::string missing;                // required columns absent, named; empty if none
   };
   // The text form of a column value: zero-copy for text, converted into buf for binary.
@@ -127,15 +127,8 @@ class OutboxMapper {
   // Adds traceparent (and tracestate) headers from a trace context's text,
   // or sets trace_problem_.
   void add_trace_headers(std::string_view text, OutboxRecord& out);
-  // Whether route.topic.replacement has ${routedByValue} in it.
-  bool routed() const;
   // Sets out.topic from the route value; `what` names its source in errors.
   std::optional<MapError> route_to(std::string_view route, std::string_view what, OutboxRecord& out);
-  // route.topic.replacement expanded into out, groups looked up by name or
-  // number; a problem when it names a group that is not there.
-  std::optional<std::string> expand_route(
-      const std::function<std::optional<std::string_view>(std::string_view)>& group,
-      std::string& out) const;
 
   const Config& config_;
   std::optional<boost::regex> route_regex_;  // a route.topic.regex of the user's own

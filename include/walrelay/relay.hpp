@@ -31,6 +31,8 @@
 
 namespace walrelay {
 
+struct DeadLetter;
+
 // The files that implement it, one job each:
 //   relay.cpp           lifecycle, the reconnect policy, the replication session and its read loop
 //   relay_dispatch.cpp  what each replication message and each delivery report does
@@ -116,6 +118,10 @@ class Relay final : public StatusSource {
   // A logical message: an outbox event if its prefix is included.
   Step on_logical_message(const pgoutput::LogicalMessage& message);
   Step dead_letter_message(const pgoutput::LogicalMessage& message, const MapError& error);
+  // errors.tolerance: halts (false) or logs where the dead-letter copy goes.
+  bool tolerate(const std::string& what, std::string_view subject, const MapError& error);
+  // Hands a dead-letter copy to the sink inside the open transaction.
+  Step submit_dead_letter(const DeadLetter& dead);
   // The include-list entry for a message prefix (counting the skipped ones).
   struct PrefixSource {
     int source = -1;                        // index in message_prefixes_, -1: not an outbox prefix
