@@ -398,6 +398,11 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
   if (on_delivery_) on_delivery_(d);
 }
 
+bool KafkaSink::is_fence(int err) {
+  return err == RD_KAFKA_RESP_ERR__FENCED || err == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH ||
+         err == RD_KAFKA_RESP_ERR_PRODUCER_FENCED;
+}
+
 // librdkafka's error callback: fatal errors stop the sink, others are health.
 void KafkaSink::handle_error(int err, const char* reason) {
   auto code = static_cast<rd_kafka_resp_err_t>(err);
@@ -405,8 +410,7 @@ void KafkaSink::handle_error(int err, const char* reason) {
     char buf[512];
     auto cause = rd_kafka_fatal_error(rk_, buf, sizeof buf);
     if (fatal_) return;  // the first one says why
-    fenced_ = transactions_ && (cause == RD_KAFKA_RESP_ERR__FENCED || cause == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH ||
-                                cause == RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
+    fenced_ = transactions_ && is_fence(cause);
     fatal_ = std::string("fatal producer error: ") + buf +
              (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)"
                       : std::string());

@@ -38,6 +38,7 @@ struct TxnResult {
   bool retriable = false;
   bool requires_abort = false;
   bool fatal = false;
+  int code = 0;  // rd_kafka_resp_err_t
   std::string message;
 };
 
@@ -48,6 +49,7 @@ TxnResult result_of(rd_kafka_error_t* error) {
   r.retriable = rd_kafka_error_is_retriable(error);
   r.requires_abort = rd_kafka_error_txn_requires_abort(error);
   r.fatal = rd_kafka_error_is_fatal(error);
+  r.code = rd_kafka_error_code(error);
   r.message = std::string(rd_kafka_error_name(error)) + ": " + rd_kafka_error_string(error);
   rd_kafka_error_destroy(error);
   return r;
@@ -326,7 +328,8 @@ asio::awaitable<void> KafkaSink::commit() {
       co_await abort("the Kafka transaction could not commit: " + r.message);
       co_return;
     }
-    fenced_ = r.message.find("FENCED") != std::string::npos || r.message.find("EPOCH") != std::string::npos;
+    char why[256];
+    fenced_ = is_fence(r.code == RD_KAFKA_RESP_ERR__FATAL ? rd_kafka_fatal_error(rk_, why, sizeof why) : r.code);
     fatal_ = "could not commit a Kafka transaction: " + r.message +
              (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)"
                       : std::string());

@@ -88,6 +88,8 @@ class KafkaSink final : public Sink {
   // Creates rk_ and queue_ from settings_ and wires the queue to the wake-up pipe.
   void create_producer();
   void watch_queue();
+  // Whether a (fatal) error means another producer took the transactional.id over.
+  static bool is_fence(int err);
   rd_kafka_topic_s* topic_handle(std::string_view topic);
   // reorder_key mutation (tests/mutation/run.sh) only.
   SubmitStatus submit_reordered(const OutboxRecord& record, Pending* opaque);
