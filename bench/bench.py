@@ -624,27 +624,61 @@ def warm_broker(env, seconds=60, rate=2000):
     return i
 
 
-def run_latency(env, contender, rate, seconds, tag):
+def recvlogical_cmd(env, slot, publication):
+    """pg_recvlogical as an operator runs it: its default status and fsync intervals."""
+    return [env.args.pg_recvlogical, "-h", "127.0.0.1", "-p", str(env.args.pgport), "-U", "postgres",
+            "-d", "postgres", "--slot", slot, "--start", "-f", "/dev/null",
+            "-o", "proto_version=1", "-o", f"publication_names={publication}"]
+
+
+def server_pids(env, contender, slot):
+    """The server processes working for a contender: its walsender (WAL readers) or
+    its backends (the polling relay)."""
+    if contender == "polling":
+        return [pid for (pid,) in env.q("SELECT pid FROM pg_stat_activity WHERE application_name='bench-polling'",
+                                        conn=env.mon)]
+    pid = env.one("SELECT active_pid FROM pg_replication_slots WHERE slot_name=%s", (slot,), conn=env.mon)
+    return [pid] if pid else []
+
+
+def cpu_of(pids):
+    vals = [proc_cpu_s(p) for p in pids]
+    return sum(v for v in vals if v is not None)
+
+
+def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
+    """One contender at `rate` one-row transactions per second. With `beside`, a
+    pg_recvlogical reads the same WAL from its own slot at the same time, as the
+    reference for CPU per event; the server processes each one keeps busy (its
+    walsender, or the polling relay's backends) are measured too. With idle_s,
+    the contender's CPU is first measured for that long with no writes."""
     name = f"bench_{tag}"
     prefix = f"bench_{tag}"
     env.reset_outbox()
     env.create_topics(prefix, log_append_time=True)
     work = env.args.work
     admin_port = None
-    if contender == "walrelay":
+    if contender in ("walrelay", "debezium") or beside:
         env.create_slot_and_publication(name)
+    if contender == "walrelay":
         admin_port = free_port()
         cmd = [env.args.walrelay, "--config",
                walrelay_props(env, name, prefix, {"admin.listen": f"127.0.0.1:{admin_port}"})]
     elif contender == "debezium":
-        env.create_slot_and_publication(name)
         cmd = debezium_cmd(env, name, prefix, publication=name)
     elif contender == "polling":
         cmd = polling_cmd(env, prefix)
     else:
         raise ValueError(contender)
+    ref_slot = f"{name}_recv"
+    ref = None
+    if beside:
+        env.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (ref_slot,))
+        ref = subprocess.Popen(recvlogical_cmd(env, ref_slot, name), stdout=subprocess.DEVNULL,
+                               stderr=open(os.path.join(work, f"{ref_slot}.log"), "w"))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{name}.log"), "w"))
     n = rate * seconds
+    cpu = {}
     try:
         # Warm: one event to each of the 4 topics (Debezium takes seconds to start, and
         # librdkafka fetches a new topic's metadata up to 1 s late), then measure from there.
@@ -657,26 +691,44 @@ def run_latency(env, contender, rate, seconds, tag):
         # cold broker adds tens of ms to the first seconds' tail). Then wait
         # until all of it is in Kafka, and for a quiet machine.
         warm_s = 10 if rate <= 1000 else 5
-        env.q("CALL bench_paced(%s, %s)", (rate, warm_s))
+        warm_rate = max(rate, 100)  # the lowest rates warm at 100/s: a few events warm nothing
+        env.q("CALL bench_paced(%s, %s)", (warm_rate, warm_s))
         deadline = time.monotonic() + 180
-        while env.topic_count(prefix) < 4 + rate * warm_s and time.monotonic() < deadline and proc.poll() is None:
+        while env.topic_count(prefix) < 4 + warm_rate * warm_s and time.monotonic() < deadline \
+                and proc.poll() is None:
             time.sleep(0.2)
         settled_s = settle(env)
+        mine = server_pids(env, contender, name)
+        theirs = server_pids(env, "pg_recvlogical", ref_slot) if beside else []
+        if idle_s:
+            i0 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
+            time.sleep(idle_s)
+            i1 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
+            for k, a, b in zip(("relay", "relay_server", "recvlogical", "recvlogical_server"), i0, i1):
+                cpu[f"idle_{k}_cpu_ms_per_s"] = round((b - a) * 1000 / idle_s, 2)
         cons = LatencyConsumer(env, prefix, n)
         cons.start()
         time.sleep(2)  # consumer assigned
-        cpu0 = proc_cpu_s(proc.pid)
+        c0 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
         hist0 = scrape_histograms(admin_port) if admin_port else {}
         t0 = time.monotonic()
         env.q("CALL bench_paced(%s, %s)", (rate, seconds))
         offered = n / (time.monotonic() - t0)
         cons.join(timeout=60)
         cons.stop = True
-        cpu1 = proc_cpu_s(proc.pid)
+        c1 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
         hist1 = scrape_histograms(admin_port) if admin_port else {}
+        for k, a, b in zip(("relay", "relay_server", "recvlogical", "recvlogical_server"), c0, c1):
+            if a is None or b is None or (k.startswith("recvlogical") and not beside):
+                continue
+            cpu[f"{k}_cpu_us_per_event"] = round((b - a) * 1e6 / n, 1)
+            cpu[f"{k}_cpu_pct"] = round((b - a) * 100 / seconds, 2)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+        if ref:
+            ref.send_signal(signal.SIGTERM)
+            ref.wait(timeout=30)
     s = cons.samples
     with open(os.path.join(work, f"{name}.samples.json"), "w") as f:
         json.dump(s, f)  # (insert µs, log-append µs, received µs) per record, for a closer look
@@ -684,7 +736,8 @@ def run_latency(env, contender, rate, seconds, tag):
     recv_ms = [(r - t) / 1000.0 for t, _, r in s]
     res = {"contender": contender, "rate": rate, "seconds": seconds, "events": n, "received": len(s),
            "offered_events_per_s": round(offered), "settled_s": settled_s,
-           "relay_cpu_us_per_event": round((cpu1 - cpu0) * 1e6 / n, 1) if cpu0 is not None and cpu1 else None}
+           "relay_cpu_us_per_event": cpu.get("relay_cpu_us_per_event")}
+    res.update(cpu)
     for label, xs in (("append", append_ms), ("consumer", recv_ms)):
         for p in (50, 99, 99.9):
             v = pct(xs, p)
@@ -694,8 +747,10 @@ def run_latency(env, contender, rate, seconds, tag):
     # commit -> received by walrelay, commit -> acknowledged by Kafka.
     if hist1:
         res.update(histogram_percentiles(hist0, hist1))
-    if contender in ("walrelay", "debezium"):
+    if contender in ("walrelay", "debezium") or beside:
         env.drop_slot(name)
+    if beside:
+        env.drop_slot(ref_slot)
     env.delete_topics(prefix)
     return res
 
@@ -758,10 +813,13 @@ def main():
     ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to measure its CPU")
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma list of sections: throughput,options,latency,tableless")
+    ap.add_argument("--only", default="",
+                    help="comma list of sections: throughput,options,latency,sidecar,tableless; results then go to "
+                         "<sections>.json, leaving full.json alone")
     ap.add_argument("--walrelay-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a walrelay setting for every walrelay run (e.g. kafka.linger.ms=1)")
-    ap.add_argument("--rates", default="", help="latency: comma list of the rates to run (default 1000,10000)")
+    ap.add_argument("--rates", default="",
+                    help="latency and sidecar: comma list of the rates to run (default 1000,10000 and 10,100,1000,5000)")
     ap.add_argument("--events", type=int, default=0, help="development: one workload of this many events")
     ap.add_argument("--tx-size", type=int, default=100, help="development: rows per transaction with --events")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
@@ -770,7 +828,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
-    sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency", "tableless"}
+    sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency", "sidecar", "tableless"}
     contenders = sorted(args.contenders.split(","), key=lambda c: c == "polling")  # polling last
     if args.quick:
         workloads = [("20k_tx100", 20000, 100)]
@@ -786,11 +844,11 @@ def main():
               "argv": sys.argv[1:],
               "versions": {"postgresql": env.one("SHOW server_version"),
                            "kafka_clients_python": confluent_kafka_version()},
-              "runs": [], "option_runs": [], "latency": [], "tableless": []}
+              "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": []}
     seq = 0
 
     def save():
-        tag = "quick" if args.quick else "full"
+        tag = "quick" if args.quick else "_".join(sorted(sections)) if args.only else "full"
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
         write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
@@ -798,6 +856,8 @@ def main():
         write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
         if result["latency"]:
             write_csv(os.path.join(args.out, f"{tag}_latency.csv"), result["latency"])
+        if result["sidecar"]:
+            write_csv(os.path.join(args.out, f"{tag}_sidecar.csv"), result["sidecar"])
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
 
@@ -866,6 +926,33 @@ def main():
                         r["options"] = " ".join(args.walrelay_set)
                     log(json.dumps(r))
                     result["latency"].append(r)
+                    save()
+
+    if "sidecar" in sections:
+        # What a sidecar costs at everyday rates: one-row transactions, each
+        # contender with a pg_recvlogical reading the same WAL beside it (the
+        # floor: a client that only receives), CPU of both and of the server
+        # process working for each, and the latency. Idle CPU once per contender.
+        rates = [int(r) for r in args.rates.split(",")] if args.rates else [10, 100, 1000, 5000]
+        secs = {10: 60, 100: 30, 1000: 30}
+        sidecars = [x for x in ("walrelay", "debezium", "polling") if x in contenders]
+        if not args.debezium_dir:
+            sidecars = [x for x in sidecars if x != "debezium"]
+        if "latency" not in sections:
+            log("sidecar: warming the broker for 30 s")
+            warm_broker(env, seconds=30)
+        for rep in range(repeats):
+            for c in sidecars:
+                for i, rate in enumerate(rates):
+                    seq += 1
+                    log(f"sidecar {c} {rate}/s, repeat {rep + 1}/{repeats}")
+                    r = run_latency(env, c, rate, secs.get(rate, 20), f"side_{c}_{seq}", beside=True,
+                                    idle_s=10 if i == 0 else 0)
+                    r["repeat"] = rep + 1
+                    if c == "walrelay" and args.walrelay_set:
+                        r["options"] = " ".join(args.walrelay_set)
+                    log(json.dumps(r))
+                    result["sidecar"].append(r)
                     save()
 
     if "tableless" in sections:

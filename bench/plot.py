@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots of a full bench run: bench/plot.py bench/results/full.json docs/img"""
+"""Plots of a bench run, of whatever sections it holds: bench/plot.py bench/results/full.json docs/img"""
 import json
 import os
 import statistics
@@ -54,8 +54,16 @@ def main():
     data = json.load(open(sys.argv[1]))
     out = sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    runs = data["runs"]
+    if data.get("runs"):
+        throughput_and_resources(data, out)
+    if data.get("latency"):
+        latency(data["latency"], out)
+    if data.get("sidecar"):
+        sidecar(data["sidecar"], out)
 
+
+def throughput_and_resources(data, out):
+    runs = data["runs"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bars(ax, groups(runs, "total_events_per_s"), "events/s, launch to last ack (pg_recvlogical: to end LSN)")
     ax.set_title("Throughput, median of repeats, bars = min..max")
@@ -95,32 +103,89 @@ def main():
         fig.tight_layout()
         fig.savefig(os.path.join(out, "bench-walsender-options.png"), dpi=110)
 
-    if data.get("latency"):
-        # One bar group per contender and rate: the median over the repeats.
+
+
+def latency(runs, out):
+    # One bar group per contender and rate: the median over the repeats.
+    by_rate = {}
+    for r in runs:
+        by_rate.setdefault((r["contender"], r.get("options", ""), r["rate"]), []).append(r)
+    lat = [{"contender": c, "options": o, "rate": rate, "n": len(rs),
+            **{f"append_p{p}_ms": statistics.median([r.get(f"append_p{p}_ms") or 0 for r in rs])
+               for p in ("50", "99", "99.9")}} for (c, o, rate), rs in by_rate.items()]
+    fig, ax = plt.subplots(figsize=(10, 4.4))
+    labels = [f'{r["contender"]}' + (f'\n{r["options"].split(",")[0].replace("kafka.", "")}' if r["options"] else "")
+              + f'\n{r["rate"]:,}/s' + (f' (n={r["n"]})' if r["n"] > 1 else "") for r in lat]
+    for k, (p, col) in enumerate((("50", "#9ecae1"), ("99", "#3182bd"), ("99.9", "#08519c"))):
+        vals = [r.get(f"append_p{p}_ms") or 0 for r in lat]
+        xs = [i + (k - 1) * 0.27 for i in range(len(lat))]
+        ax.bar(xs, vals, 0.27, label=f"p{p}", color=col)
+        for x, v in zip(xs, vals):
+            ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.1f}", (x, v), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(lat)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("insert-to-log-append ms")
+    ax.axhline(10, color="red", linewidth=0.8, linestyle="--")
+    ax.set_title("Latency at fixed offered rates (1-row transactions)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench-latency.png"), dpi=110)
+
+
+SIDECAR_ORDER = ["walrelay", "debezium", "polling"]
+
+
+def sidecar(runs, out):
+    """CPU per event and latency against the rate, medians over repeats."""
+    def series(contender, key):
         by_rate = {}
-        for r in data["latency"]:
-            by_rate.setdefault((r["contender"], r.get("options", ""), r["rate"]), []).append(r)
-        lat = [{"contender": c, "options": o, "rate": rate, "n": len(rs),
-                **{f"append_p{p}_ms": statistics.median([r.get(f"append_p{p}_ms") or 0 for r in rs])
-                   for p in ("50", "99", "99.9")}} for (c, o, rate), rs in by_rate.items()]
-        fig, ax = plt.subplots(figsize=(10, 4.4))
-        labels = [f'{r["contender"]}' + (f'\n{r["options"].split(",")[0].replace("kafka.", "")}' if r["options"] else "")
-                  + f'\n{r["rate"]:,}/s' + (f' (n={r["n"]})' if r["n"] > 1 else "") for r in lat]
-        for k, (p, col) in enumerate((("50", "#9ecae1"), ("99", "#3182bd"), ("99.9", "#08519c"))):
-            vals = [r.get(f"append_p{p}_ms") or 0 for r in lat]
-            xs = [i + (k - 1) * 0.27 for i in range(len(lat))]
-            ax.bar(xs, vals, 0.27, label=f"p{p}", color=col)
-            for x, v in zip(xs, vals):
-                ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.1f}", (x, v), ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(range(len(lat)))
-        ax.set_xticklabels(labels, fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("insert-to-log-append ms")
-        ax.axhline(10, color="red", linewidth=0.8, linestyle="--")
-        ax.set_title("Latency at fixed offered rates (1-row transactions)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "bench-latency.png"), dpi=110)
+        for r in runs:
+            if r["contender"] == contender and r.get(key) is not None:
+                by_rate.setdefault(r["rate"], []).append(r[key])
+        rates = sorted(by_rate)
+        return rates, [statistics.median(by_rate[x]) for x in rates]
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    ax = axes[0]
+    for c in SIDECAR_ORDER:
+        xs, ys = series(c, "relay_cpu_us_per_event")
+        if xs:
+            ax.plot(xs, ys, "o-", color=COLORS[c], label=c)
+            for x, y in zip(xs, ys):
+                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+        xs, ys = series(c, "relay_server_cpu_us_per_event")
+        if xs:
+            ax.plot(xs, ys, "x:", color=COLORS[c], label=f"{c}'s {'backends' if c == 'polling' else 'walsender'}")
+    # pg_recvlogical beside walrelay (the same WAL, the same seconds)
+    ref = [r for r in runs if r["contender"] == "walrelay"]
+    xs, ys = series("walrelay", "recvlogical_cpu_us_per_event") if ref else ([], [])
+    if xs:
+        ax.plot(xs, ys, "o--", color=COLORS["pg_recvlogical"], label="pg_recvlogical (beside walrelay)")
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, -11), ha="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("one-row transactions per second")
+    ax.set_ylabel("CPU µs per event")
+    ax.set_title("Sidecar cost: CPU per event (lines: client, dotted: its server process)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for c in SIDECAR_ORDER:
+        for p, style in (("50", "o-"), ("99", "s--")):
+            xs, ys = series(c, f"append_p{p}_ms")
+            if xs:
+                ax.plot(xs, ys, style, color=COLORS[c], label=f"{c} p{p}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axhline(1, color="grey", linewidth=0.6, linestyle=":")
+    ax.axhline(5, color="red", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("one-row transactions per second")
+    ax.set_ylabel("insert to log append, ms")
+    ax.set_title("Latency at the same rates (red: 5 ms)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench-sidecar.png"), dpi=110)
 
 
 if __name__ == "__main__":

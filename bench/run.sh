@@ -71,15 +71,20 @@ echo "==> services in $WALRELAY_RUN_DIR" >&2
 source <("$services" env)
 work="$WALRELAY_RUN_DIR/bench-work"
 mkdir -p "$work" "$out"
+touch "$work/.started"
 mode=()
 ((quick)) && mode=(--quick)
 "$venv/bin/python" "$here/bench.py" "${mode[@]}" --pgport "$WALRELAY_TEST_PGPORT" --kafka "$WALRELAY_TEST_KAFKA" \
   --walrelay "$bin" --pg-recvlogical "${PG_BIN:-/usr/lib/postgresql/15/bin}/pg_recvlogical" \
   --kafka-pid "$(cat "$WALRELAY_RUN_DIR/kafka/pid")" --out "$out" --work "$work" "${dbz[@]}" "${args[@]}"
-only=0
-for a in "${args[@]}"; do [[ $a == --only* ]] && only=1; done
-# A partial run (--only) leaves the plots of the full one alone.
-if ((!quick && !only)) && [[ -f $out/full.json ]]; then
-  "$venv/bin/python" "$here/plot.py" "$out/full.json" "$repo/docs/img"
+# Plots from what this run wrote: full.json (a full run) or a partial run's own
+# file (--only sidecar writes sidecar.json); older results are left alone. Into
+# docs/img for the published results (bench/results), else beside the results.
+if ((!quick)); then
+  img="$out"
+  [[ $out -ef $here/results ]] && img="$repo/docs/img"
+  for f in "$out"/*.json; do
+    if [[ $f -nt $work/.started ]]; then "$venv/bin/python" "$here/plot.py" "$f" "$img"; fi
+  done
 fi
 echo "==> results in $out" >&2

@@ -327,6 +327,7 @@ void apply_kafka_policy(Config& c) {
       {"delivery.timeout.ms", "message.timeout.ms"},
       {"queue.buffering.max.ms", "linger.ms"},
       {"retries", "message.send.max.retries"},
+      {"max.in.flight", "max.in.flight.requests.per.connection"},
   };
   for (auto& [alias, name] : aliases) {
     auto it = c.kafka.find(alias);
@@ -358,11 +359,15 @@ void apply_kafka_policy(Config& c) {
     c.kafka.try_emplace("message.timeout.ms", c.kafka["transaction.timeout.ms"]);
   }
   c.kafka.try_emplace("message.timeout.ms", "0");
-  // 5 ms, as librdkafka and Kafka 4's producer: with 0 every lone event is its
-  // own produce request, and on a busy host the broker's per-request cost made
-  // walrelay fall behind at 5,000 1-row transactions/s where 5 ms kept up
-  // (docs/benchmarks.md, finding 4). 0 is the setting for the lowest latency.
-  c.kafka.try_emplace("linger.ms", "5");
+  // A batch that grows only while the producer is busy: a lone event goes at
+  // once (linger 0), and while one produce request is outstanding the next
+  // events wait for its answer and go together in one request. A fixed linger
+  // delays every lone event by its length; linger 0 with several requests in
+  // flight makes each lone event a request of its own, whose cost at the
+  // broker made walrelay fall behind at 5,000 1-row transactions/s
+  // (docs/benchmarks.md, "Sidecar cost").
+  c.kafka.try_emplace("linger.ms", "0");
+  c.kafka.try_emplace("max.in.flight.requests.per.connection", "1");
   if (!c.kafka.count("bootstrap.servers")) throw ConfigError("kafka.bootstrap.servers", "is required");
   // librdkafka's own queue must hold at least what walrelay lets in flight,
   // so that QUEUE_FULL stays an exception rather than the flow control.

@@ -75,7 +75,10 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
     replay("the Kafka transaction was aborted (" + reason + ")");
   });
   ledger_.on_retired([this](std::int64_t commit_time) {
-    metrics_.commit_to_ack.Observe(static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time) / 1e6);
+    // Retired by an acknowledgement: the broker's time for it, which may be
+    // earlier than the report was served (Sink::wake_on_reports).
+    auto at = acked_at_us_ ? acked_at_us_ : pgoutput::pg_epoch_micros_now();
+    metrics_.commit_to_ack.Observe(static_cast<double>(at - commit_time) / 1e6);
   });
   for (auto& t : config_.table_include_list) table_names_.push_back(t.qualified());
   for (auto& p : config_.message_prefix_include_list) {
@@ -394,6 +397,14 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
   SessionClock clock{last_received_};
   HeldMessage held;
   ReadState state = ReadState::buffered;
+  // While reading, each turn serves the delivery reports: they need no
+  // wake-up of their own except while reads wait for room (note_backpressure).
+  // Outside this loop (draining, reconnecting) every report wakes the loop.
+  sink_.wake_on_reports(backpressured_);
+  struct ReportsWake {
+    Sink& sink;
+    ~ReportsWake() { sink.wake_on_reports(true); }
+  } reports_wake{sink_};
   while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
     co_await keep_alive(conn, clock);
     check_producer();
@@ -459,8 +470,21 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn, SessionClock& clock)
   const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
   auto now = std::chrono::steady_clock::now();
   if (now >= clock.next_status || reply_requested_) {
+    sink_.poll();  // acknowledgements not yet served move the position first
     bool ask = !clock.pinged && now - last_received_ > timeout / 3;
-    co_await send_status(conn, ask);
+    // Idle (nothing in flight, nothing open) with the position already
+    // reported: the update would repeat the last one and is skipped, but one
+    // goes at least every 10 s (pg_recvlogical's interval). An idle walrelay
+    // and its walsender then sleep instead of waking each other every interval.
+    const Lsn flushed = confirmable();
+    bool repeat = ledger_.idle() && flushed == sent_flushed_lsn_ &&
+                  std::max(received_lsn_, flushed) == sent_written_lsn_ && now - clock.last_status < 10s;
+    if (ask || reply_requested_ || !repeat) {
+      co_await send_status(conn, ask);
+      clock.last_status = now;
+    } else {
+      update_gauges();
+    }
     clock.pinged = clock.pinged || ask;
     reply_requested_ = false;
     clock.next_status = now + std::chrono::milliseconds(config_.status_update_interval_ms);
@@ -526,15 +550,15 @@ asio::awaitable<void> Relay::hold_back(std::chrono::milliseconds at_most, const 
 void Relay::note_backpressure(bool on) {
   if (on == backpressured_) return;
   backpressured_ = on;
+  sink_.wake_on_reports(on);
   metrics_.backpressure.Set(on ? 1 : 0);
   if (on)
     spdlog::debug("{} backpressure: {} records, {} bytes in flight", context(), ledger_.inflight_records(),
                   ledger_.inflight_bytes());
 }
 
-// A standby status update: flushed = what the ledger allows, never more.
-asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requested) {
-  auto& msg = status_msg_;
+// What the slot may be confirmed to now: what the ledger allows, never more.
+Lsn Relay::confirmable() const {
   Lsn flushed = ledger_.flushed();
   // Exactly once: records in an open Kafka transaction are acknowledged but
   // not yet visible; the slot waits for the commit. Never backwards.
@@ -542,12 +566,20 @@ asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requeste
   if (mutation::active(mutation::Break::confirm_before_ack)) flushed = std::max(flushed, last_commit_end_);
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_)
     flushed = std::max(flushed, last_commit_end_);
+  return flushed;
+}
+
+// A standby status update.
+asio::awaitable<void> Relay::send_status(PgConnection& conn, bool reply_requested) {
+  auto& msg = status_msg_;
+  Lsn flushed = confirmable();
   Lsn written = std::max(received_lsn_, flushed);
   pgoutput::encode_standby_status_update(msg, written, flushed, flushed, pgoutput::pg_epoch_micros_now(),
                                          reply_requested);
   co_await conn.put_copy_data(msg);
   if (flushed != sent_flushed_lsn_) spdlog::debug("slot={} confirmed_flush_lsn -> {}", config_.slot_name, flushed.to_string());
   sent_flushed_lsn_ = flushed;
+  sent_written_lsn_ = written;
   metrics_.status_updates.Increment();
   update_gauges();
 }

@@ -83,6 +83,7 @@ class Relay final : public StatusSource {
   struct SessionClock {
     std::chrono::steady_clock::time_point next_status;
     bool pinged = false;  // a reply was asked for since the last message
+    std::chrono::steady_clock::time_point last_status{};  // the last update sent
   };
 
   // relay.cpp
@@ -96,6 +97,7 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> hold_back(std::chrono::milliseconds at_most, const SessionClock& clock);
   void note_backpressure(bool on);
   boost::asio::awaitable<void> send_status(PgConnection& conn, bool reply_requested);
+  pgoutput::Lsn confirmable() const;
   boost::asio::awaitable<void> drain(PgConnection* conn);
   boost::asio::awaitable<void> sleep(std::chrono::milliseconds duration);
   void halt(std::string reason, int exit_code = exit_halted);
@@ -194,9 +196,11 @@ class Relay final : public StatusSource {
   pgoutput::Lsn last_commit_end_;         // end LSN of the newest Commit received
   pgoutput::Lsn stream_wal_end_;          // newest WAL end the walsender reported (its decoding position)
   pgoutput::Lsn sent_flushed_lsn_;        // last flushed LSN reported to the server
+  pgoutput::Lsn sent_written_lsn_;        // last written LSN reported to the server
   std::chrono::steady_clock::time_point last_received_;
   bool reply_requested_ = false;
   bool backpressured_ = false;            // reads paused (walrelay_backpressure)
+  std::int64_t acked_at_us_ = 0;          // the acknowledgement being settled (Delivery::acked_at_us)
   boost::asio::steady_timer wake_;        // cancelled to wake a hold_back or a drain
   // Wakes the socket wait for the next status update; armed once per status
   // interval (at most 1 s), not once per wait.

@@ -261,3 +261,31 @@ TEST_CASE("relay with a fake sink: a transient failure sends the record again fr
   auto end = f.db().current_wal_lsn();
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 10s, 20ms));
 }
+
+TEST_CASE("relay with a fake sink: idle with everything confirmed it stops sending status updates, and confirms the next event at the next interval",
+          "[relay][ledger][idle]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  InProcess p(f);  // status.update.interval.ms=100
+  auto in_a = inside(f, "a");
+  p.sink->acknowledge(p.sink->wait_for(1)[0]);
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) > in_a; }, 10s, 20ms));
+  // Every 100 ms an update would repeat the last one: none goes for ten
+  // intervals in a row (only the 10 s heartbeat may), so the counter settles.
+  double last = p.metrics.status_updates.Value();
+  auto since = std::chrono::steady_clock::now();
+  CHECK(eventually(
+      [&] {
+        double v = p.metrics.status_updates.Value();
+        if (v != last) {
+          last = v;
+          since = std::chrono::steady_clock::now();
+        }
+        return std::chrono::steady_clock::now() - since >= 1s;
+      },
+      8s, 10ms));
+  // The next event still reaches the slot within an interval or so.
+  auto in_b = inside(f, "b");
+  p.sink->acknowledge(p.sink->wait_for(2)[1]);
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_b; }, 2s, 10ms));
+}

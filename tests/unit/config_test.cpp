@@ -32,6 +32,17 @@ TEST_CASE("config: Debezium's defaults", "[config]") {
   CHECK(c.kafka.at("enable.idempotence") == "true");
   CHECK(c.kafka.at("acks") == "all");
   CHECK(c.kafka.at("partitioner") == "murmur2_random");
+  // A batch that grows only while a request is outstanding (docs/benchmarks.md, "Sidecar cost").
+  CHECK(c.kafka.at("linger.ms") == "0");
+  CHECK(c.kafka.at("max.in.flight.requests.per.connection") == "1");
+}
+
+TEST_CASE("config: the producer's batching can be set, under either of librdkafka's names", "[config]") {
+  auto c = parse("kafka.linger.ms=5\nkafka.max.in.flight=5\n");
+  CHECK(c.kafka.at("linger.ms") == "5");
+  CHECK(c.kafka.at("max.in.flight.requests.per.connection") == "5");
+  CHECK(c.kafka.count("max.in.flight") == 0);
+  CHECK(error_key("kafka.max.in.flight=2\nkafka.max.in.flight.requests.per.connection=3\n") == "kafka.max.in.flight");
 }
 
 TEST_CASE("config: keys, lists and comments", "[config]") {
