@@ -851,13 +851,14 @@ def main():
         tag = "quick" if args.quick else "_".join(sorted(sections)) if args.only else "full"
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
-        write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
-        result["summary"] = summarize(result["runs"] + result["option_runs"])
-        write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
-        if result["latency"]:
-            write_csv(os.path.join(args.out, f"{tag}_latency.csv"), result["latency"])
-        if result["sidecar"]:
-            write_csv(os.path.join(args.out, f"{tag}_sidecar.csv"), result["sidecar"])
+        if result["runs"] or result["option_runs"]:
+            write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
+            result["summary"] = summarize(result["runs"] + result["option_runs"])
+            write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
+        for section in ("latency", "sidecar"):
+            if result[section]:
+                name = tag if tag == section else f"{tag}_{section}"
+                write_csv(os.path.join(args.out, f"{name}.csv"), result[section])
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
 

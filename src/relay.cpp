@@ -397,6 +397,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
   SessionClock clock{last_received_};
   HeldMessage held;
   ReadState state = ReadState::buffered;
+  int since_read = 0;  // messages handled since the socket was last read
   // While reading, each turn serves the delivery reports: they need no
   // wake-up of their own except while reads wait for room (note_backpressure).
   // Outside this loop (draining, reconnecting) every report wakes the loop.
@@ -421,6 +422,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       case ReadState::buffered:
       case ReadState::buffered_refilled: {
         int handled = read_buffered(conn, held);
+        since_read += handled;
         if (stop_requested_ || halt_reason_ || replay_reason_) break;
         if (handled > 0 || held) {
           sink_.poll();
@@ -429,17 +431,23 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
           state = ReadState::buffered;
         } else {
           // Under load the socket usually has data already: a non-blocking
-          // read first saves a timer and an epoll registration per wake-up.
-          state = state == ReadState::buffered ? ReadState::refill : ReadState::await_socket;
+          // read first saves an epoll wait and re-registration per wake-up.
+          // After a short read (a lone transaction or two: everyday rates) it
+          // would only find the socket empty, a system call per event for
+          // nothing: wait at once.
+          state = state == ReadState::buffered && since_read >= busy_read ? ReadState::refill
+                                                                          : ReadState::await_socket;
         }
         break;
       }
       case ReadState::refill:
         conn.consume_input();
+        since_read = 0;
         state = ReadState::buffered_refilled;
         break;
       case ReadState::await_socket:
         co_await await_socket(conn, clock);
+        since_read = 0;
         state = ReadState::buffered;
         break;
       case ReadState::await_acks:

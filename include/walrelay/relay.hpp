@@ -154,6 +154,9 @@ class Relay final : public StatusSource {
   static constexpr std::uint16_t mutation_ignored_table = 0xffff;
   // Records handled in one go before the loop lets other handlers run.
   static constexpr int read_batch = 2048;
+  // Messages from one socket read above which the next read is tried before
+  // waiting (a one-row transaction is 3 or 4: Begin, Relation, Insert, Commit).
+  static constexpr int busy_read = 16;
 
   boost::asio::io_context& io_;
   const Config& config_;
