@@ -862,6 +862,15 @@ def main():
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
 
+    def record_rate(r, key, contender, rep):
+        """One run at a fixed rate (latency, sidecar) into result[key]."""
+        r["repeat"] = rep + 1
+        if contender == "walrelay" and args.walrelay_set:
+            r["options"] = " ".join(args.walrelay_set)
+        log(json.dumps(r))
+        result[key].append(r)
+        save()
+
     def record(r, key, wname, rep):
         r.update(workload=wname, repeat=rep + 1)
         log(json.dumps({k: v for k, v in r.items() if k != "pg_load"}))
@@ -921,13 +930,7 @@ def main():
                 for rate, secs in rates:
                     seq += 1
                     log(f"latency {c} {rate}/s for {secs} s, repeat {rep + 1}/{repeats}")
-                    r = run_latency(env, c, rate, secs, f"lat_{c}_{seq}")
-                    r["repeat"] = rep + 1
-                    if c == "walrelay" and args.walrelay_set:
-                        r["options"] = " ".join(args.walrelay_set)
-                    log(json.dumps(r))
-                    result["latency"].append(r)
-                    save()
+                    record_rate(run_latency(env, c, rate, secs, f"lat_{c}_{seq}"), "latency", c, rep)
 
     if "sidecar" in sections:
         # What a sidecar costs at everyday rates: one-row transactions, each
@@ -949,12 +952,7 @@ def main():
                     log(f"sidecar {c} {rate}/s, repeat {rep + 1}/{repeats}")
                     r = run_latency(env, c, rate, secs.get(rate, 20), f"side_{c}_{seq}", beside=True,
                                     idle_s=10 if i == 0 else 0)
-                    r["repeat"] = rep + 1
-                    if c == "walrelay" and args.walrelay_set:
-                        r["options"] = " ".join(args.walrelay_set)
-                    log(json.dumps(r))
-                    result["sidecar"].append(r)
-                    save()
+                    record_rate(r, "sidecar", c, rep)
 
     if "tableless" in sections:
         # Explicit only (--only tableless): the table against logical messages.

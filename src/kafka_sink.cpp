@@ -102,21 +102,6 @@ void KafkaSink::create_producer() {
   rd_kafka_conf_set_events(conf, RD_KAFKA_EVENT_DR | RD_KAFKA_EVENT_ERROR | RD_KAFKA_EVENT_STATS |
                                      RD_KAFKA_EVENT_LOG);
   if (transactions_) set("transactional.id", transactions_->transactional_id);
-  // The broker's acknowledgement time, stamped on librdkafka's thread as it
-  // arrives: the report may be served later (wake_on_reports(false)).
-  rd_kafka_conf_interceptor_add_on_new(
-      conf, "walrelay",
-      [](rd_kafka_t* rk, const rd_kafka_conf_t*, void* self, char*, size_t) {
-        return rd_kafka_interceptor_add_on_acknowledgement(
-            rk, "walrelay",
-            [](rd_kafka_t*, rd_kafka_message_t*, void* self) {
-              static_cast<KafkaSink*>(self)->last_ack_us_.store(pgoutput::pg_epoch_micros_now(),
-                                                                 std::memory_order_relaxed);
-              return RD_KAFKA_RESP_ERR_NO_ERROR;
-            },
-            self);
-      },
-      this);
   rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);  // takes conf on success
   if (!rk_) {
     rd_kafka_conf_destroy(conf);
@@ -124,7 +109,7 @@ void KafkaSink::create_producer() {
   }
   queue_ = rd_kafka_queue_get_main(rk_);
   rd_kafka_set_log_queue(rk_, queue_);
-  if (wake_on_reports_ || transactions_) rd_kafka_queue_io_event_enable(queue_, wake_pipe_[1], "1", 1);
+  rd_kafka_queue_io_event_enable(queue_, wake_pipe_[1], "1", 1);
   // The pipe is written when the queue goes from empty to non-empty, and
   // rd_kafka_new has already queued its first log lines: empty it once.
   boost::asio::post(io_, [this] { poll(); });
@@ -162,17 +147,6 @@ void KafkaSink::watch_queue() {
   });
 }
 
-void KafkaSink::wake_on_reports(bool on) {
-  // Exactly once waits on commits and flushes that reports must move along.
-  if (on == wake_on_reports_ || transactions_) return;
-  wake_on_reports_ = on;
-  if (!queue_) return;
-  // Enabled first, then served: a report queued in between is either served
-  // here or wakes the loop, never neither.
-  rd_kafka_queue_io_event_enable(queue_, on ? wake_pipe_[1] : -1, "1", 1);
-  if (on) poll();
-}
-
 // Serves delivery reports (a batch per event), errors, statistics and logs
 // on this thread. Bounded so that one call cannot starve the replication
 // socket; what is left is served after the loop's other handlers.
@@ -185,13 +159,9 @@ void KafkaSink::poll() {
     rd_kafka_event_t* ev = rd_kafka_queue_poll(queue_, 0);
     if (!ev) return;
     switch (rd_kafka_event_type(ev)) {
-      case RD_KAFKA_EVENT_DR: {
-        // The last acknowledgement seen by the time this batch is served: at
-        // or after each of its own (and equal when served promptly).
-        acked_at_us_ = last_ack_us_.load(std::memory_order_relaxed);
+      case RD_KAFKA_EVENT_DR:
         while (const rd_kafka_message_t* m = rd_kafka_event_message_next(ev)) handle_delivery(m);
         break;
-      }
       case RD_KAFKA_EVENT_ERROR:
         handle_error(rd_kafka_event_error_is_fatal(ev) ? RD_KAFKA_RESP_ERR__FATAL : rd_kafka_event_error(ev),
                      rd_kafka_event_error_string(ev));
@@ -395,7 +365,6 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
     return;
   }
   Delivery d;
-  d.acked_at_us = acked_at_us_;
   auto opaque = reinterpret_cast<std::uintptr_t>(m->_private);
   if (opaque & 1) {
     d.token = opaque >> 1;

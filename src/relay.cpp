@@ -75,10 +75,7 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
     replay("the Kafka transaction was aborted (" + reason + ")");
   });
   ledger_.on_retired([this](std::int64_t commit_time) {
-    // Retired by an acknowledgement: the broker's time for it, which may be
-    // earlier than the report was served (Sink::wake_on_reports).
-    auto at = acked_at_us_ ? acked_at_us_ : pgoutput::pg_epoch_micros_now();
-    metrics_.commit_to_ack.Observe(static_cast<double>(at - commit_time) / 1e6);
+    metrics_.commit_to_ack.Observe(static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time) / 1e6);
   });
   for (auto& t : config_.table_include_list) table_names_.push_back(t.qualified());
   for (auto& p : config_.message_prefix_include_list) {
@@ -398,14 +395,6 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
   HeldMessage held;
   ReadState state = ReadState::buffered;
   int since_read = 0;  // messages handled since the socket was last read
-  // While reading, each turn serves the delivery reports: they need no
-  // wake-up of their own except while reads wait for room (note_backpressure).
-  // Outside this loop (draining, reconnecting) every report wakes the loop.
-  sink_.wake_on_reports(backpressured_);
-  struct ReportsWake {
-    Sink& sink;
-    ~ReportsWake() { sink.wake_on_reports(true); }
-  } reports_wake{sink_};
   while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
     co_await keep_alive(conn, clock);
     check_producer();
@@ -558,7 +547,6 @@ asio::awaitable<void> Relay::hold_back(std::chrono::milliseconds at_most, const 
 void Relay::note_backpressure(bool on) {
   if (on == backpressured_) return;
   backpressured_ = on;
-  sink_.wake_on_reports(on);
   metrics_.backpressure.Set(on ? 1 : 0);
   if (on)
     spdlog::debug("{} backpressure: {} records, {} bytes in flight", context(), ledger_.inflight_records(),

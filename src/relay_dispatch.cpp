@@ -336,9 +336,7 @@ void Relay::on_delivery(const Delivery& d) {
   if (mutation::active(mutation::Break::skip_dlq_wait) && token_table(d.token) == mutation_ignored_table) return;
   auto txn = token_txn(d.token);
   if (d.ok) {
-    acked_at_us_ = d.acked_at_us;
     ledger_.ack(txn, d.bytes);
-    acked_at_us_ = 0;
     check_ledger();
     if (d.dead_lettered) {
       metrics_.dead_lettered(d.dead_letter_reason).Increment();

@@ -3,7 +3,6 @@
 // statistics, logs) are all served on the relay's io_context thread.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -55,7 +54,6 @@ class KafkaSink final : public Sink {
                                   const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                   std::size_t bytes) override;
   void poll() override;
-  void wake_on_reports(bool on) override;
   void abort_queued() override;
   // Not ready until librdkafka's statistics show a broker up (within
   // statistics.interval.ms of start), so a broker that refuses walrelay from
@@ -130,12 +128,6 @@ class KafkaSink final : public Sink {
   bool repoll_posted_ = false;                   // a poll() is queued to serve what is left
   int wake_pipe_[2] = {-1, -1};                  // librdkafka writes here when its queue has events
   boost::asio::posix::stream_descriptor wake_;   // watches wake_pipe_[0]
-  bool wake_on_reports_ = true;                  // the queue writes to wake_pipe_ (see Sink::wake_on_reports)
-  // Written by librdkafka's broker thread at each acknowledgement (an
-  // interceptor), read on the loop: when reports are served late, the ack
-  // time they carry is still the broker's.
-  std::atomic<std::int64_t> last_ack_us_{0};
-  std::int64_t acked_at_us_ = 0;                 // of the report batch being served
   int brokers_up_ = 0;
   bool seen_up_ = false;                         // a broker has been up since start
   std::string last_error_ = "no broker connection yet";

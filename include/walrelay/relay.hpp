@@ -203,7 +203,6 @@ class Relay final : public StatusSource {
   std::chrono::steady_clock::time_point last_received_;
   bool reply_requested_ = false;
   bool backpressured_ = false;            // reads paused (walrelay_backpressure)
-  std::int64_t acked_at_us_ = 0;          // the acknowledgement being settled (Delivery::acked_at_us)
   boost::asio::steady_timer wake_;        // cancelled to wake a hold_back or a drain
   // Wakes the socket wait for the next status update; armed once per status
   // interval (at most 1 s), not once per wait.

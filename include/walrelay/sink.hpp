@@ -22,9 +22,6 @@ namespace walrelay {
 struct Delivery {
   std::uint64_t token = 0;       // what submit() was given
   std::size_t bytes = 0;         // what submit() counted
-  // When the broker acknowledged it (PostgreSQL epoch micros), if the sink
-  // knows; reports may be served well after (see wake_on_reports). 0: now.
-  std::int64_t acked_at_us = 0;
   bool ok = true;
   bool at_submit = false;        // refused inside submit(), before it reached a broker
   // On failure: true when the error is not the record's own (a time-out, a
@@ -85,12 +82,6 @@ class Sink {
                                           std::size_t bytes) = 0;
   // Serves delivery reports (on the caller's thread).
   virtual void poll() = 0;
-  // Whether a delivery report wakes the loop by itself. While the loop reads
-  // the replication stream it calls poll() at every turn and at least at each
-  // status update, and an ack needs no wake-up of its own: at everyday rates
-  // that is one thread wake-up per event fewer. Waiting for room, draining,
-  // or under exactly once, reports must wake it.
-  virtual void wake_on_reports(bool on) { (void)on; }
   // Fails every record not yet sent to a broker; each reports a transient
   // failure. After one record failed, none queued behind it may land before
   // it is sent again.
