@@ -467,7 +467,6 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn, SessionClock& clock)
   const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
   auto now = std::chrono::steady_clock::now();
   if (now >= clock.next_status || reply_requested_) {
-    sink_.poll();  // acknowledgements not yet served move the position first
     bool ask = !clock.pinged && now - last_received_ > timeout / 3;
     // Idle (nothing in flight, nothing open) with the position already
     // reported: the update would repeat the last one and is skipped, but one
