@@ -165,9 +165,13 @@ class Env:
             time.sleep(0.1)
         self.q("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name=%s", (slot,))
 
+    def create_slot(self, name):
+        """A pgoutput slot; returns its start LSN."""
+        return self.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+
     def create_slot_and_publication(self, name):
         self.q(f'CREATE PUBLICATION "{name}" FOR TABLE public.outbox WITH (publish = \'insert\')')
-        return self.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+        return self.create_slot(name)
 
     def fill(self, n, tx):
         t0 = time.monotonic()
@@ -396,17 +400,25 @@ def prepare_round(env, n, tx, names, topic_prefixes):
     env.reset_outbox()
     env.q('CREATE PUBLICATION bench_pub FOR TABLE public.outbox WITH (publish = \'insert\')')
     for name in names:
-        env.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+        env.create_slot(name)
     for prefix in topic_prefixes:
         env.create_topics(prefix)
     return env.fill(n, tx)
 
 
+def recvlogical_cmd(env, slot, publication, options):
+    """pg_recvlogical streaming a slot to /dev/null with pgoutput `options`
+    (e.g. proto_version=1); with nothing added, as an operator runs it (its
+    default status and fsync intervals, until stopped)."""
+    return [env.args.pg_recvlogical, "-h", "127.0.0.1", "-p", str(env.args.pgport), "-U", "postgres",
+            "-d", "postgres", "--slot", slot, "--start", "-f", "/dev/null",
+            "-o", f"publication_names={publication}"] + [x for o in options for x in ("-o", o)]
+
+
 def run_pg_recvlogical(env, n, slot, end_lsn, options):
     before = env.pg_load_begin()
-    cmd = [env.args.pg_recvlogical, "-h", "127.0.0.1", "-p", str(env.args.pgport), "-U", "postgres",
-           "-d", "postgres", "--slot", slot, "--start", "-f", "/dev/null", "-E", end_lsn, "-s", "1", "-F", "0",
-           "--no-loop", "-o", "publication_names=bench_pub"] + [x for o in options for x in ("-o", o)]
+    # to the end LSN and out; status every second, no fsync: the walsender's ceiling
+    cmd = recvlogical_cmd(env, slot, "bench_pub", options) + ["-E", end_lsn, "-s", "1", "-F", "0", "--no-loop"]
     r = Run(env, "pg_recvlogical", cmd, n, slot=slot, end_lsn=None,
             stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
     r["options"] = " ".join(options)
@@ -624,11 +636,6 @@ def warm_broker(env, seconds=60, rate=2000):
     return i
 
 
-def recvlogical_cmd(env, slot, publication):
-    """pg_recvlogical as an operator runs it: its default status and fsync intervals."""
-    return [env.args.pg_recvlogical, "-h", "127.0.0.1", "-p", str(env.args.pgport), "-U", "postgres",
-            "-d", "postgres", "--slot", slot, "--start", "-f", "/dev/null",
-            "-o", "proto_version=1", "-o", f"publication_names={publication}"]
 
 
 def server_pids(env, contender, slot):
@@ -673,8 +680,8 @@ def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
     ref_slot = f"{name}_recv"
     ref = None
     if beside:
-        env.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (ref_slot,))
-        ref = subprocess.Popen(recvlogical_cmd(env, ref_slot, name), stdout=subprocess.DEVNULL,
+        env.create_slot(ref_slot)
+        ref = subprocess.Popen(recvlogical_cmd(env, ref_slot, name, ["proto_version=1"]), stdout=subprocess.DEVNULL,
                                stderr=open(os.path.join(work, f"{ref_slot}.log"), "w"))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{name}.log"), "w"))
     n = rate * seconds
@@ -700,29 +707,37 @@ def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
         settled_s = settle(env)
         mine = server_pids(env, contender, name)
         theirs = server_pids(env, "pg_recvlogical", ref_slot) if beside else []
+
+        def cpu_now():
+            """CPU seconds so far of the contender, its server processes, and (beside) pg_recvlogical and its walsender."""
+            now = {"relay": proc_cpu_s(proc.pid), "relay_server": cpu_of(mine)}
+            if ref:
+                now.update(recvlogical=proc_cpu_s(ref.pid), recvlogical_server=cpu_of(theirs))
+            return now
+
+        def spent(before, after):
+            return {k: after[k] - before[k] for k in before if before[k] is not None and after[k] is not None}
+
         if idle_s:
-            i0 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
+            i0 = cpu_now()
             time.sleep(idle_s)
-            i1 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
-            for k, a, b in zip(("relay", "relay_server", "recvlogical", "recvlogical_server"), i0, i1):
-                cpu[f"idle_{k}_cpu_ms_per_s"] = round((b - a) * 1000 / idle_s, 2)
+            for k, s in spent(i0, cpu_now()).items():
+                cpu[f"idle_{k}_cpu_ms_per_s"] = round(s * 1000 / idle_s, 2)
         cons = LatencyConsumer(env, prefix, n)
         cons.start()
         time.sleep(2)  # consumer assigned
-        c0 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
+        c0 = cpu_now()
         hist0 = scrape_histograms(admin_port) if admin_port else {}
         t0 = time.monotonic()
         env.q("CALL bench_paced(%s, %s)", (rate, seconds))
         offered = n / (time.monotonic() - t0)
         cons.join(timeout=60)
         cons.stop = True
-        c1 = (proc_cpu_s(proc.pid), cpu_of(mine), proc_cpu_s(ref.pid) if ref else 0, cpu_of(theirs))
+        c1 = cpu_now()
         hist1 = scrape_histograms(admin_port) if admin_port else {}
-        for k, a, b in zip(("relay", "relay_server", "recvlogical", "recvlogical_server"), c0, c1):
-            if a is None or b is None or (k.startswith("recvlogical") and not beside):
-                continue
-            cpu[f"{k}_cpu_us_per_event"] = round((b - a) * 1e6 / n, 1)
-            cpu[f"{k}_cpu_pct"] = round((b - a) * 100 / seconds, 2)
+        for k, s in spent(c0, c1).items():
+            cpu[f"{k}_cpu_us_per_event"] = round(s * 1e6 / n, 1)
+            cpu[f"{k}_cpu_pct"] = round(s * 100 / seconds, 2)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

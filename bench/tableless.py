@@ -45,7 +45,7 @@ def writer_side(env, kind, n, log, psycopg):
     env.reset_outbox()
     env.q(EMIT_SQL)
     env.q("CREATE PUBLICATION bench_pub FOR TABLE public.outbox WITH (publish = 'insert')")
-    env.one("SELECT lsn::text FROM pg_create_logical_replication_slot('bench_writer', 'pgoutput')")
+    env.create_slot("bench_writer")
     env.q("CHECKPOINT")
     conn = psycopg.connect(env.pg_dsn)
     sql = ROW_SQL if kind == "table" else MESSAGE_SQL
@@ -87,7 +87,7 @@ def relay_side(env, kind, n, tx, seq, run_walrelay, log):
     env.q(EMIT_SQL)
     slot = f"bench_tl_{kind}_{seq}"
     env.q("CREATE PUBLICATION bench_pub FOR TABLE public.outbox WITH (publish = 'insert')")
-    env.one("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    env.create_slot(slot)
     env.create_topics(slot)
     t0 = time.monotonic()
     if kind == "table":
