@@ -19,15 +19,6 @@
 
 namespace walrelay {
 
-// Dead-letter records are rare: they carry a heap Pending as their opaque.
-// Ordinary records carry (token << 1) | 1, so a delivery report tells them
-// apart by the low bit and the hot path allocates nothing of its own.
-struct KafkaSink::Pending {
-  std::uint64_t token;
-  std::size_t bytes;
-  std::string reason;  // why it is being dead-lettered
-};
-
 namespace {
 
 // librdkafka's syslog levels: 0-3 error, 4 warning, 5-6 info, 7 debug.
@@ -72,7 +63,8 @@ std::string error_code_name(rd_kafka_resp_err_t err) {
 
 KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
                      std::optional<KafkaTransactions> transactions)
-    : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io) {
+    : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io),
+      waiting_retry_(io) {
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
   wake_.assign(wake_pipe_[0]);
   create_producer();
@@ -297,14 +289,20 @@ rd_kafka_topic_t* KafkaSink::topic_handle(std::string_view topic) {
 
 // An outbox record; its token rides in the message opaque.
 SubmitStatus KafkaSink::submit(const OutboxRecord& record, std::uint64_t token) {
+  auto* opaque = reinterpret_cast<Pending*>(static_cast<std::uintptr_t>((token << 1) | 1));
+  if (mutation::active(mutation::Break::drop_records) && mutation_count_++ % 10 == 2)
+    return SubmitStatus::accepted;  // gone: no report, ever
   if (transactions_) {
+    if (must_wait()) {
+      if (!wait_record(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque,
+                       record.partition))
+        return SubmitStatus::queue_full;
+      return SubmitStatus::accepted;
+    }
     if (!ensure_transaction()) return SubmitStatus::queue_full;
     ++txn_records_;
     txn_partial_ = true;
   }
-  auto* opaque = reinterpret_cast<Pending*>(static_cast<std::uintptr_t>((token << 1) | 1));
-  if (mutation::active(mutation::Break::drop_records) && mutation_count_++ % 10 == 2)
-    return SubmitStatus::accepted;  // gone: no report, ever
   if (mutation::active(mutation::Break::reorder_key)) return submit_reordered(record, opaque);
   return produce(record.topic, record.key, record.value, record.timestamp_ms, record.headers, opaque, record.partition);
 }
@@ -346,6 +344,12 @@ SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_
                                            std::optional<std::string_view> value,
                                            const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                            std::size_t bytes) {
+  if (transactions_ && must_wait()) {
+    auto* pending = new Pending{token, bytes, std::string(reason)};
+    if (wait_record(topic, key, value, 0, headers, pending, -1)) return SubmitStatus::accepted;
+    delete pending;
+    return SubmitStatus::queue_full;
+  }
   if (transactions_) {
     if (!ensure_transaction()) return SubmitStatus::queue_full;
     ++txn_records_;

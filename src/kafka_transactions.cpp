@@ -20,7 +20,9 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include <limits>
 #include <memory>
+#include <utility>
 
 #include "walrelay/json.hpp"
 #include "walrelay/kafka_sink.hpp"
@@ -268,7 +270,18 @@ bool KafkaSink::ensure_transaction() {
 }
 
 void KafkaSink::source_transaction_ended(Lsn end_lsn) {
-  if (!transactions_ || txn_state_ != TxnState::open) return;
+  if (!transactions_) return;
+  if (must_wait()) {
+    Waiting e{};
+    e.kind = Waiting::Kind::end;
+    e.end_lsn = end_lsn;
+    e.first_byte = static_cast<std::uint32_t>(waiting_bytes_.size());
+    e.first_header = static_cast<std::uint32_t>(waiting_headers_.size());
+    e.since = std::chrono::steady_clock::now();
+    waiting_.push_back(e);
+    return;
+  }
+  if (txn_state_ != TxnState::open) return;
   txn_end_ = end_lsn;
   txn_partial_ = false;
   const auto& t = *transactions_;
@@ -276,6 +289,198 @@ void KafkaSink::source_transaction_ended(Lsn end_lsn) {
              txn_records_ >= t.boundary_max_records;
   if (due) start_commit();
   else arm_boundary();
+}
+
+bool KafkaSink::must_wait() const {
+  // Inside produce_waiting() the open transaction takes records at once: a
+  // dead-letter copy made there must go in before the end that follows it.
+  if (producing_waiting_) return false;
+  return txn_state_ == TxnState::committing || waiting_next_ < waiting_.size();
+}
+
+bool KafkaSink::wait_record(std::string_view topic, std::optional<std::string_view> key,
+                            std::optional<std::string_view> value, std::int64_t timestamp_ms,
+                            const std::vector<OutboxRecord::Header>& headers, Pending* opaque,
+                            std::int32_t partition) {
+  std::size_t need = topic.size() + (key ? key->size() : 0) + (value ? value->size() : 0);
+  for (const auto& h : headers) need += h.name.size() + 1 + (h.value ? h.value->size() : 0);
+  if (waiting_bytes_.size() + need > std::numeric_limits<std::uint32_t>::max()) return false;
+  auto append = [&](std::string_view v) {
+    auto at = static_cast<std::uint32_t>(waiting_bytes_.size());
+    waiting_bytes_.append(v);
+    return at;
+  };
+  Waiting e{};
+  e.kind = Waiting::Kind::record;
+  e.first_byte = static_cast<std::uint32_t>(waiting_bytes_.size());
+  e.first_header = static_cast<std::uint32_t>(waiting_headers_.size());
+  e.topic = append(topic);
+  e.topic_len = static_cast<std::uint32_t>(topic.size());
+  if ((e.has_key = key.has_value())) {
+    e.key = append(*key);
+    e.key_len = static_cast<std::uint32_t>(key->size());
+  }
+  if ((e.has_value = value.has_value())) {
+    e.value = append(*value);
+    e.value_len = static_cast<std::uint32_t>(value->size());
+  }
+  for (const auto& h : headers) {
+    WaitingHeader wh;
+    wh.name = append(h.name);
+    wh.name_len = static_cast<std::uint32_t>(h.name.size());
+    waiting_bytes_.push_back('\0');  // librdkafka takes the name as a C string
+    if ((wh.has_value = h.value.has_value())) {
+      wh.value = append(*h.value);
+      wh.value_len = static_cast<std::uint32_t>(h.value->size());
+    }
+    waiting_headers_.push_back(wh);
+  }
+  e.header_count = static_cast<std::uint32_t>(headers.size());
+  e.timestamp_ms = timestamp_ms;
+  e.partition = partition;
+  e.opaque = opaque;
+  e.since = std::chrono::steady_clock::now();
+  waiting_.push_back(e);
+  return true;
+}
+
+void KafkaSink::produce_waiting() {
+  producing_waiting_ = true;
+  bool queue_full = false;
+  while (waiting_next_ < waiting_.size()) {
+    // An end below may have made a commit due: what is left waits for it.
+    if (txn_state_ != TxnState::idle && txn_state_ != TxnState::open) break;
+    const Waiting e = waiting_[waiting_next_];
+    if (e.kind == Waiting::Kind::end) {
+      ++waiting_next_;
+      source_transaction_ended(e.end_lsn);
+      continue;
+    }
+    if (!ensure_transaction()) break;  // fatal_ is set: the relay halts or renews the producer
+    // The boundary interval counts from the first record's arrival, not
+    // from the commit that kept it waiting.
+    if (e.since < txn_began_) txn_began_ = e.since;
+    auto at = [this](std::uint32_t offset, std::uint32_t len) {
+      return std::string_view(waiting_bytes_.data() + offset, len);
+    };
+    waiting_scratch_.clear();
+    for (std::uint32_t i = 0; i < e.header_count; ++i) {
+      const WaitingHeader& h = waiting_headers_[e.first_header + i];
+      waiting_scratch_.push_back({at(h.name, h.name_len),
+                                  h.has_value ? std::optional<std::string_view>(at(h.value, h.value_len))
+                                              : std::nullopt});
+    }
+    ++waiting_next_;
+    ++txn_records_;
+    txn_partial_ = true;
+    auto status = produce(at(e.topic, e.topic_len), e.has_key ? std::optional(at(e.key, e.key_len)) : std::nullopt,
+                          e.has_value ? std::optional(at(e.value, e.value_len)) : std::nullopt, e.timestamp_ms,
+                          waiting_scratch_, e.opaque, e.partition);
+    if (status == SubmitStatus::queue_full) {
+      --waiting_next_;
+      --txn_records_;
+      queue_full = true;
+      break;
+    }
+  }
+  producing_waiting_ = false;
+  if (waiting_next_ >= waiting_.size()) {
+    waiting_.clear();  // capacity kept: the next commit's arrivals reuse it
+    waiting_headers_.clear();
+    waiting_bytes_.clear();
+    waiting_next_ = 0;
+  } else if (waiting_next_ > 0) {
+    // Keep only what is left, so the buffer never outgrows what waits.
+    const std::uint32_t bytes = waiting_[waiting_next_].first_byte;
+    const std::uint32_t headers = waiting_[waiting_next_].first_header;
+    waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(waiting_next_));
+    waiting_headers_.erase(waiting_headers_.begin(), waiting_headers_.begin() + headers);
+    waiting_bytes_.erase(0, bytes);
+    waiting_next_ = 0;
+    for (auto& e : waiting_) {
+      e.first_byte -= bytes;
+      e.first_header -= headers;
+      if (e.kind == Waiting::Kind::record) {
+        e.topic -= bytes;
+        if (e.has_key) e.key -= bytes;
+        if (e.has_value) e.value -= bytes;
+      }
+    }
+    for (auto& h : waiting_headers_) {
+      h.name -= bytes;
+      if (h.has_value) h.value -= bytes;
+    }
+  }
+  if (queue_full && !waiting_retry_armed_) {
+    // librdkafka's own queue is full (its limits below walrelay's in-flight
+    // ones): try again once some deliveries have been served.
+    waiting_retry_armed_ = true;
+    waiting_retry_.expires_after(std::chrono::milliseconds(5));
+    waiting_retry_.async_wait([this](boost::system::error_code ec) {
+      waiting_retry_armed_ = false;
+      if (ec) return;
+      poll();
+      if (txn_state_ == TxnState::idle || txn_state_ == TxnState::open) produce_waiting();
+    });
+  }
+}
+
+void KafkaSink::fail_waiting(const std::string& why) {
+  // Taken out first: a report can make the relay abandon the transaction,
+  // which comes back here.
+  std::vector<Waiting> entries;
+  std::vector<WaitingHeader> headers;
+  std::string bytes;
+  entries.swap(waiting_);
+  headers.swap(waiting_headers_);
+  bytes.swap(waiting_bytes_);
+  const std::size_t next = std::exchange(waiting_next_, 0);
+  auto at = [&](std::uint32_t offset, std::uint32_t len) { return std::string_view(bytes.data() + offset, len); };
+  for (std::size_t i = next; i < entries.size(); ++i) {
+    const Waiting& e = entries[i];
+    if (e.kind != Waiting::Kind::record) continue;
+    Delivery d;
+    d.ok = false;
+    d.transient = true;
+    d.error_code = "transaction_aborted";
+    d.error_message = why;
+    d.topic = at(e.topic, e.topic_len);
+    if (e.has_key) d.key = at(e.key, e.key_len);
+    if (e.has_value) d.value = at(e.value, e.value_len);
+    for (std::uint32_t h = 0; h < e.header_count; ++h) {
+      const WaitingHeader& wh = headers[e.first_header + h];
+      d.headers.push_back({at(wh.name, wh.name_len),
+                           wh.has_value ? std::optional<std::string_view>(at(wh.value, wh.value_len)) : std::nullopt});
+    }
+    auto opaque = reinterpret_cast<std::uintptr_t>(e.opaque);
+    if (opaque & 1) {
+      d.token = opaque >> 1;
+      d.bytes = e.key_len + e.value_len;
+    } else {
+      d.token = e.opaque->token;
+      d.bytes = e.opaque->bytes;
+      d.dead_lettered = true;
+      d.dead_letter_reason = e.opaque->reason;
+      delete e.opaque;
+    }
+    if (on_delivery_) on_delivery_(d);
+  }
+}
+
+void KafkaSink::forget_waiting() {
+  for (std::size_t i = waiting_next_; i < waiting_.size(); ++i)
+    if (waiting_[i].kind == Waiting::Kind::record && !(reinterpret_cast<std::uintptr_t>(waiting_[i].opaque) & 1))
+      delete waiting_[i].opaque;
+  waiting_.clear();
+  waiting_headers_.clear();
+  waiting_bytes_.clear();
+  waiting_next_ = 0;
+}
+
+bool KafkaSink::settling() const {
+  if (!transactions_) return false;
+  return txn_state_ == TxnState::committing || txn_state_ == TxnState::aborting || waiting_next_ < waiting_.size() ||
+         (txn_state_ == TxnState::open && !txn_partial_ && txn_end_);
 }
 
 void KafkaSink::arm_boundary() {
@@ -340,6 +545,9 @@ asio::awaitable<void> KafkaSink::commit() {
   txn_state_ = TxnState::idle;
   txn_end_.reset();
   spdlog::debug("kafka: transaction committed up to {} ({} records)", end.to_string(), txn_records_);
+  // What came meanwhile goes into the next transaction now (before the
+  // relay hears of the commit, so its confirm limit already counts it).
+  produce_waiting();
   if (on_committed_) on_committed_(end);
 }
 
@@ -360,6 +568,8 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
   txn_end_.reset();
   txn_partial_ = false;
   if (on_aborted_) on_aborted_(reason);
+  // What waited for the aborted commit is sent again by the replay.
+  fail_waiting("held back while a Kafka transaction that was then aborted committed (" + reason + ")");
 }
 
 void KafkaSink::commit_now() {
@@ -374,7 +584,10 @@ void KafkaSink::start_abort(std::string reason) {
 }
 
 void KafkaSink::abandon_transaction() {
-  if (transactions_ && txn_state_ == TxnState::open) start_abort("the relay replays from the committed position");
+  if (!transactions_) return;
+  if (txn_state_ == TxnState::open) start_abort("the relay replays from the committed position");
+  // A commit under way ends as it ends; what waits for it is replayed.
+  else fail_waiting("held back while a Kafka transaction committed; the relay replays from the committed position");
 }
 
 asio::awaitable<bool> KafkaSink::renew() {
@@ -385,6 +598,8 @@ asio::awaitable<bool> KafkaSink::renew() {
   ++generation_;
   boundary_timer_.cancel();
   boundary_armed_ = false;
+  waiting_retry_.cancel();
+  forget_waiting();  // the relay's ledger is reset with the producer
   // The old producer's events are never served: its delivery reports belong
   // to a ledger the relay is about to reset, and its open transaction is
   // aborted by the coordinator when the new one calls init_transactions.

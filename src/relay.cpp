@@ -597,14 +597,17 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
   // (Exactly once: the aborted transaction takes its queue with it, and a
   // purge would break a commit of what is whole.)
   if (settle_all && !sink_.transactional()) sink_.abort_queued();
-  // Exactly once: what is whole in the open Kafka transaction becomes visible.
-  if (!settle_all) sink_.commit_now();
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_ && !halt_reason_)
     drain_deadline_ = std::chrono::steady_clock::now();
   // A record whose delivery failed for good is never acknowledged: waiting
   // for it would only spend the deadline.
-  while ((ledger_.inflight_records() > failed_records_ || !sink_.accepting()) && !past_deadline() &&
-         !sink_.fatal_error()) {
+  while (true) {
+    // Exactly once: what is whole in the open Kafka transaction becomes
+    // visible; each turn, for what waited for a commit under way goes into a
+    // next transaction when that returns.
+    if (!settle_all) sink_.commit_now();
+    if (!(ledger_.inflight_records() > failed_records_ || sink_.settling()) || past_deadline() || sink_.fatal_error())
+      break;
     sink_.poll();
     co_await sleep(20ms);
     if (conn && conn->connected() && std::chrono::steady_clock::now() - last_received_ > 1s) {

@@ -67,7 +67,10 @@ class KafkaSink final : public Sink {
   // Exactly-once (kafka_transactions.cpp).
   bool transactional() const override { return transactions_.has_value(); }
   boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) override;
-  bool accepting() const override { return txn_state_ == TxnState::idle || txn_state_ == TxnState::open; }
+  // Also while a transaction commits: what comes meanwhile waits in the
+  // sink (within the relay's in-flight limits) for the next one.
+  bool accepting() const override { return txn_state_ != TxnState::aborting; }
+  bool settling() const override;
   void source_transaction_ended(pgoutput::Lsn end_lsn) override;
   std::optional<pgoutput::Lsn> confirm_limit() const override;
   void abandon_transaction() override;
@@ -80,7 +83,14 @@ class KafkaSink final : public Sink {
   void handle_stats(const char* json, std::size_t len);
 
  private:
-  struct Pending;  // per-record bookkeeping carried as the message opaque
+  // Dead-letter records are rare: they carry a heap Pending as their opaque.
+  // Ordinary records carry (token << 1) | 1, so a delivery report tells them
+  // apart by the low bit and the hot path allocates nothing of its own.
+  struct Pending {
+    std::uint64_t token;
+    std::size_t bytes;
+    std::string reason;  // why it is being dead-lettered
+  };
   struct NameHash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -120,6 +130,42 @@ class KafkaSink final : public Sink {
   // meanwhile) and aborts it on the worker.
   void start_abort(std::string reason);
   void arm_boundary();
+  // What comes while a commit runs: librdkafka takes no record between
+  // commit_transaction and the next begin_transaction, and stopping the read
+  // loop for every commit cost a third of the throughput. Records, dead-letter
+  // copies and source transaction ends keep their order in one queue, copied
+  // into one buffer (no allocation per record once it has grown).
+  struct Waiting {
+    enum class Kind : std::uint8_t { record, end } kind;
+    std::uint32_t topic = 0, key = 0, value = 0;  // offsets into waiting_bytes_
+    std::uint32_t topic_len = 0, key_len = 0, value_len = 0;
+    bool has_key = false, has_value = false;
+    std::int32_t partition = -1;
+    std::int64_t timestamp_ms = 0;
+    std::uint32_t first_byte = 0;                     // waiting_bytes_.size() when it came
+    std::uint32_t first_header = 0, header_count = 0;  // into waiting_headers_
+    Pending* opaque = nullptr;
+    pgoutput::Lsn end_lsn;                           // Kind::end
+    std::chrono::steady_clock::time_point since;     // when it came
+  };
+  struct WaitingHeader {
+    std::uint32_t name = 0, name_len = 0, value = 0, value_len = 0;  // the name is stored NUL-terminated
+    bool has_value = false;
+  };
+  // Whether a record must wait instead of going into the open transaction.
+  bool must_wait() const;
+  // False when the buffer cannot take it (offsets are 32 bits): try again later.
+  bool wait_record(std::string_view topic, std::optional<std::string_view> key, std::optional<std::string_view> value,
+                   std::int64_t timestamp_ms, const std::vector<OutboxRecord::Header>& headers, Pending* opaque,
+                   std::int32_t partition);
+  // After a commit: produces what waited into the next transaction, in
+  // order, until an end makes a commit due again.
+  void produce_waiting();
+  // Reports every waiting record as a transient failure (an abort: the
+  // relay replays from the committed position) and empties the queue.
+  void fail_waiting(const std::string& why);
+  // Empties the queue without reports (a new producer, a fresh ledger).
+  void forget_waiting();
 
   boost::asio::io_context& io_;
   std::map<std::string, std::string> settings_;  // as given: the offsets consumer shares some
@@ -163,6 +209,14 @@ class KafkaSink final : public Sink {
   std::optional<pgoutput::Lsn> txn_end_;          // end of the last source transaction in the open one
   boost::asio::steady_timer boundary_timer_;      // the interval's end, while a transaction waits for it
   bool boundary_armed_ = false;
+  std::vector<Waiting> waiting_;
+  std::vector<WaitingHeader> waiting_headers_;
+  std::string waiting_bytes_;
+  std::size_t waiting_next_ = 0;                  // the first entry not produced yet
+  bool producing_waiting_ = false;                // inside produce_waiting(): a dead-letter copy goes in at once
+  std::vector<OutboxRecord::Header> waiting_scratch_;
+  boost::asio::steady_timer waiting_retry_;       // the producer's queue was full while producing what waited
+  bool waiting_retry_armed_ = false;
   boost::asio::thread_pool worker_{1};            // the blocking transactional calls
 };
 

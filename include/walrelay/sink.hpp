@@ -112,9 +112,12 @@ class Sink {
     (void)source;
     co_return std::nullopt;
   }
-  // Whether the sink takes records now (not while a transaction commits or
-  // aborts).
+  // Whether the sink takes records now (not while a transaction aborts).
   virtual bool accepting() const { return true; }
+  // Whether a commit or an abort is under way, records wait for one, or
+  // whole source transactions wait in an open transaction: a shutdown waits
+  // (calling commit_now) until it is not.
+  virtual bool settling() const { return false; }
   // A source transaction whose records were all submitted ended at end_lsn:
   // a transactional sink commits when its boundary is due.
   virtual void source_transaction_ended(pgoutput::Lsn end_lsn) { (void)end_lsn; }
