@@ -271,6 +271,16 @@ bool KafkaSink::ensure_transaction() {
 
 void KafkaSink::source_transaction_ended(Lsn end_lsn) {
   if (!transactions_) return;
+  if (producing_waiting_) {
+    // produce_waiting() decides once, after the last of them, whether a
+    // commit is due: deciding at each would commit one source transaction
+    // at a time (every waiting one is older than the interval).
+    if (txn_state_ == TxnState::open) {
+      txn_end_ = end_lsn;
+      txn_partial_ = false;
+    }
+    return;
+  }
   if (must_wait()) {
     Waiting e{};
     e.kind = Waiting::Kind::end;
@@ -284,6 +294,10 @@ void KafkaSink::source_transaction_ended(Lsn end_lsn) {
   if (txn_state_ != TxnState::open) return;
   txn_end_ = end_lsn;
   txn_partial_ = false;
+  commit_if_due();
+}
+
+void KafkaSink::commit_if_due() {
   const auto& t = *transactions_;
   bool due = std::chrono::steady_clock::now() - txn_began_ >= std::chrono::milliseconds(t.boundary_interval_ms) ||
              txn_records_ >= t.boundary_max_records;
@@ -348,7 +362,6 @@ void KafkaSink::produce_waiting() {
   producing_waiting_ = true;
   bool queue_full = false;
   while (waiting_next_ < waiting_.size()) {
-    // An end below may have made a commit due: what is left waits for it.
     if (txn_state_ != TxnState::idle && txn_state_ != TxnState::open) break;
     const Waiting e = waiting_[waiting_next_];
     if (e.kind == Waiting::Kind::end) {
@@ -384,6 +397,10 @@ void KafkaSink::produce_waiting() {
     }
   }
   producing_waiting_ = false;
+  // Whole source transactions in: commit now if the interval (counted from
+  // the first record's arrival) or the record limit says so, else at the
+  // interval's end.
+  if (txn_state_ == TxnState::open && !txn_partial_ && txn_end_) commit_if_due();
   if (waiting_next_ >= waiting_.size()) {
     waiting_.clear();  // capacity kept: the next commit's arrivals reuse it
     waiting_headers_.clear();

@@ -130,6 +130,9 @@ class KafkaSink final : public Sink {
   // meanwhile) and aborts it on the worker.
   void start_abort(std::string reason);
   void arm_boundary();
+  // At a source transaction's end: commits when the interval or the record
+  // limit is reached, else arms the interval's timer.
+  void commit_if_due();
   // What comes while a commit runs: librdkafka takes no record between
   // commit_transaction and the next begin_transaction, and stopping the read
   // loop for every commit cost a third of the throughput. Records, dead-letter
