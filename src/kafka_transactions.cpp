@@ -137,6 +137,10 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
   set("enable.auto.commit", "false");
   set("isolation.level", "read_committed");
   set("enable.partition.eof", "true");
+  // The end is found when a fetch comes back empty; the broker holds an
+  // empty fetch for fetch.wait.max.ms (500 ms by default), all of it added
+  // to every exactly-once start.
+  set("fetch.wait.max.ms", "10");
   set("log.queue", "true");  // never served: this consumer's logs stay off the loop's sinks
   rd_kafka_t* consumer = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
   if (!consumer) {

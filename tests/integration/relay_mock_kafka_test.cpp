@@ -140,7 +140,7 @@ constexpr int32_t mock_broker = 1;
 
 }  // namespace
 
-TEST_CASE("relay with a mock cluster: exactly once - reading goes on while a transaction commits; what came "
+TEST_CASE("relay with a mock cluster: exactly once - reading goes on while a transaction commits, and what came "
           "meanwhile goes into the next transaction",
           "[relay][eos]") {
   Fixture f;
@@ -190,7 +190,7 @@ TEST_CASE("relay with a mock cluster: exactly once - reading goes on while a tra
   spdlog::set_level(spdlog::level::info);
 }
 
-TEST_CASE("relay with a mock cluster: exactly once - a commit that fails while records wait for it is aborted; "
+TEST_CASE("relay with a mock cluster: exactly once - a commit that fails while records wait for it is aborted, "
           "they are replayed from the committed position, every event lands, nothing halts",
           "[relay][eos]") {
   Fixture f;
