@@ -64,7 +64,7 @@ std::string error_code_name(rd_kafka_resp_err_t err) {
 KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
                      std::optional<KafkaTransactions> transactions)
     : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io),
-      waiting_retry_(io) {
+      waiting_retry_(io), position_retry_(io) {
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
   wake_.assign(wake_pipe_[0]);
   create_producer();

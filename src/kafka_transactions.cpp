@@ -519,8 +519,11 @@ void KafkaSink::arm_boundary() {
 
 void KafkaSink::start_commit() {
   txn_state_ = TxnState::committing;
-  boost::system::error_code ignored;
   boundary_timer_.cancel();
+  produce_position();
+}
+
+void KafkaSink::produce_position() {
   // The position, last in the transaction: visible exactly when the events are.
   CommittedPosition p{*txn_end_, source_ ? source_->system : "", source_ ? source_->timeline : ""};
   std::string value = position_json(p, source_.value_or(SourceIdentity{}));
@@ -529,6 +532,18 @@ void KafkaSink::start_commit() {
       rk_, RD_KAFKA_V_TOPIC(transactions_->offsets_topic.c_str()), RD_KAFKA_V_PARTITION(0),
       RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_VALUE(value.data(), value.size()),
       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(nullptr), RD_KAFKA_V_END);
+  if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+    // librdkafka's queue is full (its limits below walrelay's in-flight
+    // ones): not a reason to abort. Try again once some deliveries have
+    // been served; what comes meanwhile waits, as during the commit.
+    position_retry_.expires_after(std::chrono::milliseconds(5));
+    position_retry_.async_wait([this, generation = generation_](boost::system::error_code ec) {
+      if (ec || generation != generation_ || txn_state_ != TxnState::committing) return;
+      poll();
+      produce_position();
+    });
+    return;
+  }
   if (err) {
     start_abort(std::string("could not write the position to the offsets topic: ") + rd_kafka_err2str(err));
     return;
@@ -620,6 +635,7 @@ asio::awaitable<bool> KafkaSink::renew() {
   boundary_timer_.cancel();
   boundary_armed_ = false;
   waiting_retry_.cancel();
+  position_retry_.cancel();
   forget_waiting();  // the relay's ledger is reset with the producer
   // The old producer's events are never served: its delivery reports belong
   // to a ledger the relay is about to reset, and its open transaction is

@@ -124,6 +124,8 @@ class KafkaSink final : public Sink {
   bool ensure_transaction();
   // Commits the open transaction with its position (the offsets record).
   void start_commit();
+  // Produces the offsets record, then commits (on a full queue, later).
+  void produce_position();
   boost::asio::awaitable<void> commit();
   boost::asio::awaitable<void> abort(std::string reason);
   // Marks the open transaction aborting now (so nothing begins a commit
@@ -220,6 +222,7 @@ class KafkaSink final : public Sink {
   std::vector<OutboxRecord::Header> waiting_scratch_;
   boost::asio::steady_timer waiting_retry_;       // the producer's queue was full while producing what waited
   bool waiting_retry_armed_ = false;
+  boost::asio::steady_timer position_retry_;      // the producer's queue was full for the offsets record
   boost::asio::thread_pool worker_{1};            // the blocking transactional calls
 };
 

@@ -8,9 +8,11 @@
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <future>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "in_process.hpp"
 #include "test_util.hpp"
@@ -45,6 +47,11 @@ struct MockCluster {
   // The id headers of every record in `topic` (one partition), read with an
   // independent consumer.
   std::multiset<std::string> ids(const std::string& topic) const {
+    auto seq = id_sequence(topic);
+    return {seq.begin(), seq.end()};
+  }
+  // The same, in the partition's order.
+  std::vector<std::string> id_sequence(const std::string& topic) const {
     char err[256];
     rd_kafka_conf_t* conf = rd_kafka_conf_new();
     rd_kafka_conf_set(conf, "bootstrap.servers", bootstraps().c_str(), err, sizeof err);
@@ -56,7 +63,7 @@ struct MockCluster {
     rd_kafka_topic_partition_list_add(parts, topic.c_str(), 0)->offset = RD_KAFKA_OFFSET_BEGINNING;
     rd_kafka_assign(c, parts);
     rd_kafka_topic_partition_list_destroy(parts);
-    std::multiset<std::string> out;
+    std::vector<std::string> out;
     auto deadline = std::chrono::steady_clock::now() + 30s;
     for (bool eof = false; !eof && std::chrono::steady_clock::now() < deadline;) {
       rd_kafka_message_t* m = rd_kafka_consumer_poll(c, 200);
@@ -67,7 +74,7 @@ struct MockCluster {
       size_t size = 0;
       if (!m->err && rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
           rd_kafka_header_get_last(hdrs, "id", &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR)
-        out.emplace(static_cast<const char*>(val), size);
+        out.emplace_back(static_cast<const char*>(val), size);
       rd_kafka_message_destroy(m);
     }
     rd_kafka_consumer_close(c);
@@ -231,6 +238,53 @@ TEST_CASE("relay with a mock cluster: exactly once - a commit that fails while r
   auto ids = cluster.ids(topic);
   std::set<std::string> distinct(ids.begin(), ids.end());
   CHECK(distinct.size() == 80);
+  CHECK(p.stop() == 0);
+  spdlog::set_level(spdlog::level::info);
+}
+
+TEST_CASE("relay with a mock cluster: exactly once - what waited for a commit meets a full producer queue and "
+          "still goes out whole, in order, each event once",
+          "[relay][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  MockCluster cluster;
+  const std::string topic = f.topic("Mock");
+  const std::string offsets = f.slot + ".offsets";
+  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  spdlog::set_level(spdlog::level::warn);
+  // librdkafka's queue (5 records) far below walrelay's in-flight limit: the
+  // records that waited for the slow commit cannot all be produced at once.
+  InProcess p(f, cluster.bootstraps(),
+              "exactly.once.support=required\ntransaction.boundary.interval.ms=20000\n"
+              "transaction.boundary.max.records=1\nkafka.queue.buffering.max.messages=5\noffsets.storage.topic=" +
+                  offsets + "\n");
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
+  auto write = [&](int from, int to) {
+    for (int i = from; i < to; ++i) f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % 3), "'{}'"));
+  };
+  write(0, 3);
+  const auto first = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= first; }, 30s, 20ms));
+  REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(cluster.mc, mock_broker, api_end_txn, 1,
+                                                       RD_KAFKA_RESP_ERR_NO_ERROR, 2000) ==
+          RD_KAFKA_RESP_ERR_NO_ERROR);
+  write(3, 4);
+  REQUIRE(eventually([&] { return p.status().received_lsn.value >= f.db().current_wal_lsn(); }, 10s, 5ms));
+  write(4, 64);  // 60 one-row transactions wait for the slow commit
+  const auto written = f.db().current_wal_lsn();
+  CHECK(eventually([&] { return p.status().received_lsn.value >= written; }, 1800ms, 5ms));
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 60s, 20ms));
+  CHECK(p.metrics.replays.Value() == 0);
+  CHECK(p.status().state == walrelay::RelayState::streaming);
+  // Each once, in commit order (one partition, one writer: ids ascending).
+  auto seq = cluster.id_sequence(topic);
+  std::set<std::string> distinct(seq.begin(), seq.end());
+  CHECK(distinct.size() == 64);
+  CHECK(seq.size() == 64);
+  std::vector<long> numbers;
+  for (auto& id : seq) numbers.push_back(std::stol(id));
+  CHECK(std::is_sorted(numbers.begin(), numbers.end()));
   CHECK(p.stop() == 0);
   spdlog::set_level(spdlog::level::info);
 }
