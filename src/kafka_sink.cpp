@@ -209,16 +209,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
     d.key = key;
     d.value = value;
     d.headers = headers;
-    if (reinterpret_cast<std::uintptr_t>(pending) & 1) {
-      d.token = reinterpret_cast<std::uintptr_t>(pending) >> 1;
-      d.bytes = (key ? key->size() : 0) + (value ? value->size() : 0);
-    } else {
-      d.token = pending->token;
-      d.bytes = pending->bytes;
-      d.dead_lettered = true;
-      d.dead_letter_reason = pending->reason;
-      delete pending;
-    }
+    settle_opaque(d, pending, (key ? key->size() : 0) + (value ? value->size() : 0));
     if (on_delivery_) on_delivery_(d);
     return SubmitStatus::refused_reported;
   };
@@ -361,6 +352,20 @@ SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_
   return status;
 }
 
+void KafkaSink::settle_opaque(Delivery& d, Pending* opaque, std::size_t record_bytes) {
+  auto bits = reinterpret_cast<std::uintptr_t>(opaque);
+  if (bits & 1) {
+    d.token = bits >> 1;
+    d.bytes = record_bytes;
+    return;
+  }
+  d.token = opaque->token;
+  d.bytes = opaque->bytes;
+  d.dead_lettered = true;
+  d.dead_letter_reason = std::move(opaque->reason);
+  delete opaque;
+}
+
 // One delivery report, turned into a Delivery for the relay.
 void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
   if (!m->_private) {
@@ -369,18 +374,7 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
     return;
   }
   Delivery d;
-  auto opaque = reinterpret_cast<std::uintptr_t>(m->_private);
-  if (opaque & 1) {
-    d.token = opaque >> 1;
-    d.bytes = m->key_len + m->len;
-  } else {
-    auto* p = static_cast<Pending*>(m->_private);
-    d.token = p->token;
-    d.bytes = p->bytes;
-    d.dead_lettered = true;
-    d.dead_letter_reason = std::move(p->reason);
-    delete p;
-  }
+  settle_opaque(d, static_cast<Pending*>(m->_private), m->key_len + m->len);
   d.topic = rd_kafka_topic_name(m->rkt);
   if (m->err) {
     d.ok = false;

@@ -380,13 +380,7 @@ void KafkaSink::produce_waiting() {
     auto at = [this](std::uint32_t offset, std::uint32_t len) {
       return std::string_view(waiting_bytes_.data() + offset, len);
     };
-    waiting_scratch_.clear();
-    for (std::uint32_t i = 0; i < e.header_count; ++i) {
-      const WaitingHeader& h = waiting_headers_[e.first_header + i];
-      waiting_scratch_.push_back({at(h.name, h.name_len),
-                                  h.has_value ? std::optional<std::string_view>(at(h.value, h.value_len))
-                                              : std::nullopt});
-    }
+    waiting_headers_of(e, waiting_bytes_, waiting_headers_, waiting_scratch_);
     ++waiting_next_;
     ++txn_records_;
     txn_partial_ = true;
@@ -446,6 +440,18 @@ void KafkaSink::produce_waiting() {
   }
 }
 
+void KafkaSink::waiting_headers_of(const Waiting& e, const std::string& bytes,
+                                   const std::vector<WaitingHeader>& headers,
+                                   std::vector<OutboxRecord::Header>& out) {
+  auto at = [&](std::uint32_t offset, std::uint32_t len) { return std::string_view(bytes.data() + offset, len); };
+  out.clear();
+  for (std::uint32_t i = 0; i < e.header_count; ++i) {
+    const WaitingHeader& h = headers[e.first_header + i];
+    out.push_back({at(h.name, h.name_len),
+                   h.has_value ? std::optional<std::string_view>(at(h.value, h.value_len)) : std::nullopt});
+  }
+}
+
 void KafkaSink::fail_waiting(const std::string& why) {
   // Taken out first: a report can make the relay abandon the transaction,
   // which comes back here.
@@ -468,22 +474,8 @@ void KafkaSink::fail_waiting(const std::string& why) {
     d.topic = at(e.topic, e.topic_len);
     if (e.has_key) d.key = at(e.key, e.key_len);
     if (e.has_value) d.value = at(e.value, e.value_len);
-    for (std::uint32_t h = 0; h < e.header_count; ++h) {
-      const WaitingHeader& wh = headers[e.first_header + h];
-      d.headers.push_back({at(wh.name, wh.name_len),
-                           wh.has_value ? std::optional<std::string_view>(at(wh.value, wh.value_len)) : std::nullopt});
-    }
-    auto opaque = reinterpret_cast<std::uintptr_t>(e.opaque);
-    if (opaque & 1) {
-      d.token = opaque >> 1;
-      d.bytes = e.key_len + e.value_len;
-    } else {
-      d.token = e.opaque->token;
-      d.bytes = e.opaque->bytes;
-      d.dead_lettered = true;
-      d.dead_letter_reason = e.opaque->reason;
-      delete e.opaque;
-    }
+    waiting_headers_of(e, bytes, headers, d.headers);
+    settle_opaque(d, e.opaque, std::size_t{e.key_len} + e.value_len);
     if (on_delivery_) on_delivery_(d);
   }
 }

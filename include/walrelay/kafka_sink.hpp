@@ -91,6 +91,10 @@ class KafkaSink final : public Sink {
     std::size_t bytes;
     std::string reason;  // why it is being dead-lettered
   };
+  // Fills d's token and size from a record's opaque (record_bytes: key +
+  // value, for ordinary records) and, for a dead-letter copy, its reason;
+  // frees the heap Pending.
+  static void settle_opaque(Delivery& d, Pending* opaque, std::size_t record_bytes);
   struct NameHash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -157,6 +161,9 @@ class KafkaSink final : public Sink {
     std::uint32_t name = 0, name_len = 0, value = 0, value_len = 0;  // the name is stored NUL-terminated
     bool has_value = false;
   };
+  // The headers of a waiting record, as views into `bytes`.
+  static void waiting_headers_of(const Waiting& e, const std::string& bytes,
+                                 const std::vector<WaitingHeader>& headers, std::vector<OutboxRecord::Header>& out);
   // Whether a record must wait instead of going into the open transaction.
   bool must_wait() const;
   // False when the buffer cannot take it (offsets are 32 bits): try again later.
