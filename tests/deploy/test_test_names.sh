@@ -10,7 +10,7 @@ import glob, re, sys
 bad = []
 for path in sorted(glob.glob(sys.argv[1] + "/tests/**/*.cpp", recursive=True)):
     text = open(path, encoding="utf-8").read()
-    for m in re.finditer(r'TEST_CASE\(((?:\s*"(?:[^"\\]|\\.)*")+)', text):
+    for m in re.finditer(r'TEST_CASE(?:_METHOD\(\s*\w+\s*,|\()((?:\s*"(?:[^"\\]|\\.)*")+)', text):
         name = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1)))
         if ";" in name:
             bad.append(f"{path[len(sys.argv[1]) + 1:]}: {name[:100]}")

@@ -83,6 +83,28 @@ struct MockCluster {
   }
 };
 
+// What each exactly-once test starts from: an outbox, a mock cluster with
+// the events' topic and the offsets topic (one partition each), walrelay's
+// log at warnings.
+struct MockEos {
+  Fixture f;
+  MockCluster cluster;
+  const std::string topic = f.topic("Mock");
+  const std::string offsets = f.slot + ".offsets";
+  MockEos() {
+    create_outbox(f.db(), f.table, "bigint");
+    REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+    REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+    spdlog::set_level(spdlog::level::warn);
+  }
+  ~MockEos() { spdlog::set_level(spdlog::level::info); }
+  // One-row transactions from..to-1 over `keys` keys.
+  void write(int from, int to, int keys = 7) {
+    for (int i = from; i < to; ++i)
+      f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % keys), "'{}'"));
+  }
+};
+
 // A Relay and a transactional KafkaSink on their own loop thread.
 struct InProcess : InProcessRelay<walrelay::KafkaSink> {
   InProcess(Fixture& f, const std::string& bootstraps, const std::string& extra)
@@ -103,25 +125,15 @@ struct InProcess : InProcessRelay<walrelay::KafkaSink> {
 
 }  // namespace
 
-TEST_CASE("relay with a mock cluster: exactly once - a transaction the coordinator will not end (a fatal "
-          "INVALID_TXN_STATE) replaces the producer, every event lands, nothing halts",
-          "[relay][eos]") {
-  Fixture f;
-  create_outbox(f.db(), f.table, "bigint");
-  MockCluster cluster;
-  const std::string topic = f.topic("Mock");
-  const std::string offsets = f.slot + ".offsets";
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  spdlog::set_level(spdlog::level::warn);
+TEST_CASE_METHOD(MockEos,
+                 "relay with a mock cluster: exactly once - a transaction the coordinator will not end (a fatal "
+                 "INVALID_TXN_STATE) replaces the producer, every event lands, nothing halts",
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=20\noffsets.storage.topic=" + offsets +
                   "\nreconnect.backoff.ms=100\nkafka.retry.backoff.ms=50\n");
   REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
 
-  auto write = [&](int from, int to) {
-    for (int i = from; i < to; ++i) f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % 7), "'{}'"));
-  };
   write(0, 20);
   REQUIRE(eventually([&] { return p.metrics.kafka_transactions("committed").Value() >= 1; }, 30s, 20ms));
   // The next transaction's end is refused as librdkafka 2.0 can meet it on a
@@ -137,7 +149,6 @@ TEST_CASE("relay with a mock cluster: exactly once - a transaction the coordinat
   std::set<std::string> distinct(ids.begin(), ids.end());
   CHECK(distinct.size() == 200);
   CHECK(p.stop() == 0);
-  spdlog::set_level(spdlog::level::info);
 }
 
 namespace {
@@ -147,25 +158,15 @@ constexpr int32_t mock_broker = 1;
 
 }  // namespace
 
-TEST_CASE("relay with a mock cluster: exactly once - reading goes on while a transaction commits, and what came "
-          "meanwhile goes into the next transaction",
-          "[relay][eos]") {
-  Fixture f;
-  create_outbox(f.db(), f.table, "bigint");
-  MockCluster cluster;
-  const std::string topic = f.topic("Mock");
-  const std::string offsets = f.slot + ".offsets";
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  spdlog::set_level(spdlog::level::warn);
+TEST_CASE_METHOD(MockEos,
+                 "relay with a mock cluster: exactly once - reading goes on while a transaction commits, and what came "
+                 "meanwhile goes into the next transaction",
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=20000\ntransaction.boundary.max.records=1\n"
                   "offsets.storage.topic=" + offsets +
                   "\n");
   REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
-  auto write = [&](int from, int to) {
-    for (int i = from; i < to; ++i) f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % 7), "'{}'"));
-  };
   write(0, 10);
   const auto first = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= first; }, 30s, 20ms));
@@ -194,27 +195,16 @@ TEST_CASE("relay with a mock cluster: exactly once - reading goes on while a tra
   CHECK(ids.size() == 60);  // nothing was aborted or replayed: each once
   CHECK(p.metrics.replays.Value() == 0);
   CHECK(p.stop() == 0);
-  spdlog::set_level(spdlog::level::info);
 }
 
-TEST_CASE("relay with a mock cluster: exactly once - a commit that fails while records wait for it is aborted, "
-          "they are replayed from the committed position, every event lands, nothing halts",
-          "[relay][eos]") {
-  Fixture f;
-  create_outbox(f.db(), f.table, "bigint");
-  MockCluster cluster;
-  const std::string topic = f.topic("Mock");
-  const std::string offsets = f.slot + ".offsets";
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  spdlog::set_level(spdlog::level::warn);
+TEST_CASE_METHOD(MockEos,
+                 "relay with a mock cluster: exactly once - a commit that fails while records wait for it is aborted, "
+                 "they are replayed from the committed position, every event lands, nothing halts",
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=0\noffsets.storage.topic=" + offsets +
                   "\nreconnect.backoff.ms=100\n");
   REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
-  auto write = [&](int from, int to) {
-    for (int i = from; i < to; ++i) f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % 7), "'{}'"));
-  };
   write(0, 10);
   REQUIRE(eventually([&] { return p.metrics.kafka_transactions("committed").Value() >= 1; }, 30s, 20ms));
   // The next commit is refused after 2 s with an error that requires an
@@ -239,20 +229,12 @@ TEST_CASE("relay with a mock cluster: exactly once - a commit that fails while r
   std::set<std::string> distinct(ids.begin(), ids.end());
   CHECK(distinct.size() == 80);
   CHECK(p.stop() == 0);
-  spdlog::set_level(spdlog::level::info);
 }
 
-TEST_CASE("relay with a mock cluster: exactly once - what waited for a commit meets a full producer queue and "
-          "still goes out whole, in order, each event once",
-          "[relay][eos]") {
-  Fixture f;
-  create_outbox(f.db(), f.table, "bigint");
-  MockCluster cluster;
-  const std::string topic = f.topic("Mock");
-  const std::string offsets = f.slot + ".offsets";
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  spdlog::set_level(spdlog::level::warn);
+TEST_CASE_METHOD(MockEos,
+                 "relay with a mock cluster: exactly once - what waited for a commit meets a full producer queue and "
+                 "still goes out whole, in order, each event once",
+                 "[relay][eos]") {
   // librdkafka's queue (5 records) far below walrelay's in-flight limit: the
   // records that waited for the slow commit cannot all be produced at once.
   InProcess p(f, cluster.bootstraps(),
@@ -260,18 +242,15 @@ TEST_CASE("relay with a mock cluster: exactly once - what waited for a commit me
               "transaction.boundary.max.records=1\nkafka.queue.buffering.max.messages=5\noffsets.storage.topic=" +
                   offsets + "\n");
   REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
-  auto write = [&](int from, int to) {
-    for (int i = from; i < to; ++i) f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % 3), "'{}'"));
-  };
-  write(0, 3);
+  write(0, 3, 3);
   const auto first = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= first; }, 30s, 20ms));
   REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(cluster.mc, mock_broker, api_end_txn, 1,
                                                        RD_KAFKA_RESP_ERR_NO_ERROR, 2000) ==
           RD_KAFKA_RESP_ERR_NO_ERROR);
-  write(3, 4);
+  write(3, 4, 3);
   REQUIRE(eventually([&] { return p.status().received_lsn.value >= f.db().current_wal_lsn(); }, 10s, 5ms));
-  write(4, 64);  // 60 one-row transactions wait for the slow commit
+  write(4, 64, 3);  // 60 one-row transactions wait for the slow commit
   const auto written = f.db().current_wal_lsn();
   CHECK(eventually([&] { return p.status().received_lsn.value >= written; }, 1800ms, 5ms));
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 60s, 20ms));
@@ -286,5 +265,4 @@ TEST_CASE("relay with a mock cluster: exactly once - what waited for a commit me
   for (auto& id : seq) numbers.push_back(std::stol(id));
   CHECK(std::is_sorted(numbers.begin(), numbers.end()));
   CHECK(p.stop() == 0);
-  spdlog::set_level(spdlog::level::info);
 }
