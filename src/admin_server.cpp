@@ -539,6 +539,9 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
       reply(http::status::ok, text_plain, "ready\n");
     }
   } else if (path == "/metrics") {
+    // The relay's gauges are refreshed here, not by a timer: an idle relay
+    // does not wake every second to update what nobody may read.
+    status_.status();
     reply(http::status::ok, metrics_content_type, metrics_.serialize());
   } else {
     reply(http::status::ok, json_content_type, slot_json(status_.status()));

@@ -401,6 +401,14 @@ bool KafkaSink::is_fence(int err) {
          err == RD_KAFKA_RESP_ERR_PRODUCER_FENCED;
 }
 
+// The producer can go no further: fatal_error() says why from now on, and the
+// relay is told at once (it may be waiting idle for the next event).
+void KafkaSink::fail_fatally(std::string reason) {
+  fatal_ = std::move(reason);
+  spdlog::critical("kafka: {}", *fatal_);
+  if (on_fatal_) on_fatal_();
+}
+
 // librdkafka's error callback: fatal errors stop the sink, others are health.
 void KafkaSink::handle_error(int err, const char* reason) {
   auto code = static_cast<rd_kafka_resp_err_t>(err);
@@ -409,10 +417,10 @@ void KafkaSink::handle_error(int err, const char* reason) {
     auto cause = rd_kafka_fatal_error(rk_, buf, sizeof buf);
     if (fatal_) return;  // the first one says why
     fenced_ = transactions_ && is_fence(cause);
-    fatal_ = std::string("fatal producer error: ") + buf +
-             (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)"
-                      : std::string());
-    spdlog::critical("kafka: {}", *fatal_);
+    fail_fatally(std::string("fatal producer error: ") + buf +
+                 (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id +
+                                " took over)"
+                          : std::string()));
     return;
   }
   last_error_ = std::string(rd_kafka_err2name(code)) + ": " + reason;

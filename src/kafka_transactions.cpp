@@ -262,8 +262,7 @@ bool KafkaSink::ensure_transaction() {
   if (txn_state_ != TxnState::idle || fatal_ || !recovered_) return false;
   TxnResult r = result_of(rd_kafka_begin_transaction(rk_));
   if (!r.ok) {
-    fatal_ = "could not begin a Kafka transaction: " + r.message;
-    spdlog::critical("kafka: {}", *fatal_);
+    fail_fatally("could not begin a Kafka transaction: " + r.message);
     return false;
   }
   txn_state_ = TxnState::open;
@@ -563,10 +562,10 @@ asio::awaitable<void> KafkaSink::commit() {
     }
     char why[256];
     fenced_ = is_fence(r.code == RD_KAFKA_RESP_ERR__FATAL ? rd_kafka_fatal_error(rk_, why, sizeof why) : r.code);
-    fatal_ = "could not commit a Kafka transaction: " + r.message +
-             (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)"
-                      : std::string());
-    spdlog::critical("kafka: {}", *fatal_);
+    fail_fatally("could not commit a Kafka transaction: " + r.message +
+                 (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id +
+                                " took over)"
+                          : std::string()));
     co_return;
   }
   committed_ = CommittedPosition{end, source_ ? source_->system : "", source_ ? source_->timeline : ""};
@@ -588,8 +587,7 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
     if (generation != generation_) co_return;
     if (r.ok) break;
     if (r.retriable) continue;
-    fatal_ = "could not abort a Kafka transaction: " + r.message;
-    spdlog::critical("kafka: {}", *fatal_);
+    fail_fatally("could not abort a Kafka transaction: " + r.message);
     co_return;
   }
   txn_state_ = TxnState::idle;

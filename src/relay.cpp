@@ -69,10 +69,15 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
     metrics_.kafka_transactions("committed").Increment();
     metrics_.committed_lsn.Set(static_cast<double>(end.value));
     wake_.cancel();  // reads held back for the commit go on
+    status_soon();   // the commit made a position confirmable
   });
   sink_.on_aborted([this](std::string reason) {
     metrics_.kafka_transactions("aborted").Increment();
     replay("the Kafka transaction was aborted (" + reason + ")");
+  });
+  sink_.on_fatal([this] {
+    wake_.cancel();  // the read loop's next turn runs check_producer()
+    conn_.cancel_wait();
   });
   ledger_.on_retired([this](std::int64_t commit_time) {
     metrics_.commit_to_ack.Observe(static_cast<double>(pgoutput::pg_epoch_micros_now() - commit_time) / 1e6);
@@ -391,7 +396,8 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
 // state says: read, refill, or wait for one named reason.
 asio::awaitable<void> Relay::stream(PgConnection& conn) {
   last_received_ = std::chrono::steady_clock::now();
-  SessionClock clock{last_received_};
+  clock_ = SessionClock{last_received_};
+  auto& clock = clock_;
   HeldMessage held;
   ReadState state = ReadState::buffered;
   int since_read = 0;  // messages handled since the socket was last read
@@ -412,6 +418,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       case ReadState::buffered_refilled: {
         int handled = read_buffered(conn, held);
         since_read += handled;
+        if (handled > 0) status_soon();
         if (stop_requested_ || halt_reason_ || replay_reason_) break;
         if (handled > 0 || held) {
           sink_.poll();
@@ -467,7 +474,8 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn, SessionClock& clock)
   const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
   auto now = std::chrono::steady_clock::now();
   if (now >= clock.next_status || reply_requested_) {
-    bool ask = !clock.pinged && now - last_received_ > timeout / 3;
+    // Asks for a reply once per silence: a reply (any message) starts a new one.
+    bool ask = now - last_received_ > timeout / 3 && clock.pinged_at <= last_received_;
     // Idle (nothing in flight, nothing open) with the position already
     // reported: the update would repeat the last one and is skipped, but one
     // goes at least every 10 s (pg_recvlogical's interval). An idle walrelay
@@ -475,15 +483,21 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn, SessionClock& clock)
     const Lsn flushed = confirmable();
     bool repeat = ledger_.idle() && flushed == sent_flushed_lsn_ &&
                   std::max(received_lsn_, flushed) == sent_written_lsn_ && now - clock.last_status < 10s;
-    if (ask || reply_requested_ || !repeat) {
+    const auto interval = std::chrono::milliseconds(config_.status_update_interval_ms);
+    const bool requested = std::exchange(reply_requested_, false);
+    if (ask || requested || !repeat) {
       co_await send_status(conn, ask);
       clock.last_status = now;
+      if (ask) clock.pinged_at = now;
+      clock.next_status = now + interval;
     } else {
-      update_gauges();
+      // Idle: nothing to do until the update that goes every 10 s, the
+      // ping of a quiet server or its time-out, unless an event or a commit
+      // (status_soon) comes first. The gauges of /metrics are refreshed
+      // when it is read, so no timer ticks meanwhile.
+      auto quiet = last_received_ + (clock.pinged_at > last_received_ ? timeout : timeout / 3) + 1ms;
+      clock.next_status = std::max(now + interval, std::min(clock.last_status + 10s, quiet));
     }
-    clock.pinged = clock.pinged || ask;
-    reply_requested_ = false;
-    clock.next_status = now + std::chrono::milliseconds(config_.status_update_interval_ms);
   }
   if (now - last_received_ > timeout)
     throw PgError("no message from the server for " + std::to_string(timeout.count()) +
@@ -517,17 +531,32 @@ int Relay::read_buffered(PgConnection& conn, HeldMessage& held) {
 // Waits until the socket is readable, or the status tick, a stop or a halt
 // wakes the wait; then reads what arrived into libpq's buffer.
 asio::awaitable<void> Relay::await_socket(PgConnection& conn, const SessionClock& clock) {
-  if (!tick_armed_) {
-    tick_armed_ = true;
-    tick_.expires_at(std::min(clock.next_status, std::chrono::steady_clock::now() + 1000ms));
-    tick_.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;  // only when the timer is destroyed with the relay
-      tick_armed_ = false;
-      conn_.cancel_wait();
-    });
-  }
+  arm_tick(clock.next_status);
   co_await conn.wait_readable();
   conn.consume_input();
+}
+
+// The tick wakes the socket wait when the next status update is due. Set
+// again only when that comes earlier than the tick already armed.
+void Relay::arm_tick(std::chrono::steady_clock::time_point at) {
+  if (tick_armed_ && tick_.expiry() <= at) return;
+  tick_armed_ = true;
+  tick_.expires_at(at);  // a later wait ends with operation_aborted
+  tick_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;  // re-armed earlier, or the timer destroyed with the relay
+    tick_armed_ = false;
+    conn_.cancel_wait();
+  });
+}
+
+// Brings the next status update to one interval from now at the latest
+// (an event arrived, a commit made a position confirmable), when an idle
+// session had put it further off.
+void Relay::status_soon() {
+  auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.status_update_interval_ms);
+  if (at >= clock_.next_status) return;
+  clock_.next_status = at;
+  if (tick_armed_) arm_tick(at);
 }
 
 // Waits while reads are held back, at most `at_most` and never past the next

@@ -83,6 +83,7 @@ class KafkaSink final : public Sink {
   void handle_stats(const char* json, std::size_t len);
 
  private:
+  void fail_fatally(std::string reason);
   // Dead-letter records are rare: they carry a heap Pending as their opaque.
   // Ordinary records carry (token << 1) | 1, so a delivery report tells them
   // apart by the low bit and the hot path allocates nothing of its own.

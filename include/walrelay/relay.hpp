@@ -82,7 +82,7 @@ class Relay final : public StatusSource {
   // When the session last heard from the server and owes it a status update.
   struct SessionClock {
     std::chrono::steady_clock::time_point next_status;
-    bool pinged = false;  // a reply was asked for since the last message
+    std::chrono::steady_clock::time_point pinged_at{};    // the last update that asked for a reply
     std::chrono::steady_clock::time_point last_status{};  // the last update sent
   };
 
@@ -94,6 +94,8 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> keep_alive(PgConnection& conn, SessionClock& clock);
   int read_buffered(PgConnection& conn, HeldMessage& held);
   boost::asio::awaitable<void> await_socket(PgConnection& conn, const SessionClock& clock);
+  void arm_tick(std::chrono::steady_clock::time_point at);
+  void status_soon();
   boost::asio::awaitable<void> hold_back(std::chrono::milliseconds at_most, const SessionClock& clock);
   void note_backpressure(bool on);
   boost::asio::awaitable<void> send_status(PgConnection& conn, bool reply_requested);
@@ -208,6 +210,7 @@ class Relay final : public StatusSource {
   // interval (at most 1 s), not once per wait.
   boost::asio::steady_timer tick_;
   bool tick_armed_ = false;
+  SessionClock clock_;  // the streaming session's
 
   // Lets a counter map be searched by string_view without building a string.
   struct TopicHash {

@@ -141,11 +141,15 @@ class Sink {
   // Called on the loop when a transaction had to be aborted: a replay from
   // the committed position must follow.
   void on_aborted(std::function<void(std::string reason)> handler) { on_aborted_ = std::move(handler); }
+  // Called on the loop when fatal_error() has just become set, so that an
+  // idle read loop looks at it now rather than at its next wake-up.
+  void on_fatal(std::function<void()> handler) { on_fatal_ = std::move(handler); }
 
  protected:
   DeliveryHandler on_delivery_;
   std::function<void(pgoutput::Lsn)> on_committed_;
   std::function<void(std::string)> on_aborted_;
+  std::function<void()> on_fatal_;
 };
 
 }  // namespace walrelay

@@ -133,3 +133,33 @@ TEST_CASE("fault: a walsender that goes silent (SIGSTOP) is declared dead within
   CHECK(missing_ids(f.db(), f.table, seen).empty());
   CHECK(relay.running());
 }
+
+TEST_CASE("fault: an idle database is not a dead one - a quiet server is pinged at each silence and the session stays",
+          "[fault][database]") {
+  // An idle server sends nothing: walrelay's updates count as replies for
+  // the walsender, which then never pings. walrelay asks for a reply after
+  // replication.timeout.ms / 3 of silence, at every silence: asking only at
+  // the first one declared an idle session dead at 4/3 of the time-out
+  // (every 40 s with the defaults) and reconnected.
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("replication.timeout.ms=1500\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Quiet", "k0", "jsonb_build_object('seq', 0)"));
+  REQUIRE(read_topic(f.topic("Quiet"), 1).size() == 1);
+  int pid = f.db().walsender_pid(f.slot);
+  REQUIRE(pid > 0);
+  auto reconnects_before = relay.metric("walrelay_reconnects_total").value_or(0);
+
+  // Five time-outs of an idle database (the slot monitor's query writes no WAL).
+  std::this_thread::sleep_for(7500ms);  // the silence is the condition under test
+  CHECK(relay.log().find("declared dead") == std::string::npos);
+  CHECK(relay.metric("walrelay_reconnects_total").value_or(0) == reconnects_before);
+  CHECK(f.db().walsender_pid(f.slot) == pid);  // the same session, as the server sees it
+
+  f.db().exec(insert_event(f.table, "Quiet", "k0", "jsonb_build_object('seq', 1)"));
+  auto recs = read_topic(f.topic("Quiet"), 2, 30s);
+  CHECK(ids_of(recs).count.size() == 2);
+  CHECK(relay.running());
+}
