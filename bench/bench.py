@@ -775,6 +775,70 @@ def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
     return res
 
 
+def run_txn_floor(env, rate, seconds, boundary_ms, tag):
+    """The broker's floor for exactly-once latency: a plain librdkafka
+    transactional producer (this venv's confluent-kafka), no PostgreSQL and no
+    walrelay, sending `rate` records/s to the latency topics in transactions
+    of `boundary_ms` (counted from each one's first record, walrelay's rule),
+    each with one record to a compacted offsets topic as walrelay's carry.
+    A record's time is when it was due, so the time it waits while the
+    producer blocks in commit_transaction counts, as an event waiting for a
+    commit does in walrelay. The same consumer (read_committed) measures it."""
+    prefix = f"bench_{tag}"
+    env.create_topics(prefix, log_append_time=True)
+    offsets = f"{prefix}.offsets"
+    env.admin.create_topics([NewTopic(offsets, 1, 1, config={"cleanup.policy": "compact"})])[offsets].result()
+    topics = env.topics(prefix)
+    p = Producer({"bootstrap.servers": env.kafka, "transactional.id": prefix, "linger.ms": 0,
+                  "max.in.flight.requests.per.connection": 1})
+    p.init_transactions()
+
+    def paced(n):
+        t0 = time.monotonic()
+        wall0 = time.time_ns() // 1000
+        began = None
+        for i in range(n):
+            due = t0 + i / rate
+            ahead = due - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+            if began is None:
+                p.begin_transaction()
+                began = time.monotonic()
+            ts = wall0 + int(i * 1e6 / rate)
+            p.produce(topics[i % len(topics)], key=f"k{i % 7}".encode(), value=json.dumps({"ts": ts}).encode())
+            p.poll(0)
+            if time.monotonic() - began >= boundary_ms / 1000.0 or i == n - 1:
+                p.produce(offsets, key=b"position", value=str(i).encode())
+                p.commit_transaction()
+                began = None
+
+    paced(rate * 10)  # warm-up at the rate, not measured
+    n = rate * seconds
+    cons = LatencyConsumer(env, prefix, n)
+    cons.start()
+    time.sleep(2)  # consumer assigned
+    t0 = time.monotonic()
+    cpu0 = time.process_time()
+    paced(n)
+    offered = n / (time.monotonic() - t0)
+    cons.join(timeout=60)
+    cons.stop = True
+    s = cons.samples
+    res = {"contender": "txn_producer", "rate": rate, "seconds": seconds, "events": n, "received": len(s),
+           "offered_events_per_s": round(offered), "boundary_ms": boundary_ms,
+           "bench_process_cpu_us_per_event": round((time.process_time() - cpu0) * 1e6 / n, 1),
+           "librdkafka": confluent_kafka_version()}
+    for label, xs in (("append", [(a - t) / 1000.0 for t, a, _ in s]), ("consumer", [(r - t) / 1000.0 for t, _, r in s])):
+        for q in (50, 99, 99.9):
+            v = pct(xs, q)
+            res[f"{label}_p{q}_ms"] = round(v, 2) if v is not None else None
+        res[f"{label}_max_ms"] = round(max(xs), 2) if xs else None
+    env.delete_topics(prefix)
+    env.admin.delete_topics([offsets])
+    return res
+
+
 # --- main -------------------------------------------------------------------
 
 def machine():
@@ -834,14 +898,16 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="",
-                    help="comma list of sections: throughput,options,latency,sidecar,tableless; results then go to "
-                         "<sections>.json, leaving full.json alone")
+                    help="comma list of sections: throughput,options,latency,sidecar,tableless, and txn-floor "
+                         "(not in a full run); results then go to <sections>.json, leaving full.json alone")
     ap.add_argument("--walrelay-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a walrelay setting for every walrelay run (e.g. kafka.linger.ms=1)")
     ap.add_argument("--rates", default="",
                     help="latency and sidecar: comma list of the rates to run (default 1000,10000 and 10,100,1000,5000)")
     ap.add_argument("--events", type=int, default=0, help="development: one workload of this many events")
     ap.add_argument("--tx-size", type=int, default=100, help="development: rows per transaction with --events")
+    ap.add_argument("--floor-boundary-ms", type=float, default=10,
+                    help="txn-floor: transaction length, as walrelay's transaction.boundary.interval.ms")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
     args = ap.parse_args()
     args.bench_dir = os.path.dirname(os.path.abspath(__file__))
@@ -951,6 +1017,23 @@ def main():
                     seq += 1
                     log(f"latency {c} {rate}/s for {secs} s, repeat {rep + 1}/{repeats}")
                     record_rate(run_latency(env, c, rate, secs, f"lat_{c}_{seq}"), "latency", c, rep)
+
+    if "txn-floor" in sections:
+        # What the broker gives a transactional producer alone, beside
+        # walrelay's exactly-once latency (same topics, consumer and rate).
+        rates = [int(r) for r in args.rates.split(",")] if args.rates else [1000]
+        log("txn-floor: warming the broker for 60 s")
+        warm_broker(env)
+        result.setdefault("txn_floor", [])
+        for rep in range(repeats):
+            for rate in rates:
+                seq += 1
+                log(f"txn-floor {rate}/s, {args.floor_boundary_ms} ms transactions, repeat {rep + 1}/{repeats}")
+                r = run_txn_floor(env, rate, 30, args.floor_boundary_ms, f"floor_{seq}")
+                r["repeat"] = rep + 1
+                log(json.dumps(r))
+                result["txn_floor"].append(r)
+                save()
 
     if "sidecar" in sections:
         # What a sidecar costs at everyday rates: one-row transactions, each
