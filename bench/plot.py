@@ -60,6 +60,8 @@ def main():
         latency(data["latency"], out)
     if data.get("sidecar"):
         sidecar(data["sidecar"], out)
+    if data.get("eos_librdkafka"):
+        eos_librdkafka(data["eos_librdkafka"], out)
 
 
 def throughput_and_resources(data, out):
@@ -187,6 +189,38 @@ def sidecar(runs, out):
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "bench-sidecar.png"), dpi=110)
+
+
+def eos_librdkafka(runs, out):
+    """Exactly once at one rate: insert -> visible percentiles and CPU per
+    variant (librdkafka versions, the transactional producer alone), one
+    point per interleaved round."""
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [2, 1]})
+    ax = axes[0]
+    for p, marker in (("50", "o"), ("99", "s"), ("99.9", "^")):
+        for i, v in enumerate(variants):
+            ys = [r[f"consumer_p{p}_ms"] for r in runs if r["variant"] == v]
+            ax.plot([i + {"50": -0.2, "99": 0, "99.9": 0.2}[p]] * len(ys), ys, marker, color=f"C{i}",
+                    label=f"p{p}" if i == 0 else None, markerfacecolor="none" if p != "99" else f"C{i}")
+    ax.axhline(25, color="red", linewidth=0.8, linestyle="--", label="#16's p99 goal (25 ms)")
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels([v.replace(", ", ",\n", 1) for v in variants], fontsize=8)
+    ax.set_ylabel("insert -> visible (read_committed), ms")
+    ax.set_title("Exactly once, 1,000 one-row tx/s, 10 ms boundary: p50 (left), p99 (middle), p99.9 (right) per round")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for i, v in enumerate(variants):
+        ys = [r["relay_cpu_us_per_event"] for r in runs if r["variant"] == v and r.get("relay_cpu_us_per_event")]
+        if ys:
+            ax.plot([i] * len(ys), ys, "o", color=f"C{i}")
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels([v.replace(", ", ",\n", 1) for v in variants], fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("walrelay CPU µs per event")
+    ax.set_title("walrelay's CPU per event")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench-eos-librdkafka.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,13 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
   record_.headers.reserve(4 + config_.additional_placement.size());
 }
 
-Relay::~Relay() { sink_.on_delivery(nullptr); }
+Relay::~Relay() {
+  // The sink may outlive the relay (tests reuse one): nothing of it calls back here.
+  sink_.on_delivery(nullptr);
+  sink_.on_committed(nullptr);
+  sink_.on_aborted(nullptr);
+  sink_.on_fatal(nullptr);
+}
 
 void Relay::HeldMessage::reset() {
   if (data) PQfreemem(data);
