@@ -1090,7 +1090,8 @@ def main():
 
 def confluent_kafka_version():
     import confluent_kafka
-    return f"confluent-kafka {confluent_kafka.version()[0]}, librdkafka {confluent_kafka.libversion()[0]}"
+    v = confluent_kafka.version()  # a string since 2.x; (string, int) before
+    return f"confluent-kafka {v if isinstance(v, str) else v[0]}, librdkafka {confluent_kafka.libversion()[0]}"
 
 
 if __name__ == "__main__":
