@@ -8,7 +8,7 @@
 #                           event arrived (CTest `bench_quick`, label bench). Own services, stopped after.
 #
 # Extra arguments go to bench/bench.py (e.g. --repeats 5, --only throughput,latency,
-# --contenders walrelay,pg_recvlogical). Environment:
+# --contenders walrelay,pg_recvlogical, --only txn-floor for the broker's exactly-once floor). Environment:
 #   WALRELAY_BIN        walrelay binary to measure (default: build a Release one in build-bench/)
 #   WALRELAY_RUN_DIR    services' run directory (full run default /tmp/wr-bench; --quick always a fresh one)
 #   WALRELAY_BENCH_OUT  results directory (full default bench/results; --quick default <run dir>/results)
