@@ -206,8 +206,8 @@ class Relay final : public StatusSource {
   bool reply_requested_ = false;
   bool backpressured_ = false;            // reads paused (walrelay_backpressure)
   boost::asio::steady_timer wake_;        // cancelled to wake a hold_back or a drain
-  // Wakes the socket wait for the next status update; armed once per status
-  // interval (at most 1 s), not once per wait.
+  // Wakes the socket wait for the next status update; armed once per update
+  // (idle: up to 10 s apart), not once per wait, and re-armed only earlier.
   boost::asio::steady_timer tick_;
   bool tick_armed_ = false;
   SessionClock clock_;  // the streaming session's
