@@ -409,6 +409,10 @@ void KafkaSink::fail_fatally(std::string reason) {
   if (on_fatal_) on_fatal_();
 }
 
+void KafkaSink::raise_fatal_error_for_test(const char* reason) {
+  rd_kafka_test_fatal_error(rk_, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, reason);
+}
+
 // librdkafka's error callback: fatal errors stop the sink, others are health.
 void KafkaSink::handle_error(int err, const char* reason) {
   auto code = static_cast<rd_kafka_resp_err_t>(err);

@@ -77,6 +77,10 @@ class KafkaSink final : public Sink {
   void commit_now() override;
   boost::asio::awaitable<bool> renew() override;
 
+  // Tests: makes librdkafka raise a fatal error as the idempotent producer
+  // would (rd_kafka_test_fatal_error); it arrives through the event queue.
+  void raise_fatal_error_for_test(const char* reason);
+
   // Called from librdkafka callbacks (on the polling thread).
   void handle_delivery(const rd_kafka_message_s* message);
   void handle_error(int err, const char* reason);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <future>
+#include <iostream>
 #include <set>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "in_process.hpp"
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
+#include "walrelay/exit_codes.hpp"
 #include "walrelay/kafka_sink.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/relay.hpp"
@@ -265,4 +267,47 @@ TEST_CASE_METHOD(MockEos,
   for (auto& id : seq) numbers.push_back(std::stol(id));
   CHECK(std::is_sorted(numbers.begin(), numbers.end()));
   CHECK(p.stop() == 0);
+}
+
+TEST_CASE_METHOD(MockEos,
+                 "relay with a mock cluster: a fatal producer error while the relay is idle halts it at once, not at "
+                 "its next wake-up",
+                 "[relay][idle]") {
+  // At least once: a fatal error of the idempotent producer is a halt (exit 3).
+  struct AtLeastOnce : InProcessRelay<walrelay::KafkaSink> {
+    AtLeastOnce(Fixture& f, const std::string& bootstraps)
+        : InProcessRelay(walrelay::parse_config(with_key(with_key(f.config("status.update.interval.ms=100\n"),
+                                                                  "slot.status.interval.ms", "0"),
+                                                         "kafka.bootstrap.servers", bootstraps),
+                                                "relay_mock_kafka_test", {}),
+                         [](asio::io_context& io, const walrelay::Config& c) {
+                           return std::make_unique<walrelay::KafkaSink>(io, c.kafka);
+                         }) {}
+  } p(f, cluster.bootstraps());
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
+  write(0, 1);
+  const auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 30s, 20ms));
+  // Idle: no status update for a whole second (the loop sleeps until its
+  // 10 s update or the server's ping, whichever comes first).
+  double last = p.metrics.status_updates.Value();
+  auto since = std::chrono::steady_clock::now();
+  REQUIRE(eventually(
+      [&] {
+        double v = p.metrics.status_updates.Value();
+        if (v != last) {
+          last = v;
+          since = std::chrono::steady_clock::now();
+        }
+        return std::chrono::steady_clock::now() - since >= 1s;
+      },
+      8s, 10ms));
+  auto t0 = std::chrono::steady_clock::now();
+  p.sink->raise_fatal_error_for_test("injected by the test");
+  // Seen through librdkafka's event queue at once (the halt ends the loop);
+  // waiting for the next wake-up would take up to 10 s.
+  CHECK(eventually([&] { return p.io.stopped(); }, 2s, 10ms));
+  std::cout << "fatal while idle: halted after "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s\n";
+  CHECK(p.stop() == walrelay::exit_halted);
 }
