@@ -403,12 +403,11 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
 asio::awaitable<void> Relay::stream(PgConnection& conn) {
   last_received_ = std::chrono::steady_clock::now();
   clock_ = SessionClock{last_received_};
-  auto& clock = clock_;
   HeldMessage held;
   ReadState state = ReadState::buffered;
   int since_read = 0;  // messages handled since the socket was last read
   while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
-    co_await keep_alive(conn, clock);
+    co_await keep_alive(conn);
     check_producer();
     if (halt_reason_) break;
     // Backpressure: at the in-flight limits, or with a record the producer
@@ -448,20 +447,20 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
         state = ReadState::buffered_refilled;
         break;
       case ReadState::await_socket:
-        co_await await_socket(conn, clock);
+        co_await await_socket(conn);
         since_read = 0;
         state = ReadState::buffered;
         break;
       case ReadState::await_acks:
         sink_.poll();
         // Woken early by a delivery that makes room, or a commit.
-        if (!has_room() || !sink_.accepting()) co_await hold_back(200ms, clock);
+        if (!has_room() || !sink_.accepting()) co_await hold_back(200ms);
         break;
       case ReadState::await_queue: {
         sink_.poll();
         Step step = handle_copy_data(held.bytes());
         if (step == Step::retry) {
-          co_await hold_back(10ms, clock);
+          co_await hold_back(10ms);
         } else {
           held.reset();
           if (step == Step::stop) break;
@@ -476,7 +475,8 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
 // Sends the status update when it is due (or asked for), pings a quiet
 // server, and declares the connection dead after replication.timeout.ms of
 // silence.
-asio::awaitable<void> Relay::keep_alive(PgConnection& conn, SessionClock& clock) {
+asio::awaitable<void> Relay::keep_alive(PgConnection& conn) {
+  auto& clock = clock_;
   const auto timeout = std::chrono::milliseconds(config_.replication_timeout_ms);
   auto now = std::chrono::steady_clock::now();
   if (now >= clock.next_status || reply_requested_) {
@@ -536,8 +536,8 @@ int Relay::read_buffered(PgConnection& conn, HeldMessage& held) {
 
 // Waits until the socket is readable, or the status tick, a stop or a halt
 // wakes the wait; then reads what arrived into libpq's buffer.
-asio::awaitable<void> Relay::await_socket(PgConnection& conn, const SessionClock& clock) {
-  arm_tick(clock.next_status);
+asio::awaitable<void> Relay::await_socket(PgConnection& conn) {
+  arm_tick(clock_.next_status);
   co_await conn.wait_readable();
   conn.consume_input();
 }
@@ -567,9 +567,9 @@ void Relay::status_soon() {
 
 // Waits while reads are held back, at most `at_most` and never past the next
 // status update; woken early by wake_ (a delivery that makes room, a stop).
-asio::awaitable<void> Relay::hold_back(std::chrono::milliseconds at_most, const SessionClock& clock) {
+asio::awaitable<void> Relay::hold_back(std::chrono::milliseconds at_most) {
   auto now = std::chrono::steady_clock::now();
-  auto until = std::min(clock.next_status, now + at_most);
+  auto until = std::min(clock_.next_status, now + at_most);
   co_await sleep(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) + 1ms);
   // The socket is not read, yet the server is alive as far as we can tell:
   // silence while we hold back is ours, not the server's.

@@ -91,12 +91,12 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> session();
   boost::asio::awaitable<void> prepare(PgConnection& conn);
   boost::asio::awaitable<void> stream(PgConnection& conn);
-  boost::asio::awaitable<void> keep_alive(PgConnection& conn, SessionClock& clock);
+  boost::asio::awaitable<void> keep_alive(PgConnection& conn);
   int read_buffered(PgConnection& conn, HeldMessage& held);
-  boost::asio::awaitable<void> await_socket(PgConnection& conn, const SessionClock& clock);
+  boost::asio::awaitable<void> await_socket(PgConnection& conn);
   void arm_tick(std::chrono::steady_clock::time_point at);
   void status_soon();
-  boost::asio::awaitable<void> hold_back(std::chrono::milliseconds at_most, const SessionClock& clock);
+  boost::asio::awaitable<void> hold_back(std::chrono::milliseconds at_most);
   void note_backpressure(bool on);
   boost::asio::awaitable<void> send_status(PgConnection& conn, bool reply_requested);
   pgoutput::Lsn confirmable() const;
@@ -210,7 +210,7 @@ class Relay final : public StatusSource {
   // (idle: up to 10 s apart), not once per wait, and re-armed only earlier.
   boost::asio::steady_timer tick_;
   bool tick_armed_ = false;
-  SessionClock clock_;  // the streaming session's
+  SessionClock clock_;  // the streaming session's: reset by stream(), pulled in by status_soon()
 
   // Lets a counter map be searched by string_view without building a string.
   struct TopicHash {
