@@ -51,6 +51,22 @@ struct InProcessRelay {
     double from = metrics.status_updates.Value();
     REQUIRE(eventually([&] { return metrics.status_updates.Value() >= from + n; }, 10s, 10ms));
   }
+  // Whether, within `within`, a whole `quiet` went by without a status
+  // update: the relay is idle, its updates would only repeat the last one.
+  bool wait_status_updates_quiet(std::chrono::milliseconds quiet, std::chrono::milliseconds within) {
+    double last = metrics.status_updates.Value();
+    auto since = std::chrono::steady_clock::now();
+    return eventually(
+        [&] {
+          double v = metrics.status_updates.Value();
+          if (v != last) {
+            last = v;
+            since = std::chrono::steady_clock::now();
+          }
+          return std::chrono::steady_clock::now() - since >= quiet;
+        },
+        within, 10ms);
+  }
 
   boost::asio::io_context io{1};
   walrelay::Config config;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -85,21 +86,21 @@ struct MockCluster {
   }
 };
 
-// What each exactly-once test starts from: an outbox, a mock cluster with
-// the events' topic and the offsets topic (one partition each), walrelay's
-// log at warnings.
-struct MockEos {
+// What each test here starts from: an outbox, a mock cluster with the
+// events' topic and the exactly-once offsets topic (one partition each),
+// walrelay's log at warnings.
+struct MockOutbox {
   Fixture f;
   MockCluster cluster;
   const std::string topic = f.topic("Mock");
   const std::string offsets = f.slot + ".offsets";
-  MockEos() {
+  MockOutbox() {
     create_outbox(f.db(), f.table, "bigint");
     REQUIRE(rd_kafka_mock_topic_create(cluster.mc, topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
     REQUIRE(rd_kafka_mock_topic_create(cluster.mc, offsets.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
     spdlog::set_level(spdlog::level::warn);
   }
-  ~MockEos() { spdlog::set_level(spdlog::level::info); }
+  ~MockOutbox() { spdlog::set_level(spdlog::level::info); }
   // One-row transactions from..to-1 over `keys` keys.
   void write(int from, int to, int keys = 7) {
     for (int i = from; i < to; ++i)
@@ -107,7 +108,8 @@ struct MockEos {
   }
 };
 
-// A Relay and a transactional KafkaSink on their own loop thread.
+// A Relay and a KafkaSink on their own loop thread, the sink made as
+// main.cpp makes it: transactional when exactly.once.support asks for it.
 struct InProcess : InProcessRelay<walrelay::KafkaSink> {
   InProcess(Fixture& f, const std::string& bootstraps, const std::string& extra)
       : InProcessRelay(
@@ -117,17 +119,18 @@ struct InProcess : InProcessRelay<walrelay::KafkaSink> {
                          "kafka.bootstrap.servers", bootstraps),
                 "relay_mock_kafka_test", {}),
             [](asio::io_context& io, const walrelay::Config& c) {
-              return std::make_unique<walrelay::KafkaSink>(
-                  io, c.kafka,
-                  walrelay::KafkaTransactions{c.transactional_id(), c.offsets_topic,
-                                              c.transaction_boundary_interval_ms,
-                                              c.transaction_boundary_max_records});
+              std::optional<walrelay::KafkaTransactions> transactions;
+              if (c.exactly_once)
+                transactions = walrelay::KafkaTransactions{c.transactional_id(), c.offsets_topic,
+                                                           c.transaction_boundary_interval_ms,
+                                                           c.transaction_boundary_max_records};
+              return std::make_unique<walrelay::KafkaSink>(io, c.kafka, std::move(transactions));
             }) {}
 };
 
 }  // namespace
 
-TEST_CASE_METHOD(MockEos,
+TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - a transaction the coordinator will not end (a fatal "
                  "INVALID_TXN_STATE) replaces the producer, every event lands, nothing halts",
                  "[relay][eos]") {
@@ -160,7 +163,7 @@ constexpr int32_t mock_broker = 1;
 
 }  // namespace
 
-TEST_CASE_METHOD(MockEos,
+TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - reading goes on while a transaction commits, and what came "
                  "meanwhile goes into the next transaction",
                  "[relay][eos]") {
@@ -199,7 +202,7 @@ TEST_CASE_METHOD(MockEos,
   CHECK(p.stop() == 0);
 }
 
-TEST_CASE_METHOD(MockEos,
+TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - a commit that fails while records wait for it is aborted, "
                  "they are replayed from the committed position, every event lands, nothing halts",
                  "[relay][eos]") {
@@ -233,7 +236,7 @@ TEST_CASE_METHOD(MockEos,
   CHECK(p.stop() == 0);
 }
 
-TEST_CASE_METHOD(MockEos,
+TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - what waited for a commit meets a full producer queue and "
                  "still goes out whole, in order, each event once",
                  "[relay][eos]") {
@@ -269,39 +272,19 @@ TEST_CASE_METHOD(MockEos,
   CHECK(p.stop() == 0);
 }
 
-TEST_CASE_METHOD(MockEos,
+TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: a fatal producer error while the relay is idle halts it at once, not at "
                  "its next wake-up",
                  "[relay][idle]") {
   // At least once: a fatal error of the idempotent producer is a halt (exit 3).
-  struct AtLeastOnce : InProcessRelay<walrelay::KafkaSink> {
-    AtLeastOnce(Fixture& f, const std::string& bootstraps)
-        : InProcessRelay(walrelay::parse_config(with_key(with_key(f.config("status.update.interval.ms=100\n"),
-                                                                  "slot.status.interval.ms", "0"),
-                                                         "kafka.bootstrap.servers", bootstraps),
-                                                "relay_mock_kafka_test", {}),
-                         [](asio::io_context& io, const walrelay::Config& c) {
-                           return std::make_unique<walrelay::KafkaSink>(io, c.kafka);
-                         }) {}
-  } p(f, cluster.bootstraps());
+  InProcess p(f, cluster.bootstraps(), "");
   REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
   write(0, 1);
   const auto end = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 30s, 20ms));
   // Idle: no status update for a whole second (the loop sleeps until its
   // 10 s update or the server's ping, whichever comes first).
-  double last = p.metrics.status_updates.Value();
-  auto since = std::chrono::steady_clock::now();
-  REQUIRE(eventually(
-      [&] {
-        double v = p.metrics.status_updates.Value();
-        if (v != last) {
-          last = v;
-          since = std::chrono::steady_clock::now();
-        }
-        return std::chrono::steady_clock::now() - since >= 1s;
-      },
-      8s, 10ms));
+  REQUIRE(p.wait_status_updates_quiet(1s, 8s));
   auto t0 = std::chrono::steady_clock::now();
   p.sink->raise_fatal_error_for_test("injected by the test");
   // Seen through librdkafka's event queue at once (the halt ends the loop);
