@@ -330,7 +330,8 @@ kafka_start() {
     echo "$port" > "$d/port"
     kafka_configure "$d" "$port" "$cport" PLAINTEXT "num.partitions=3
 offsets.topic.num.partitions=3
-log.flush.interval.messages=9223372036854775807"
+log.flush.interval.messages=9223372036854775807
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"
   fi
   kafka_up
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 #include <sstream>
@@ -637,6 +638,60 @@ asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
     spdlog::error("--reset-slot: {}", e.what());
     co_return exit_failure;
   }
+}
+
+namespace {
+
+// The switch point at which `history` (a timeline history file) says
+// timeline `tli` ended, when it lists it.
+std::optional<pgoutput::Lsn> switch_point(const std::string& history, long tli) {
+  std::istringstream in(history);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    long id = 0;
+    std::string lsn;
+    if (!(fields >> id >> lsn) || id != tli) continue;
+    return pgoutput::Lsn::parse(lsn);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Exactly once: a committed position this server's history does not contain
+// would make the relay skip new transactions as if they were in Kafka. The
+// system identifier survives a restore from backup and a failover, so the
+// LSN and the timeline are checked as well.
+std::optional<std::string> committed_position_problem(const Config& config, const CommittedPosition& committed,
+                                                      std::optional<pgoutput::Lsn> xlogpos, const std::string& timeline,
+                                                      const std::string& history) {
+  const std::string where = "offsets.storage.topic: the position committed for " + config.transactional_id() +
+                            ", " + committed.end_lsn.to_string() +
+                            (committed.timeline.empty() ? "" : " on timeline " + committed.timeline);
+  const std::string way_out =
+      ". walrelay will not skip new transactions by a position from another history. Once you know which events "
+      "are in Kafka, run walrelay --reset-offsets once (it forgets the position; events from the slot's confirmed "
+      "position on are then sent again, so some may be duplicates), then start walrelay again";
+  if (xlogpos && committed.end_lsn > *xlogpos)
+    return where + ", lies past the end of this server's WAL (" + xlogpos->to_string() + " on timeline " + timeline +
+           "): the database was restored to an earlier point, or failed over to a standby that had not received it" +
+           way_out;
+  if (committed.timeline.empty() || committed.timeline == timeline) return std::nullopt;
+  char* end = nullptr;
+  const long tli = std::strtol(committed.timeline.c_str(), &end, 10);
+  const long current = std::strtol(timeline.c_str(), nullptr, 10);
+  if (end == committed.timeline.c_str() || tli > current)
+    return where + ", is from a timeline this server (timeline " + timeline + ") has not reached" + way_out;
+  auto point = switch_point(history, tli);
+  if (!point)
+    return where + ", is from a timeline that this server's history (timeline " + timeline + ") does not list" +
+           way_out;
+  if (committed.end_lsn > *point)
+    return where + ", lies past " + point->to_string() + ", where this server's history left timeline " +
+           committed.timeline + " (it is now on timeline " + timeline +
+           "): those transactions are not in this server's history" + way_out;
+  return std::nullopt;
 }
 
 }  // namespace walrelay

@@ -420,11 +420,7 @@ void KafkaSink::handle_error(int err, const char* reason) {
     char buf[512];
     auto cause = rd_kafka_fatal_error(rk_, buf, sizeof buf);
     if (fatal_) return;  // the first one says why
-    fenced_ = transactions_ && is_fence(cause);
-    fail_fatally(std::string("fatal producer error: ") + buf +
-                 (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id +
-                                " took over)"
-                          : std::string()));
+    fail_fatally(std::string("fatal producer error: ") + buf + classify_fatal(cause));
     return;
   }
   last_error_ = std::string(rd_kafka_err2name(code)) + ": " + reason;

@@ -7,7 +7,10 @@
 // any older producer with the same transactional.id (a zombie can never
 // commit again) and aborts its open transaction; then the last committed
 // position is read back, and the relay drops every source transaction at or
-// below it. The slot may lag the offsets topic, never the other way round.
+// below it. The slot is confirmed to the committed position and never past
+// it: acknowledged records of an open or aborted transaction are not in Kafka
+// for a read_committed consumer. With no event to commit, a transaction that
+// holds only the position lets the slot follow the server.
 #include <spdlog/spdlog.h>
 
 #include <librdkafka/rdkafka.h>
@@ -20,12 +23,15 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
 #include <utility>
 
 #include "walrelay/json.hpp"
 #include "walrelay/kafka_sink.hpp"
+#include "walrelay/mutation.hpp"
 
 namespace walrelay {
 namespace asio = boost::asio;
@@ -98,6 +104,10 @@ void create_offsets_topic(rd_kafka_t* rk, const std::string& topic) {
   rd_kafka_NewTopic_t* t = rd_kafka_NewTopic_new(topic.c_str(), 1, -1, err, sizeof err);
   if (!t) throw std::runtime_error("offsets.storage.topic: " + std::string(err));
   rd_kafka_NewTopic_set_config(t, "cleanup.policy", "compact");
+  // Compaction never touches the active segment, and a start reads the topic
+  // to its end: without a roll, a week of commits (segment.ms's default)
+  // would be read at every start.
+  rd_kafka_NewTopic_set_config(t, "segment.ms", "600000");
   rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
   rd_kafka_CreateTopics(rk, &t, 1, nullptr, q);
   rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 30000);
@@ -168,8 +178,14 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
   auto assigned = rd_kafka_assign(consumer, parts);
   rd_kafka_topic_partition_list_destroy(parts);
   if (assigned) throw std::runtime_error(std::string("could not read the offsets topic: ") + rd_kafka_err2str(assigned));
-  std::optional<std::string> last;
-  std::int64_t last_timestamp = -1;
+  // Per partition, the last record for `key` in offset order is the one in
+  // force (a timestamp is the producer's clock, which may go back). Across
+  // partitions, which only a topic made by hand has, the newest wins.
+  struct Last {
+    std::optional<std::string> value;  // nullopt: a tombstone (walrelay --reset-offsets)
+    std::int64_t timestamp = -1;
+  };
+  std::map<std::int32_t, Last> last_of;
   int at_end = 0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (at_end < partitions) {
@@ -186,13 +202,18 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
       if (m->err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC || m->err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) continue;
       throw std::runtime_error("could not read the offsets topic " + topic + ": " + rd_kafka_message_errstr(m));
     }
-    std::int64_t ts = rd_kafka_message_timestamp(m, nullptr);
-    if (m->key && std::string_view(static_cast<const char*>(m->key), m->key_len) == key && ts >= last_timestamp) {
-      last = m->payload ? std::string(static_cast<const char*>(m->payload), m->len) : std::string();
-      last_timestamp = ts;
+    if (m->key && std::string_view(static_cast<const char*>(m->key), m->key_len) == key) {
+      Last& l = last_of[m->partition];
+      l.value = m->payload ? std::optional<std::string>(std::string(static_cast<const char*>(m->payload), m->len))
+                           : std::nullopt;
+      l.timestamp = rd_kafka_message_timestamp(m, nullptr);
     }
   }
-  if (!last) return std::nullopt;
+  const Last* newest = nullptr;
+  for (auto& [partition, l] : last_of)
+    if (!newest || l.timestamp > newest->timestamp) newest = &l;
+  if (!newest || !newest->value) return std::nullopt;
+  const std::optional<std::string>& last = newest->value;
   auto doc = Json::parse(*last, nullptr, false);
   if (doc.is_discarded() || !doc.contains("end_lsn"))
     throw std::runtime_error("the offsets topic " + topic + " holds an unreadable position for " + key + ": " + *last);
@@ -266,7 +287,7 @@ bool KafkaSink::ensure_transaction() {
     return false;
   }
   txn_state_ = TxnState::open;
-  txn_began_ = std::chrono::steady_clock::now();
+  txn_began_ = txn_opened_ = std::chrono::steady_clock::now();
   txn_records_ = 0;
   txn_end_.reset();
   return true;
@@ -546,14 +567,22 @@ asio::awaitable<void> KafkaSink::commit() {
   const Lsn end = *txn_end_;
   const auto generation = generation_;
   for (;;) {
-    // -1: the remaining transaction time, as librdkafka recommends. The
-    // flush inside serves no callbacks (event mode): the loop goes on
-    // serving delivery reports while the worker waits.
-    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_commit_transaction(rk, -1)); });
+    // A second at a time rather than the remaining transaction time: a
+    // timed-out call resumes the same commit when called again, and between
+    // calls a shutdown's deadline is looked at. The flush inside serves no
+    // callbacks (event mode): the loop goes on serving delivery reports.
+    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_commit_transaction(rk, 1000)); });
     if (generation != generation_) co_return;  // that producer is gone
     if (r.ok) break;
     if (r.retriable) {
-      spdlog::warn("kafka: committing a transaction: {}; trying again", r.message);
+      if (past_stop_deadline()) {
+        spdlog::warn("kafka: the Kafka transaction up to {} had not committed by shutdown.timeout.ms; left to its "
+                     "coordinator (committed or aborted there; nothing past the committed position {} was confirmed)",
+                     end.to_string(), committed_ ? committed_->end_lsn.to_string() : std::string("(none)"));
+        co_return;
+      }
+      if (r.code != RD_KAFKA_RESP_ERR__TIMED_OUT)
+        spdlog::warn("kafka: committing a transaction: {}; trying again", r.message);
       continue;
     }
     if (r.requires_abort) {
@@ -561,17 +590,15 @@ asio::awaitable<void> KafkaSink::commit() {
       co_return;
     }
     char why[256];
-    fenced_ = is_fence(r.code == RD_KAFKA_RESP_ERR__FATAL ? rd_kafka_fatal_error(rk_, why, sizeof why) : r.code);
-    fail_fatally("could not commit a Kafka transaction: " + r.message +
-                 (fenced_ ? " (another walrelay with transactional.id " + transactions_->transactional_id +
-                                " took over)"
-                          : std::string()));
+    auto cause = r.code == RD_KAFKA_RESP_ERR__FATAL ? rd_kafka_fatal_error(rk_, why, sizeof why) : r.code;
+    fail_fatally("could not commit a Kafka transaction: " + r.message + classify_fatal(cause));
     co_return;
   }
   committed_ = CommittedPosition{end, source_ ? source_->system : "", source_ ? source_->timeline : ""};
   txn_state_ = TxnState::idle;
   txn_end_.reset();
   spdlog::debug("kafka: transaction committed up to {} ({} records)", end.to_string(), txn_records_);
+  txn_records_ = 0;
   // What came meanwhile goes into the next transaction now (before the
   // relay hears of the commit, so its confirm limit already counts it).
   produce_waiting();
@@ -583,10 +610,17 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
   const auto generation = generation_;
   spdlog::error("kafka: {}; aborting the transaction", reason);
   for (;;) {
-    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_abort_transaction(rk, -1)); });
+    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_abort_transaction(rk, 1000)); });
     if (generation != generation_) co_return;
     if (r.ok) break;
-    if (r.retriable) continue;
+    if (r.retriable) {
+      if (past_stop_deadline()) {
+        spdlog::warn("kafka: the aborted Kafka transaction had not ended by shutdown.timeout.ms; left to its "
+                     "coordinator");
+        co_return;
+      }
+      continue;
+    }
     fail_fatally("could not abort a Kafka transaction: " + r.message);
     co_return;
   }
@@ -654,13 +688,85 @@ asio::awaitable<bool> KafkaSink::renew() {
   co_return true;
 }
 
+asio::awaitable<std::optional<CommittedPosition>> KafkaSink::forget_position() {
+  auto forgotten = co_await recover(SourceIdentity{});
+  if (!forgotten) co_return forgotten;
+  // A tombstone, in a transaction of its own: read_committed readers see it
+  // exactly when it commits, and compaction removes the key in time.
+  auto done = co_await on_worker([this] {
+    TxnResult r = result_of(rd_kafka_begin_transaction(rk_));
+    if (!r.ok) return r;
+    const std::string& key = transactions_->transactional_id;
+    rd_kafka_resp_err_t err = rd_kafka_producev(
+        rk_, RD_KAFKA_V_TOPIC(transactions_->offsets_topic.c_str()), RD_KAFKA_V_PARTITION(0),
+        RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_VALUE(nullptr, 0), RD_KAFKA_V_OPAQUE(nullptr),
+        RD_KAFKA_V_END);
+    if (err) {
+      TxnResult failed;
+      failed.ok = false;
+      failed.message = rd_kafka_err2str(err);
+      rd_kafka_error_destroy(rd_kafka_abort_transaction(rk_, 30000));
+      return failed;
+    }
+    return result_of(rd_kafka_commit_transaction(rk_, -1));
+  });
+  if (!done.ok) throw std::runtime_error("could not write the tombstone to " + transactions_->offsets_topic + ": " +
+                                         done.message);
+  committed_.reset();
+  co_return forgotten;
+}
+
 std::optional<Lsn> KafkaSink::confirm_limit() const {
   if (!transactions_) return std::nullopt;
-  // Records wait in an open (or committing) transaction: only what is
-  // committed may be confirmed. With none open, everything acknowledged is
-  // committed.
-  if (txn_state_ == TxnState::idle) return std::nullopt;
+  // Only what a commit made visible, whatever the state: an acknowledgement
+  // says a record is in an open transaction, which an abort (a refused
+  // record, a time-out, an abortable EndTxn) takes back. Idle after an abort
+  // is not idle after a commit.
+  if (mutation::active(mutation::Break::confirm_past_abort) && txn_state_ == TxnState::idle) return std::nullopt;
   return committed_ ? committed_->end_lsn : Lsn{};
+}
+
+bool KafkaSink::commit_position(Lsn end_lsn) {
+  if (!transactions_ || !recovered_ || fatal_ || txn_state_ != TxnState::idle || waiting_next_ < waiting_.size())
+    return false;
+  if (committed_ && end_lsn <= committed_->end_lsn) return false;
+  if (!ensure_transaction()) return false;
+  txn_end_ = end_lsn;
+  txn_partial_ = false;
+  start_commit();
+  return true;
+}
+
+std::chrono::milliseconds KafkaSink::transaction_timeout() const {
+  auto it = settings_.find("transaction.timeout.ms");
+  long ms = 60000;  // librdkafka's default
+  if (it != settings_.end()) ms = std::strtol(it->second.c_str(), nullptr, 10);
+  return std::chrono::milliseconds(ms);
+}
+
+bool KafkaSink::past_stop_deadline() const { return stop_by_ && std::chrono::steady_clock::now() >= *stop_by_; }
+
+std::string KafkaSink::classify_fatal(int code) {
+  if (!transactions_ || !is_fence(code)) return {};
+  const auto age = std::chrono::steady_clock::now() - txn_opened_;
+  if (txn_state_ != TxnState::idle && age >= transaction_timeout()) {
+    // The coordinator aborts a transaction older than its time-out and bumps
+    // the producer's epoch; the broker then answers this producer as it
+    // would a zombie. A takeover needs no old transaction, this does.
+    timed_out_ = true;
+    std::string held = txn_end_ ? "source transactions up to " + txn_end_->to_string() : std::string();
+    if (txn_partial_) held += std::string(held.empty() ? "" : " and ") + "one not yet ended";
+    return fmt::format(
+        " (the Kafka transaction holding {} was open for {:.1f} s, past kafka.transaction.timeout.ms={}: its "
+        "coordinator aborted it and bumped the producer epoch, which the broker reports as a fence. That is a "
+        "time-out, not another walrelay taking over. Nothing of it became visible or was confirmed. Raise "
+        "kafka.transaction.timeout.ms (the broker caps it at transaction.max.timeout.ms) or find what held walrelay "
+        "up that long, then restart)",
+        held.empty() ? "no record yet" : held, std::chrono::duration<double>(age).count(),
+        transaction_timeout().count());
+  }
+  fenced_ = true;
+  return " (another walrelay with transactional.id " + transactions_->transactional_id + " took over)";
 }
 
 }  // namespace walrelay

@@ -91,6 +91,11 @@ void LsnLedger::reset() {
   inflight_bytes_ = 0;
 }
 
+void LsnLedger::reset(Lsn flushed) {
+  reset();
+  flushed_ = flushed;
+}
+
 void LsnLedger::advance() {
   while (!txns_.empty() && !violation_) {
     Txn& t = txns_.front();

@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
       ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")
       ("reset-slot", "create the replication slot anew when it is missing or invalidated, accepting that the events "
                      "since its last confirmed position are not relayed; logs the skipped LSN range, then exits")
+      ("reset-offsets", "exactly once: forget the position committed in offsets.storage.topic (after a restore or a "
+                        "failover that rewound the database), so that the next start skips nothing; fences a running "
+                        "walrelay with the same transactional.id, then exits")
       ("print-config", "print the effective configuration (secrets masked) and exit")
       ("version", "print the version and exit")
       ("help,h", "print this help and exit");
@@ -113,6 +116,35 @@ int main(int argc, char** argv) {
       for (auto& p : report.problems) std::cout << "problem: " << p << "\n";
       if (report.problems.empty()) std::cout << "ok: configuration, database and broker checked\n";
       code = report.problems.empty() ? exit_ok : exit_failure;
+      io.stop();
+    });
+    io.run();
+    return code;
+  }
+  if (vm.count("reset-offsets")) {
+    if (!config.exactly_once) {
+      spdlog::critical("--reset-offsets: there is no committed position without exactly.once.support=required");
+      return exit_config;
+    }
+    int code = exit_failure;
+    asio::co_spawn(io, sink->forget_position(), [&](std::exception_ptr e, std::optional<CommittedPosition> p) {
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          spdlog::critical("--reset-offsets: {}", ex.what());
+        }
+      } else {
+        if (p)
+          spdlog::warn("--reset-offsets: forgot the position {} (system identifier {}, timeline {}) committed for {} "
+                       "in {}; the next start sends every event from the slot's confirmed position on",
+                       p->end_lsn.to_string(), p->system, p->timeline, config.transactional_id(),
+                       config.offsets_topic);
+        else
+          spdlog::info("--reset-offsets: no position committed for {} in {}: nothing to forget",
+                       config.transactional_id(), config.offsets_topic);
+        code = exit_ok;
+      }
       io.stop();
     });
     io.run();

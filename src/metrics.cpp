@@ -229,6 +229,10 @@ Metrics::Metrics()
       committed_lsn(add_gauge(*registry_, "walrelay_exactly_once_committed_lsn",
                               "Exactly once: end LSN of the last source transaction in a committed Kafka "
                               "transaction.")),
+      exactly_once_slot_ahead(add_gauge(*registry_, "walrelay_exactly_once_slot_ahead_bytes",
+                                        "Exactly once: bytes of WAL by which the slot was confirmed past the "
+                                        "committed position at the last start (events confirmed without being in "
+                                        "Kafka); 0 when it was not.")),
       decode_errors(add_counter(*registry_, "walrelay_decode_errors_total",
                                 "Replication messages that could not be decoded.")),
       inflight_records(add_gauge(*registry_, "walrelay_inflight_records",

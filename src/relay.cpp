@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -128,6 +130,7 @@ void Relay::request_stop() {
   stop_requested_ = true;
   // One deadline for the whole shutdown, however many places wait on it.
   drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
+  sink_.stop_by(*drain_deadline_);
   slot_monitor_.stop();
   wake_.cancel();
   conn_.cancel_wait();
@@ -157,6 +160,7 @@ void Relay::halt(std::string reason, int exit_code) {
   halt_exit_code_ = exit_code;
   if (!drain_deadline_)
     drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
+  sink_.stop_by(*drain_deadline_);
   set_state(RelayState::halted, std::move(reason));
   metrics_.halted.Set(1);
   slot_monitor_.stop();
@@ -182,11 +186,12 @@ void Relay::replay(std::string reason) {
 // A fatal producer error halts, except in exactly-once mode when it is not a
 // fence: nothing past the committed position was confirmed, so a new
 // producer can take over from there (a transaction librdkafka could not end,
-// a broker that lost the producer's state).
+// a broker that lost the producer's state). A Kafka transaction that outlived
+// its time-out halts (exit 3): the same transaction would time out again.
 void Relay::check_producer() {
   auto fatal = sink_.fatal_error();
   if (!fatal || halt_reason_) return;
-  if (sink_.transactional() && !sink_.fenced()) {
+  if (sink_.transactional() && !sink_.fenced() && !sink_.timed_out()) {
     renew_producer_ = true;
     replay("the Kafka producer failed: " + *fatal);
     return;
@@ -265,7 +270,10 @@ asio::awaitable<void> Relay::run() {
         }
         metrics_.producer_replacements.Increment();
       }
-      ledger_.reset();
+      // Exactly once: what was acknowledged into an aborted Kafka transaction
+      // vouches for nothing; only the committed position does.
+      if (sink_.transactional()) ledger_.reset(committed_lsn_.value_or(Lsn{}));
+      else ledger_.reset();
       failed_records_ = 0;
       replay_reason_.reset();
       metrics_.replays.Increment();
@@ -345,6 +353,16 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   // Highest protocol the server speaks. Streaming and two-phase stay off: the
   // walsender then sends only committed transactions, in commit order, so an
   // event of a rolled-back transaction can never reach the sink.
+  // Exactly once: the history of this server's timeline, to check the
+  // committed position against (read before COPY BOTH, which takes no
+  // other command).
+  std::string history;
+  const std::string timeline = ident.at(0, "timeline").value_or("");
+  if (sink_.transactional() && !timeline.empty() && timeline != "1") {
+    auto h = co_await conn.query("TIMELINE_HISTORY " + timeline);
+    history = h.at(0, "content").value_or("");
+  }
+
   int version = conn.server_version();
   const int proto_version = version >= 160000 ? 4 : version >= 150000 ? 3 : 2;
   decoder_ = pgoutput::Decoder(proto_version);
@@ -372,20 +390,21 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   if (sink_.transactional()) {
     // The slot is ours now: take over the transactional producer (a zombie
     // holding it is fenced) and start after what the output already holds.
-    SourceIdentity source{ident.at(0, "systemid").value_or(""), ident.at(0, "timeline").value_or(""),
-                          config_.database_dbname, config_.slot_name};
-    std::optional<CommittedPosition> committed;
-    try {
-      committed = co_await sink_.recover(source);
-    } catch (const std::exception& e) {
-      throw PgError(std::string("exactly once: ") + e.what(), "");  // retried with backoff
-    }
+    SourceIdentity source{ident.at(0, "systemid").value_or(""), timeline, config_.database_dbname,
+                          config_.slot_name};
+    std::optional<CommittedPosition> committed = co_await recover_position(conn, source);
     if (committed && !committed->system.empty() && committed->system != source.system)
       throw Fatal("offsets.storage.topic: the position committed for " + config_.transactional_id() +
                   " was written for the database with system identifier " + committed->system + ", this one is " +
                   source.system + " (a restore, a new cluster, or another database under the same name?): "
                   "walrelay will not skip events by another cluster's position. Use a new "
                   "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
+    if (committed) {
+      if (auto problem = committed_position_problem(config_, *committed,
+                                                    Lsn::parse(ident.at(0, "xlogpos").value_or("")), timeline, history))
+        throw Fatal(*problem);
+      slot_ahead_of(facts, *committed);
+    }
     skip_until_ = committed ? std::optional<Lsn>(committed->end_lsn) : std::nullopt;
     committed_lsn_ = skip_until_;
     if (committed) {
@@ -396,6 +415,80 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   }
   spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
   set_state(RelayState::streaming);
+}
+
+// Exactly once: takes over the transactional producer and reads the committed
+// position, which can take a while (the offsets topic read to its end);
+// meanwhile the walsender hears from us, or wal_sender_timeout ends a slow start.
+asio::awaitable<std::optional<CommittedPosition>> Relay::recover_position(PgConnection& conn,
+                                                                           const SourceIdentity& source) {
+  struct Outcome {
+    bool done = false;
+    std::optional<CommittedPosition> position;
+    std::exception_ptr failure;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  auto wake = std::make_shared<asio::steady_timer>(io_);
+  asio::co_spawn(io_, sink_.recover(source),
+                 [outcome, wake](std::exception_ptr e, std::optional<CommittedPosition> p) {
+                   outcome->done = true;
+                   outcome->failure = e;
+                   outcome->position = std::move(p);
+                   wake->cancel();
+                 });
+  const auto interval = std::clamp(std::chrono::milliseconds(config_.status_update_interval_ms),
+                                   std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+  bool connected = true;
+  // Until recover() returns, whatever happens to the connection: it refers
+  // to `source`, which lives in the caller's frame.
+  while (!outcome->done) {
+    wake->expires_after(interval);
+    boost::system::error_code ec;
+    co_await wake->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (outcome->done || !connected) continue;
+    try {
+      co_await send_status(conn, false);
+    } catch (const PgError& e) {
+      connected = false;  // the read loop finds out; recover() still has to end
+    }
+  }
+  if (outcome->failure) {
+    try {
+      std::rethrow_exception(outcome->failure);
+    } catch (const std::exception& e) {
+      throw PgError(std::string("exactly once: ") + e.what(), "");  // retried with backoff
+    }
+  }
+  co_return outcome->position;
+}
+
+// Exactly once: a slot confirmed past the committed position confirmed events
+// that are not in Kafka for a read_committed consumer (walrelay 0.2 could,
+// after an aborted Kafka transaction), or was moved by hand or by an
+// at-least-once run. They are not sent again; say so once, with the gap.
+void Relay::slot_ahead_of(const ServerFacts& facts, const CommittedPosition& committed) {
+  const auto slot = facts.slot.confirmed_flush_lsn;
+  const std::uint64_t gap = slot && *slot > committed.end_lsn ? slot->value - committed.end_lsn.value : 0;
+  metrics_.exactly_once_slot_ahead.Set(static_cast<double>(gap));
+  if (gap == 0) return;
+  spdlog::warn("slot={} exactly once: the slot is confirmed to {}, {} bytes of WAL past the position committed in "
+               "Kafka ({}): outbox events committed in between were confirmed without being visible to "
+               "read_committed consumers (an aborted Kafka transaction under walrelay 0.2), or the slot was "
+               "advanced by hand or by an at-least-once run. They are not sent again: compare the outbox rows "
+               "committed between these positions with the topics",
+               config_.slot_name, slot->to_string(), gap, committed.end_lsn.to_string());
+}
+
+// Exactly once: with no event waiting, the slot follows the server (WAL of
+// other tables, keepalives) only as far as a committed position says, so a
+// Kafka transaction holding only the position is committed, at most once per
+// second.
+void Relay::commit_position_if_behind(std::chrono::steady_clock::time_point now) {
+  if (replay_reason_ || halt_reason_ || stop_requested_ || state_ != RelayState::streaming) return;
+  if (ledger_.flushed() <= committed_lsn_.value_or(Lsn{})) return;
+  const auto spacing = std::max(std::chrono::milliseconds(config_.status_update_interval_ms), 1000ms);
+  if (now - last_position_commit_ < spacing) return;
+  if (sink_.commit_position(ledger_.flushed())) last_position_commit_ = now;
 }
 
 // The read loop. Each turn keeps the session alive, then does what the
@@ -482,6 +575,7 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn) {
   if (now >= clock.next_status || reply_requested_) {
     // Asks for a reply once per silence: a reply (any message) starts a new one.
     bool ask = now - last_received_ > timeout / 3 && clock.pinged_at <= last_received_;
+    if (sink_.transactional()) commit_position_if_behind(now);
     // Idle (nothing in flight, nothing open) with the position already
     // reported: the update would repeat the last one and is skipped, but one
     // goes at least every 10 s (pg_recvlogical's interval). An idle walrelay

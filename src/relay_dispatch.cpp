@@ -367,22 +367,32 @@ void Relay::on_delivery(const Delivery& d) {
     // The broker refused it inside a Kafka transaction, which can no longer
     // commit; its dead-letter copy would go down with it, and a replay would
     // meet the same refusal.
-    halt("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
-         "); in exactly-once mode a record the broker refuses fails its whole Kafka transaction. Make the producer "
-         "refuse such records before they are sent (kafka.message.max.bytes no larger than the topic's "
-         "max.message.bytes), or fix the topic, then restart");
+    halt_on_record("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
+                   "); in exactly-once mode a record the broker refuses fails its whole Kafka transaction. Make the "
+                   "producer refuse such records before they are sent (kafka.message.max.bytes no larger than the "
+                   "topic's max.message.bytes), or fix the topic, then restart");
     return;
   }
   if (d.dead_lettered) {
-    halt("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" + where + ")");
+    halt_on_record("could not write to the dead-letter topic " + config_.dlq_topic + ": " + d.error_message + " (" +
+                   where + ")");
     return;
   }
   if (config_.errors_tolerance == ErrorTolerance::none) {
-    halt("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
-         "; errors.tolerance=none; nothing past this record is confirmed)");
+    halt_on_record("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
+                   "; errors.tolerance=none; nothing past this record is confirmed)");
     return;
   }
   dead_letter_refused(d, where);
+}
+
+void Relay::halt_on_record(std::string reason) {
+  halt(std::move(reason));
+  // A record refused at submit never reached the Kafka transaction, which
+  // could still commit, with the source transactions queued behind it and a
+  // position past the record. Aborting takes them all back; the committed
+  // position is where a restart resumes.
+  if (sink_.transactional()) sink_.abandon_transaction();
 }
 
 // A record the broker refused for its own reason, under errors.tolerance=all:
@@ -403,7 +413,7 @@ void Relay::dead_letter_refused(const Delivery& d, const std::string& where) {
                                          d.token, d.bytes);
   if (status == SubmitStatus::queue_full) {
     ++failed_records_;  // the copy was not taken: the record stays unsettled
-    halt("could not queue the dead-letter copy of the " + where + ": producer queue full");
+    halt_on_record("could not queue the dead-letter copy of the " + where + ": producer queue full");
   }
 }
 

@@ -141,6 +141,14 @@ boost::asio::awaitable<CheckReport> check_setup(boost::asio::io_context& io, con
 // invalidated slot, creates the slot anew and records it, and logs the LSN
 // range whose events were skipped. A usable slot is left alone. Returns the
 // process exit code.
+// Exactly once: why a committed position cannot be trusted on this server,
+// if it cannot: past the end of its WAL (xlogpos), or on a timeline that its
+// history (TIMELINE_HISTORY's file, empty on timeline 1) left before it. The
+// system identifier survives a restore from backup and a failover; LSNs do not.
+std::optional<std::string> committed_position_problem(const Config& config, const CommittedPosition& committed,
+                                                      std::optional<pgoutput::Lsn> xlogpos,
+                                                      const std::string& timeline, const std::string& history);
+
 boost::asio::awaitable<int> reset_slot(boost::asio::io_context& io, const Config& config);
 
 }  // namespace walrelay

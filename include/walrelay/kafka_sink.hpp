@@ -62,6 +62,7 @@ class KafkaSink final : public Sink {
   std::string health_reason() const override { return last_error_; }
   std::optional<std::string> fatal_error() const override { return fatal_; }
   bool fenced() const override { return fenced_; }
+  bool timed_out() const override { return timed_out_; }
   void check_connectivity(int timeout_ms) override;
 
   // Exactly-once (kafka_transactions.cpp).
@@ -73,9 +74,15 @@ class KafkaSink final : public Sink {
   bool settling() const override;
   void source_transaction_ended(pgoutput::Lsn end_lsn) override;
   std::optional<pgoutput::Lsn> confirm_limit() const override;
+  bool commit_position(pgoutput::Lsn end_lsn) override;
+  void stop_by(std::chrono::steady_clock::time_point deadline) override { stop_by_ = deadline; }
   void abandon_transaction() override;
   void commit_now() override;
   boost::asio::awaitable<bool> renew() override;
+  // walrelay --reset-offsets: takes over the transactional producer (fencing
+  // a running walrelay) and commits a tombstone for the position, so the
+  // next start skips nothing. Returns the position it forgot, if any.
+  boost::asio::awaitable<std::optional<CommittedPosition>> forget_position();
 
   // Tests: makes librdkafka raise a fatal error as the idempotent producer
   // would (rd_kafka_test_fatal_error); it arrives through the event queue.
@@ -109,6 +116,15 @@ class KafkaSink final : public Sink {
   void watch_queue();
   // Whether a (fatal) error means another producer took the transactional.id over.
   static bool is_fence(int err);
+  // Sets fenced_ or timed_out_ for a fatal error `code` and returns what to
+  // add to its message: a fence met by a transaction older than
+  // transaction.timeout.ms is the coordinator's time-out, not a takeover.
+  std::string classify_fatal(int code);
+  // The Kafka transaction's time-out (kafka.transaction.timeout.ms).
+  std::chrono::milliseconds transaction_timeout() const;
+  // Whether a blocking transactional call should stop retrying: past the
+  // shutdown's deadline.
+  bool past_stop_deadline() const;
   rd_kafka_topic_s* topic_handle(std::string_view topic);
   // reorder_key mutation (tests/mutation/run.sh) only.
   SubmitStatus submit_reordered(const OutboxRecord& record, Pending* opaque);
@@ -196,6 +212,8 @@ class KafkaSink final : public Sink {
   std::string last_error_ = "no broker connection yet";
   std::optional<std::string> fatal_;
   bool fenced_ = false;
+  bool timed_out_ = false;
+  std::optional<std::chrono::steady_clock::time_point> stop_by_;
   // One handle per topic, created on first use. rd_kafka_topic_new asks the
   // broker for a new topic's metadata at once; producing by name would leave
   // it to librdkafka's 1 s topic scan, and the first records would wait.
@@ -220,7 +238,8 @@ class KafkaSink final : public Sink {
   std::uint64_t generation_ = 0;                  // bumped by renew(): the old producer's calls end quietly
   std::optional<CommittedPosition> committed_;    // what the last commit (or the offsets topic) holds
   TxnState txn_state_ = TxnState::idle;
-  std::chrono::steady_clock::time_point txn_began_;
+  std::chrono::steady_clock::time_point txn_began_;   // the boundary interval counts from here
+  std::chrono::steady_clock::time_point txn_opened_;  // begin_transaction: the coordinator's time-out counts from about here
   long txn_records_ = 0;                          // records submitted into the open transaction
   bool txn_partial_ = false;                      // records of a source transaction not yet ended
   std::optional<pgoutput::Lsn> txn_end_;          // end of the last source transaction in the open one

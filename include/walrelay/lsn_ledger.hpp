@@ -4,7 +4,8 @@
 // records the broker has not yet acknowledged. The flushed LSN is the end LSN
 // of the newest transaction such that it and every earlier one are fully
 // acknowledged: acks arriving out of order (partitions complete at different
-// speeds) never move it further. It never goes backwards.
+// speeds) never move it further. It never goes backwards, except when a reset
+// says so.
 //
 // Its own bookkeeping is checked on every call, in every build: a double
 // acknowledgement or an acknowledgement of an unknown record would otherwise
@@ -53,6 +54,9 @@ class LsnLedger {
   // from the slot's confirmed position: forget all transactions, keep
   // flushed(). Ids keep growing, so a stale token can never match a new entry.
   void reset();
+  // The same, with flushed() put back to `flushed`: exactly once, where an
+  // acknowledgement of an aborted Kafka transaction vouches for nothing.
+  void reset(Lsn flushed);
 
   // A keepalive or XLogData told us how far the server's WAL reaches. With
   // nothing in flight and no transaction open, everything up to it is done:

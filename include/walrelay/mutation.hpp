@@ -15,6 +15,7 @@ enum class Break {
   reorder_key,         // a record held back and produced after the next record of the same key
   skip_dlq_wait,       // a record settled as soon as its dead-letter copy is queued
   sigterm_no_wait,     // SIGTERM confirms the newest Commit received at once, without draining
+  confirm_past_abort,  // exactly once: with no Kafka transaction open, everything acknowledged is confirmable (0.2)
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

@@ -32,6 +32,7 @@
 namespace walrelay {
 
 struct DeadLetter;
+struct ServerFacts;
 
 // The files that implement it, one job each:
 //   relay.cpp           lifecycle, the reconnect policy, the replication session and its read loop
@@ -91,6 +92,10 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> session();
   boost::asio::awaitable<void> prepare(PgConnection& conn);
   boost::asio::awaitable<void> stream(PgConnection& conn);
+  boost::asio::awaitable<std::optional<CommittedPosition>> recover_position(PgConnection& conn,
+                                                                            const SourceIdentity& source);
+  void slot_ahead_of(const ServerFacts& facts, const CommittedPosition& committed);
+  void commit_position_if_behind(std::chrono::steady_clock::time_point now);
   boost::asio::awaitable<void> keep_alive(PgConnection& conn);
   int read_buffered(PgConnection& conn, HeldMessage& held);
   boost::asio::awaitable<void> await_socket(PgConnection& conn);
@@ -133,6 +138,10 @@ class Relay final : public StatusSource {
   };
   PrefixSource& prefix_source(std::string_view prefix);
   void on_delivery(const Delivery& delivery);
+  // A record failed for good and errors.tolerance does not take it: halts,
+  // and in exactly-once mode aborts the open Kafka transaction, whose later
+  // source transactions would otherwise commit past the record.
+  void halt_on_record(std::string reason);
   void dead_letter_refused(const Delivery& delivery, const std::string& where);
   void check_ledger();
   prometheus::Counter& relayed_counter(std::uint16_t table, std::string_view topic);
@@ -189,6 +198,7 @@ class Relay final : public StatusSource {
   std::optional<pgoutput::Lsn> skip_until_;
   bool skipping_txn_ = false;
   std::optional<pgoutput::Lsn> committed_lsn_;  // the last Kafka transaction's position (/slot)
+  std::chrono::steady_clock::time_point last_position_commit_{};  // the last commit of a position only
 
   // Transaction being read
   std::optional<LsnLedger::TxnId> txn_;

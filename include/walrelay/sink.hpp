@@ -3,6 +3,7 @@
 // at-least-once Kafka producer without touching them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -94,6 +95,10 @@ class Sink {
   // The fatal error is a fence: another producer with the same
   // transactional.id took over (exactly once).
   virtual bool fenced() const { return false; }
+  // The fatal error is the coordinator aborting a Kafka transaction older
+  // than transaction.timeout.ms (librdkafka reports it as a fence too): a
+  // halt for a human, since the same long transaction would time out again.
+  virtual bool timed_out() const { return false; }
   // Metadata round trip, for --check; throws std::runtime_error with the reason.
   virtual void check_connectivity(int timeout_ms) = 0;
 
@@ -121,10 +126,21 @@ class Sink {
   // A source transaction whose records were all submitted ended at end_lsn:
   // a transactional sink commits when its boundary is due.
   virtual void source_transaction_ended(pgoutput::Lsn end_lsn) { (void)end_lsn; }
-  // How far the slot may be confirmed as far as the sink is concerned: the
-  // position of the last committed transaction while records wait in an
-  // open one, else no limit.
+  // How far the slot may be confirmed as far as the sink is concerned, or
+  // no limit. A transactional sink: the position of its last committed
+  // transaction, always. Records it acknowledged are not visible until their
+  // transaction commits, and an abort takes them back.
   virtual std::optional<pgoutput::Lsn> confirm_limit() const { return std::nullopt; }
+  // With no Kafka transaction open and nothing waiting for one: commits one
+  // that holds only the position `end_lsn`, so that the slot follows the
+  // server past WAL without events. False when it cannot now.
+  virtual bool commit_position(pgoutput::Lsn end_lsn) {
+    (void)end_lsn;
+    return false;
+  }
+  // The shutdown's deadline: a commit or an abort still blocking then is
+  // left to the coordinator rather than outlast shutdown.timeout.ms.
+  virtual void stop_by(std::chrono::steady_clock::time_point deadline) { (void)deadline; }
   // Drops the open transaction, if any (a replay from the committed position follows).
   virtual void abandon_transaction() {}
   // After a fatal error that is not a fence: replaces the producer with a

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <librdkafka/rdkafka.h>
 #include <simdjson.h>
 
 #include <array>
@@ -434,6 +435,69 @@ std::optional<double> Walrelay::metric(const std::string& name, const std::strin
   auto resp = get("/metrics", bearer);
   if (resp.status != 200) return std::nullopt;
   return metric_value(resp.body, name);
+}
+
+}  // namespace it
+
+namespace it {
+
+namespace {
+
+// One admin request's result event, or a throw naming what failed.
+rd_kafka_event_t* admin_wait(rd_kafka_queue_t* q, const std::string& what) {
+  rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 30000);
+  if (!ev) throw std::runtime_error(what + ": no answer within 30 s");
+  if (rd_kafka_event_error(ev)) {
+    std::string e = rd_kafka_event_error_string(ev);
+    rd_kafka_event_destroy(ev);
+    throw std::runtime_error(what + ": " + e);
+  }
+  return ev;
+}
+
+}  // namespace
+
+void configure_topic(const std::string& topic, int partitions, const std::map<std::string, std::string>& configs) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(conf, "bootstrap.servers", Services::get().kafka.c_str(), err, sizeof err);
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (!rk) throw std::runtime_error(std::string("admin client: ") + err);
+  rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
+  std::string problem;
+  rd_kafka_NewTopic_t* t = rd_kafka_NewTopic_new(topic.c_str(), partitions, 1, err, sizeof err);
+  for (auto& [k, v] : configs) rd_kafka_NewTopic_set_config(t, k.c_str(), v.c_str());
+  rd_kafka_CreateTopics(rk, &t, 1, nullptr, q);
+  bool exists = false;
+  try {
+    rd_kafka_event_t* ev = admin_wait(q, "create topic " + topic);
+    std::size_t n = 0;
+    auto** res = rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto code = rd_kafka_topic_result_error(res[i]);
+      if (code == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) exists = true;
+      else if (code) problem = rd_kafka_topic_result_error_string(res[i]);
+    }
+    rd_kafka_event_destroy(ev);
+    if (exists && problem.empty()) {
+      rd_kafka_ConfigResource_t* r = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic.c_str());
+      for (auto& [k, v] : configs) rd_kafka_ConfigResource_set_config(r, k.c_str(), v.c_str());
+      rd_kafka_AlterConfigs(rk, &r, 1, nullptr, q);
+      ev = admin_wait(q, "alter topic " + topic);
+      std::size_t m = 0;
+      auto** rs = rd_kafka_AlterConfigs_result_resources(rd_kafka_event_AlterConfigs_result(ev), &m);
+      for (std::size_t i = 0; i < m; ++i)
+        if (rd_kafka_ConfigResource_error(rs[i])) problem = rd_kafka_ConfigResource_error_string(rs[i]);
+      rd_kafka_event_destroy(ev);
+      rd_kafka_ConfigResource_destroy(r);
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  rd_kafka_NewTopic_destroy(t);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_destroy(rk);
+  if (!problem.empty()) throw std::runtime_error("topic " + topic + ": " + problem);
 }
 
 }  // namespace it

@@ -95,6 +95,11 @@ bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeo
 std::vector<KafkaRecord> read_topic(const std::string& topic, std::size_t expected,
                                     std::chrono::milliseconds timeout = 60s);
 
+// Creates `topic` with these topic configs (max.message.bytes ...), or, when
+// it exists, sets them on it (AlterConfigs: its other configs go back to the
+// broker's defaults). Through librdkafka's admin API; throws on failure.
+void configure_topic(const std::string& topic, int partitions, const std::map<std::string, std::string>& configs);
+
 // Sum of every sample of a Prometheus metric in an exposition (all label
 // sets; `name` may carry a full label set, e.g. name{reason="x"}); nullopt
 // when absent, so that a missing metric never passes for zero.
