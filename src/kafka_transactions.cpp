@@ -621,7 +621,9 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
       }
       continue;
     }
-    fail_fatally("could not abort a Kafka transaction: " + r.message);
+    char why[256];
+    auto cause = r.code == RD_KAFKA_RESP_ERR__FATAL ? rd_kafka_fatal_error(rk_, why, sizeof why) : r.code;
+    fail_fatally("could not abort a Kafka transaction: " + r.message + classify_fatal(cause));
     co_return;
   }
   txn_state_ = TxnState::idle;
@@ -689,7 +691,9 @@ asio::awaitable<bool> KafkaSink::renew() {
 }
 
 asio::awaitable<std::optional<CommittedPosition>> KafkaSink::forget_position() {
-  auto forgotten = co_await recover(SourceIdentity{});
+  // A named object: g++ 12 frees a temporary argument of a coroutine twice.
+  const SourceIdentity none;
+  auto forgotten = co_await recover(none);
   if (!forgotten) co_return forgotten;
   // A tombstone, in a transaction of its own: read_committed readers see it
   // exactly when it commits, and compaction removes the key in time.

@@ -204,3 +204,281 @@ TEST_CASE("fault: exactly once - a position written for another database is refu
   INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
   CHECK(log.find("was written for the database with system identifier 123, this one is") != std::string::npos);
 }
+
+namespace {
+
+// The broker frozen (SIGSTOP) for the life of the object: connections stay
+// open and every request waits, as in a long GC pause or a stalled disk.
+class BrokerFreeze {
+ public:
+  BrokerFreeze() : pid_(broker_pid()) { REQUIRE(::kill(pid_, SIGSTOP) == 0); }
+  ~BrokerFreeze() { thaw(); }
+  BrokerFreeze(const BrokerFreeze&) = delete;
+  BrokerFreeze& operator=(const BrokerFreeze&) = delete;
+  void thaw() {
+    if (pid_ > 0) ::kill(pid_, SIGCONT);
+    pid_ = 0;
+  }
+
+ private:
+  static pid_t broker_pid() {
+    std::ifstream in(Services::current("WALRELAY_RUN_DIR") + "/kafka/pid");
+    pid_t pid = 0;
+    in >> pid;
+    REQUIRE(pid > 0);
+    return pid;
+  }
+  pid_t pid_;
+};
+
+// The key walrelay files its position under in the offsets topic.
+std::string position_key(const Fixture& f) { return "walrelay-" + Services::get().pg_database + "-" + f.slot; }
+
+// Writes a position record into the offsets topic as a plain (not
+// transactional) record, which a read_committed reader sees at once.
+void write_position(const Fixture& f, const std::string& json) {
+  REQUIRE(run_command("printf '%s' '" + position_key(f) + "|" + json + "' | kcat -b " + Services::get().kafka +
+                      " -P -p 0 -t '" + f.slot + ".offsets' -K '|' 2>&1")
+              .status == 0);
+}
+
+std::string system_identifier(Fixture& f) { return f.db().scalar("SELECT system_identifier::text FROM pg_control_system()"); }
+
+}  // namespace
+
+TEST_CASE("fault: exactly once - a record the broker refuses aborts a Kafka transaction that holds an acknowledged "
+          "source transaction: the slot stays at the committed position, and every event arrives once the topic is "
+          "fixed",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  configure_topic(f.topic("EosSmall"), 1, {{"max.message.bytes", "2000"}});
+  // A long boundary: T1 and T2 go into one Kafka transaction.
+  const std::string config = with_key(eos_config(f), "transaction.boundary.interval.ms", "20000");
+  Walrelay relay(config);
+  relay.start();
+  relay.wait_streaming();
+  // T1: five events, acknowledged by the broker into the open transaction.
+  f.db().exec("BEGIN");
+  for (int i = 0; i < 5; ++i) f.db().exec(insert_event(f.table, "EosT1", "k" + std::to_string(i), "'{\"seq\": 1}'"));
+  const auto before_t1_commit = parse_lsn(f.db().scalar("SELECT pg_current_wal_insert_lsn()"));
+  f.db().exec("COMMIT");
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) >= 5; }, 30s));
+  // T2: one row over the topic's max.message.bytes, refused by the broker.
+  f.db().exec(insert_event(f.table, "EosSmall", "big", "jsonb_build_object('seq', 2, 'pad', repeat('x', 5000))"));
+  REQUIRE(relay.wait_exit(60s) == 3);
+  auto log = relay.log();
+  INFO(log.substr(log.size() > 4000 ? log.size() - 4000 : 0));
+  CHECK(log.find("msg_size_too_large") != std::string::npos);
+  // T1 never became visible, so the slot must not be confirmed past it.
+  CHECK(f.db().confirmed_flush(f.slot) <= before_t1_commit);
+  CHECK(count_records(f.topic("EosT1")) == 0);
+  // The topic fixed, a restart sends T1 and T2 from the committed position.
+  configure_topic(f.topic("EosSmall"), 1, {{"max.message.bytes", "1048588"}});
+  Walrelay again(config);
+  again.start();
+  again.wait_streaming();
+  auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 60s, 100ms));
+  auto recs = read_topic(f.topic("EosT1"), 5, 30s);
+  auto big = read_topic(f.topic("EosSmall"), 1, 30s);
+  recs.insert(recs.end(), big.begin(), big.end());
+  auto seen = ids_of(recs);
+  CHECK(seen.records == 6);
+  CHECK(seen.duplicates() == 0);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+}
+
+TEST_CASE("fault: exactly once - a record refused at submit while it waited for a commit halts without committing "
+          "what waited behind it: a restart relays it and everything after it",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // A Kafka transaction per source transaction; the producer refuses records
+  // over 3000 bytes before they are sent.
+  const std::string config = with_key(eos_config(f), "transaction.boundary.interval.ms", "0");
+  Walrelay relay(config + "kafka.message.max.bytes=3000\n");
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "EosWait", "k", "'{\"seq\": 0}'"));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_kafka_transactions_total{outcome=\"committed\"}").value_or(0) >= 1 &&
+                                  count_records(f.topic("EosWait")) == 1; }, 30s, 100ms));
+  {
+    // T1's commit hangs on the frozen broker; T2 (too large) and T3 wait for it.
+    BrokerFreeze freeze;
+    f.db().exec(insert_event(f.table, "EosWait", "k", "'{\"seq\": 1}'"));
+    f.db().exec(insert_event(f.table, "EosWait", "k", "jsonb_build_object('seq', 2, 'pad', repeat('x', 5000))"));
+    f.db().exec(insert_event(f.table, "EosWait", "k", "'{\"seq\": 3}'"));
+    REQUIRE(eventually([&] { return relay.metric("walrelay_inflight_records").value_or(0) >= 3; }, 30s));
+    freeze.thaw();
+    REQUIRE(relay.wait_exit(60s) == 3);
+  }
+  auto log = relay.log();
+  INFO(log.substr(log.size() > 4000 ? log.size() - 4000 : 0));
+  CHECK(log.find("msg_size_too_large") != std::string::npos);
+  // Nothing committed past the refused row: T3 is not visible.
+  auto visible = read_topic(f.topic("EosWait"), 2, 10s);
+  for (auto& r : visible) CHECK(r.value->find("\"seq\": 3") == std::string::npos);
+  // With the limit raised, a restart sends T2 and T3 from the committed position.
+  Walrelay again(config);
+  again.start();
+  again.wait_streaming();
+  check_exactly_once(f, f.topic("EosWait"), 60s);
+  CHECK(count_records(f.topic("EosWait")) == 4);
+}
+
+TEST_CASE("fault: exactly once - a source transaction held up past kafka.transaction.timeout.ms is reported as a "
+          "time-out, not a takeover, and exits 3; a longer time-out relays it whole",
+          "[fault][eos]") {
+  const long rows = 100000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string config = eos_config(f, "max.inflight.records=100\n");
+  Walrelay relay(with_key(config, "transaction.boundary.interval.ms", "1000") + "kafka.transaction.timeout.ms=4000\n");
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'EosLong', 'k' || (g % "
+              "16), 'x', jsonb_build_object('seq', g) FROM generate_series(1, " + std::to_string(rows) + ") g");
+  // In the middle of it: records in an open Kafka transaction.
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) > 1000; }, 60s, 5ms));
+  REQUIRE(relay.metric("walrelay_events_relayed_total").value_or(0) < rows);
+  relay.signal(SIGSTOP);
+  {
+    struct Continue {
+      Walrelay& r;
+      ~Continue() { r.signal(SIGCONT); }
+    } cont{relay};
+    // Past the time-out, and the coordinator's check for it (every second
+    // in the test broker): the time-out's length is the test.
+    std::this_thread::sleep_for(7s);
+  }
+  CHECK(relay.wait_exit(60s) == 3);
+  auto log = relay.log();
+  INFO(log.substr(log.size() > 4000 ? log.size() - 4000 : 0));
+  CHECK(log.find("past kafka.transaction.timeout.ms=4000") != std::string::npos);
+  CHECK(log.find("took over") == std::string::npos);
+  CHECK(count_records(f.topic("EosLong")) == 0);
+  Walrelay again(config);
+  again.start();
+  again.wait_streaming();
+  check_exactly_once(f, f.topic("EosLong"), 300s);
+}
+
+TEST_CASE("fault: exactly once - a committed position past the server's WAL or from another timeline is refused; "
+          "--reset-offsets forgets it and nothing is skipped",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string sysid = system_identifier(f);
+  SECTION("past the end of the WAL, as after a restore to an earlier point") {
+    write_position(f, "{\"end_lsn\":\"FF/0\",\"system_identifier\":\"" + sysid + "\",\"timeline\":\"1\"}");
+    Walrelay relay(eos_config(f));
+    relay.start();
+    CHECK(relay.wait_exit(60s) == 3);
+    CHECK(relay.log().find("lies past the end of this server's WAL") != std::string::npos);
+    // The slot was made before the check: this event is after its start.
+    f.db().exec(insert_event(f.table, "EosReset", "k", "'{\"seq\": 1}'"));
+    CHECK(relay.run({"--reset-offsets", "--config", relay.config_path()}) == 0);
+    CHECK(relay.this_run_log().find("forgot the position FF/0") != std::string::npos);
+    relay.start();
+    relay.wait_streaming();
+    CHECK(read_topic(f.topic("EosReset"), 1, 60s).size() == 1);
+  }
+  SECTION("from a timeline this server has not reached") {
+    write_position(f, "{\"end_lsn\":\"0/100\",\"system_identifier\":\"" + sysid + "\",\"timeline\":\"7\"}");
+    Walrelay relay(eos_config(f));
+    relay.start();
+    CHECK(relay.wait_exit(60s) == 3);
+    CHECK(relay.log().find("from a timeline this server (timeline 1) has not reached") != std::string::npos);
+  }
+  SECTION("the last position in the topic counts, whatever its timestamp") {
+    // An older timestamp on the newer record (a producer's clock that went
+    // back): the position in force is the last one, not the newest-stamped.
+    write_position(f, "{\"end_lsn\":\"FF/0\",\"system_identifier\":\"" + sysid + "\",\"timeline\":\"1\"}");
+    auto hour_ago = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch() - std::chrono::hours(1))
+                        .count();
+    produce_record(f.slot + ".offsets", position_key(f),
+                   "{\"end_lsn\":\"0/100\",\"system_identifier\":\"" + sysid + "\",\"timeline\":\"1\"}",
+                   hour_ago);
+    Walrelay relay(eos_config(f));
+    relay.start();
+    relay.wait_streaming();
+    f.db().exec(insert_event(f.table, "EosLast", "k", "'{\"seq\": 1}'"));
+    CHECK(read_topic(f.topic("EosLast"), 1, 60s).size() == 1);
+  }
+}
+
+TEST_CASE("fault: exactly once - a slot confirmed past the committed position is reported at start with the gap",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  {
+    Walrelay relay(eos_config(f));
+    relay.start();
+    relay.wait_streaming();
+    f.db().exec(insert_event(f.table, "EosAhead", "k", "'{\"seq\": 1}'"));
+    REQUIRE(read_topic(f.topic("EosAhead"), 1, 60s).size() == 1);
+    relay.signal(SIGTERM);
+    REQUIRE(relay.wait_exit(30s) == 0);
+  }
+  REQUIRE(f.db().confirmed_flush(f.slot) > 0x100);
+  // A position behind the slot, as 0.2 left after confirming an aborted transaction.
+  write_position(f, "{\"end_lsn\":\"0/100\",\"system_identifier\":\"" + system_identifier(f) + "\",\"timeline\":\"1\"}");
+  Walrelay relay(eos_config(f));
+  relay.start();
+  relay.wait_streaming();
+  const double gap = static_cast<double>(f.db().confirmed_flush(f.slot) - 0x100);
+  CHECK(relay.metric("walrelay_exactly_once_slot_ahead_bytes").value_or(-1) == gap);
+  CHECK(relay.log().find("bytes of WAL past the position committed in Kafka (0/100)") != std::string::npos);
+}
+
+TEST_CASE("fault: exactly once - a slow take-over of the producer keeps the walsender informed, and a shutdown "
+          "during a commit that hangs ends within shutdown.timeout.ms",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  struct SenderTimeout {
+    Fixture& f;
+    explicit SenderTimeout(Fixture& fx) : f(fx) {
+      f.db().exec("ALTER SYSTEM SET wal_sender_timeout = '2s'");
+      f.db().scalar("SELECT pg_reload_conf()");
+    }
+    ~SenderTimeout() {
+      try {
+        f.db().exec("ALTER SYSTEM RESET wal_sender_timeout");
+        f.db().scalar("SELECT pg_reload_conf()");
+      } catch (...) {
+      }
+    }
+  } sender_timeout(f);
+  const std::string config = with_key(eos_config(f), "transaction.boundary.interval.ms", "20000") +
+                             "shutdown.timeout.ms=2000\n";
+  Walrelay relay(config);
+  {
+    // The broker frozen: init_transactions waits while the slot is held.
+    BrokerFreeze freeze;
+    relay.start();
+    REQUIRE(eventually([&] { return relay.log().find("taking over transactional.id") != std::string::npos; }, 30s));
+    std::this_thread::sleep_for(5s);  // past wal_sender_timeout: the length is the test
+  }
+  relay.wait_streaming(60s);
+  f.db().exec(insert_event(f.table, "EosSlow", "k", "'{\"seq\": 1}'"));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) >= 1; }, 30s));
+  CHECK(relay.metric("walrelay_reconnects_total").value_or(-1) == 0);
+  CHECK(relay.log().find("replication connection lost") == std::string::npos);
+  {
+    // The commit of the open transaction hangs on the frozen broker.
+    BrokerFreeze freeze;
+    auto t0 = std::chrono::steady_clock::now();
+    relay.signal(SIGTERM);
+    CHECK(relay.wait_exit(30s) == 0);
+    auto took = std::chrono::steady_clock::now() - t0;
+    std::cout << "shutdown with a hanging commit took " << std::chrono::duration<double>(took).count() << " s\n";
+    CHECK(took < 6s);
+  }
+  Walrelay again(config);
+  again.start();
+  again.wait_streaming();
+  check_exactly_once(f, f.topic("EosSlow"), 60s);
+}

@@ -100,6 +100,11 @@ std::vector<KafkaRecord> read_topic(const std::string& topic, std::size_t expect
 // broker's defaults). Through librdkafka's admin API; throws on failure.
 void configure_topic(const std::string& topic, int partitions, const std::map<std::string, std::string>& configs);
 
+// Produces one plain (not transactional) record with this timestamp (0:
+// now) and waits for its acknowledgement; throws on failure.
+void produce_record(const std::string& topic, const std::string& key, const std::string& value,
+                    std::int64_t timestamp_ms = 0);
+
 // Sum of every sample of a Prometheus metric in an exposition (all label
 // sets; `name` may carry a full label set, e.g. name{reason="x"}); nullopt
 // when absent, so that a missing metric never passes for zero.
