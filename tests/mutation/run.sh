@@ -26,9 +26,10 @@ catchers[skip_dlq_wait]='relay with a fake sink: the dead-letter copy of a row t
 relay with a fake sink: a record the broker refuses for its own reason*'
 catchers[sigterm_no_wait]='fault: SIGTERM with records in flight*
 relay with a fake sink: a record never acknowledged holds the slot*'
+catchers[confirm_past_abort]='fault: exactly once - a record the broker refuses aborts*'
 
 breaks=("$@")
-((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait)
+((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort)
 
 report=()
 survived=0

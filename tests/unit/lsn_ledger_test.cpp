@@ -240,3 +240,22 @@ TEST_CASE("ledger: reset after a replay forgets every transaction, keeps the pos
   CHECK(l.flushed() == Lsn{200});
   CHECK_FALSE(l.violation());
 }
+
+TEST_CASE("ledger: a reset to a position puts flushed back there (exactly once after an abort)", "[ledger]") {
+  LsnLedger l(Lsn{100});
+  auto t1 = l.open(0);
+  l.add_record(t1, 10);
+  l.commit(t1, Lsn{200});
+  l.ack(t1, 10);  // acknowledged into a Kafka transaction that was then aborted
+  REQUIRE(l.flushed() == Lsn{200});
+  l.reset(Lsn{100});
+  CHECK(l.flushed() == Lsn{100});
+  CHECK(l.idle());
+  // The replay brings it back only as its records are acknowledged again.
+  auto again = l.open(0);
+  l.add_record(again, 10);
+  l.commit(again, Lsn{200});
+  CHECK(l.flushed() == Lsn{100});
+  l.ack(again, 10);
+  CHECK(l.flushed() == Lsn{200});
+}
