@@ -414,15 +414,17 @@ void validate(Config& c) {
   if (c.exactly_once) {
     if (auto why = illegal_topic_reason(c.offsets_topic))
       throw ConfigError("offsets.storage.topic", "\"" + c.offsets_topic + "\" is not a legal Kafka topic name: " + *why);
-    auto timeout = c.kafka.find("transaction.timeout.ms");
-    if (timeout != c.kafka.end()) {
-      auto ms = parse_int("kafka.transaction.timeout.ms", timeout->second, 1000, 3600000);
+    // librdkafka's default when the key is not set.
+    auto found = c.kafka.find("transaction.timeout.ms");
+    const std::string timeout_text = found != c.kafka.end() ? found->second : "60000";
+    {
+      auto ms = parse_int("kafka.transaction.timeout.ms", timeout_text, 1000, 3600000);
       // A Kafka transaction stays open at least one boundary interval; the
       // broker aborts one older than transaction.timeout.ms.
       if (c.transaction_boundary_interval_ms * 2 > ms)
         throw ConfigError("transaction.boundary.interval.ms",
                           std::to_string(c.transaction_boundary_interval_ms) +
-                              " ms leaves no room in kafka.transaction.timeout.ms=" + timeout->second +
+                              " ms leaves no room in kafka.transaction.timeout.ms=" + timeout_text +
                               ": a Kafka transaction stays open for one interval and must commit well within the "
                               "timeout (and so must the largest source transaction): keep the interval under half of "
                               "it");

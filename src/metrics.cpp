@@ -233,6 +233,9 @@ Metrics::Metrics()
                                         "Exactly once: bytes of WAL by which the slot was confirmed past the "
                                         "committed position at the last start (events confirmed without being in "
                                         "Kafka); 0 when it was not.")),
+      slot_marker_missing(add_gauge(*registry_, "walrelay_slot_marker_missing",
+                                    "1 when walrelay's role may not record the slot in the publication's comment "
+                                    "(not its owner): a lost slot would then look like a first start.")),
       decode_errors(add_counter(*registry_, "walrelay_decode_errors_total",
                                 "Replication messages that could not be decoded.")),
       inflight_records(add_gauge(*registry_, "walrelay_inflight_records",

@@ -344,9 +344,9 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
                  "before its consistent point are not relayed",
                  config_.slot_name);
     auto created = co_await create_slot(conn, config_);
-    co_await ddl(mark_slot(conn, config_, facts, created));
+    co_await record_slot(conn, facts, created);
   } else if (!facts.marker) {
-    co_await ddl(mark_slot(conn, config_, facts, std::nullopt));
+    co_await record_slot(conn, facts, std::nullopt);
   }
   if (config_.slot_failover && facts.slot.exists && !facts.slot.failover) co_await ddl(make_failover_slot(conn, config_));
 
@@ -489,6 +489,30 @@ void Relay::commit_position_if_behind(std::chrono::steady_clock::time_point now)
   const auto spacing = std::max(std::chrono::milliseconds(config_.status_update_interval_ms), 1000ms);
   if (now - last_position_commit_ < spacing) return;
   if (sink_.commit_position(ledger_.flushed())) last_position_commit_ = now;
+}
+
+// The slot marker (catalog.cpp). A role that may not write it (not the
+// publication's owner) still relays: the marker only lets a later start tell
+// a lost slot from a first one, so it is a warning and a metric, never a
+// reason to stop. On a standby nothing can be written and the primary must
+// record it once: a halt that names the SQL.
+asio::awaitable<void> Relay::record_slot(PgConnection& conn, const ServerFacts& facts,
+                                         std::optional<Lsn> created_lsn) {
+  std::optional<std::string> refused;
+  try {
+    co_await mark_slot(conn, config_, facts, created_lsn);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "42501" || facts.in_recovery) {
+      if (e.sqlstate().rfind("42", 0) == 0 || e.sqlstate() == "25006") throw Fatal(e.what());
+      throw;
+    }
+    refused = e.what();
+  }
+  metrics_.slot_marker_missing.Set(refused ? 1 : 0);
+  if (refused)
+    spdlog::warn("slot={} {}; walrelay relays without the marker, but if the slot is lost a later start cannot tell "
+                 "that from a first start and creates a new slot, skipping the events in between",
+                 config_.slot_name, *refused);
 }
 
 // The read loop. Each turn keeps the session alive, then does what the

@@ -13,8 +13,10 @@ Relay::Lag Relay::lag() const {
   Lag out;
   const auto& server = slot_monitor_.last();
   if (server && server->current_wal_lsn && server->confirmed_flush_lsn) {
-    out.wal_end = *server->current_wal_lsn;
-    auto confirmed = *server->confirmed_flush_lsn;
+    // The monitor's answer can be slot.status.interval.ms old while the
+    // stream knows newer positions on either side: the newer of each.
+    out.wal_end = std::max({*server->current_wal_lsn, stream_wal_end_, received_lsn_});
+    auto confirmed = std::max(*server->confirmed_flush_lsn, sent_flushed_lsn_);
     out.bytes = out.wal_end.value > confirmed.value ? out.wal_end.value - confirmed.value : 0;
     if (server->restart_lsn && out.wal_end.value > server->restart_lsn->value)
       out.retained_bytes = out.wal_end.value - server->restart_lsn->value;

@@ -27,6 +27,10 @@ CREATE ROLE walrelay LOGIN REPLICATION PASSWORD 'walrelay-demo';
 -- A pre-made publication (walrelay.properties: publication.autocreate.mode=disabled),
 -- so the relay's role needs no ownership of the outbox table. Only inserts matter.
 CREATE PUBLICATION walrelay FOR TABLE public.outbox WITH (publish = 'insert');
+-- Owned by the relay's role, which records its slot in the publication's
+-- comment: a later start then tells a lost slot from a first start and
+-- stops instead of skipping events. (Only a superuser can give it away.)
+ALTER PUBLICATION walrelay OWNER TO walrelay;
 
 -- The application's role.
 CREATE ROLE app LOGIN PASSWORD 'app-demo';

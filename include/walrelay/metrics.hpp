@@ -50,6 +50,7 @@ class Metrics {
   prometheus::Counter& trace_context_errors;  // walrelay_trace_context_errors_total
   prometheus::Gauge& committed_lsn;           // walrelay_exactly_once_committed_lsn
   prometheus::Gauge& exactly_once_slot_ahead; // walrelay_exactly_once_slot_ahead_bytes
+  prometheus::Gauge& slot_marker_missing;     // walrelay_slot_marker_missing
   prometheus::Counter& decode_errors;         // walrelay_decode_errors_total
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes

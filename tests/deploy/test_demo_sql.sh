@@ -51,7 +51,7 @@ ok "init.sql and the writer's transaction"
 out=$( {
   echo "BEGIN;"
   echo "CREATE SCHEMA walrelay_deploy_test; SET LOCAL search_path = walrelay_deploy_test, public;"
-  sed 's/public\.outbox/walrelay_deploy_test.outbox/; s/CREATE ROLE walrelay /CREATE ROLE walrelay_deploy_test /; s/CREATE PUBLICATION walrelay /CREATE PUBLICATION walrelay_deploy_test /' "$tmp/k8s.sql"
+  sed 's/public\.outbox/walrelay_deploy_test.outbox/; s/CREATE ROLE walrelay /CREATE ROLE walrelay_deploy_test /; s/CREATE PUBLICATION walrelay /CREATE PUBLICATION walrelay_deploy_test /; s/ALTER PUBLICATION walrelay OWNER TO walrelay/ALTER PUBLICATION walrelay_deploy_test OWNER TO walrelay_deploy_test/' "$tmp/k8s.sql"
   echo "ROLLBACK;"
 } | psql -X -v ON_ERROR_STOP=1 -v walrelay_password=test -qAt 2>&1) || fail "kubernetes init SQL: $out"
 ok "kubernetes init SQL"

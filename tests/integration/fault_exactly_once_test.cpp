@@ -328,7 +328,7 @@ TEST_CASE("fault: exactly once - a record refused at submit while it waited for 
 }
 
 TEST_CASE("fault: exactly once - a source transaction held up past kafka.transaction.timeout.ms is reported as a "
-          "time-out, not a takeover, and exits 3; a longer time-out relays it whole",
+          "time-out, not a takeover, and exits 3, and a longer time-out relays it whole",
           "[fault][eos]") {
   const long rows = 100000;
   Fixture f;
@@ -364,7 +364,7 @@ TEST_CASE("fault: exactly once - a source transaction held up past kafka.transac
   check_exactly_once(f, f.topic("EosLong"), 300s);
 }
 
-TEST_CASE("fault: exactly once - a committed position past the server's WAL or from another timeline is refused; "
+TEST_CASE("fault: exactly once - a committed position past the server's WAL or from another timeline is refused, "
           "--reset-offsets forgets it and nothing is skipped",
           "[fault][eos]") {
   Fixture f;

@@ -302,3 +302,43 @@ TEST_CASE("fault: halted on a dropped slot and still draining - walrelay_slot_in
   CHECK(relay.wait_exit(60s) == 3);
   CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
 }
+
+TEST_CASE("fault: a role that does not own the publication relays all the same - the missing slot marker is a "
+          "warning and walrelay_slot_marker_missing, and the owner's statement records it",
+          "[fault][slot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string role = f.slot + "_relay";
+  f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + " WITH (publish = 'insert')");
+  f.db().exec("CREATE ROLE " + role + " LOGIN REPLICATION");
+  struct DropRole {
+    Fixture& f;
+    std::string role;
+    ~DropRole() {
+      try {
+        f.db().exec("DROP ROLE IF EXISTS " + role);
+      } catch (...) {
+      }
+    }
+  } drop{f, role};
+  const std::string config = with_key(f.config("publication.autocreate.mode=disabled\n"), "database.user", role);
+  Walrelay relay(config);
+  relay.start();
+  relay.wait_streaming();
+  CHECK(relay.metric("walrelay_slot_marker_missing").value_or(-1) == 1);
+  auto log = relay.log();
+  auto at = log.find("have the owner run: ");
+  REQUIRE(at != std::string::npos);
+  f.db().exec(insert_event(f.table, "Unowned", "k", "'{\"seq\": 1}'"));
+  CHECK(read_topic(f.topic("Unowned"), 1, 60s).size() == 1);
+  // The owner records the slot with the statement from the warning; the
+  // next start finds the marker.
+  const std::string marker = log.substr(at + 20, log.find('\n', at) - at - 20);
+  auto end = marker.find("; walrelay relays without the marker");
+  f.db().exec(marker.substr(0, end));
+  relay.signal(SIGTERM);
+  REQUIRE(relay.wait_exit(30s) == 0);
+  relay.start();
+  relay.wait_streaming();
+  CHECK(relay.metric("walrelay_slot_marker_missing").value_or(-1) == 0);
+}

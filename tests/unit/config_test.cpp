@@ -138,3 +138,12 @@ TEST_CASE("config: several hosts, a port each or one for all, and the primary fo
   CHECK(parse("slot.failover=true\n").slot_failover);
   CHECK_FALSE(parse("").slot_failover);
 }
+
+TEST_CASE("config: the boundary interval is checked against librdkafka's transaction time-out when it is not set",
+          "[config]") {
+  CHECK(error_key("exactly.once.support=required\ntransaction.boundary.interval.ms=40000\n") ==
+        "transaction.boundary.interval.ms");
+  CHECK(error_key("exactly.once.support=required\ntransaction.boundary.interval.ms=30000\n") == "(no error)");
+  CHECK(error_key("exactly.once.support=required\ntransaction.boundary.interval.ms=40000\n"
+                  "kafka.transaction.timeout.ms=90000\n") == "(no error)");
+}
