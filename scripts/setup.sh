@@ -19,6 +19,7 @@ packages=(
   postgresql-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl
   systemd prometheus shellcheck python3-yaml binutils
+  buildah debootstrap
 )
 # The other majors come from the npm registry.
 other_majors="${pg_majors//15/}"

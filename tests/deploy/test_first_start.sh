@@ -6,7 +6,10 @@
 # deploy/docker/init.sql, docker-compose.yml's environment and the config
 # deploy/docker/entrypoint.sh renders. Kubernetes: the init script and the
 # ConfigMap (mounted where the entry point finds it). systemd: the unit's
-# ExecStart and EnvironmentFile, with the quickstart's role SQL. Each: the
+# ExecStart and EnvironmentFile, with the quickstart's role SQL. The image:
+# deploy/docker/Dockerfile built with buildah (tests/deploy/image.sh), its
+# entry point run in its root as its user, with the compose file's
+# environment: --version names librdkafka 2.8.0, --check passes. Each: the
 # first start, events written by an application role and read back with
 # kcat, a restart, and a restart after the slot was dropped (exit 3, which
 # the unit does not restart). The set-ups share the names the files use
@@ -19,6 +22,8 @@ if [[ -z ${WALRELAY_TEST_PGHOST:-} ]] && "$REPO/scripts/services.sh" status >/de
 fi
 [[ -n ${WALRELAY_TEST_PGHOST:-} && -n ${WALRELAY_TEST_KAFKA:-} ]] || skip "no PostgreSQL and Kafka (scripts/services.sh start)"
 [[ -x ${WALRELAY_DEPLOY_BINARY:-} ]] || skip "no walrelay binary (build it first)"
+need buildah buildah
+need debootstrap debootstrap
 need psql postgresql-client-15
 need kcat kcat
 need python3 python3
@@ -39,7 +44,11 @@ clean() {
   sql -c "DROP DATABASE IF EXISTS shop WITH (FORCE)" >/dev/null
   sql -c "DROP ROLE IF EXISTS walrelay" -c "DROP ROLE IF EXISTS app" >/dev/null
 }
-trap 'clean; rm -rf "$tmp"' EXIT
+root=
+unmount_image() {
+  [[ -z $root ]] || { umount "$root/proc" 2>/dev/null || true; "$REPO/tests/deploy/image.sh" unmount; }
+}
+trap 'clean; unmount_image; rm -rf "$tmp"' EXIT
 
 # Starts the set-up's walrelay (the command in "$@") in the background.
 start() {
@@ -229,3 +238,30 @@ systemd_run() {
 walk systemd app systemd_run
 grep -qE '^RestartPreventExitStatus=.*\b3\b' "$unit" || fail "systemd: exit 3 (the dropped slot) would be restarted"
 ok "systemd: the unit does not restart exit 3"
+
+# --- The image, built from the Dockerfile: its binary and entry point in its
+# root file system, as its user, configured as the compose file configures it.
+root=$("$REPO/tests/deploy/image.sh" build)
+[[ -x $root/usr/bin/walrelay ]] || fail "image: no /usr/bin/walrelay in $root"
+user=$(sed -n 's/^USER //p' "$REPO/deploy/docker/Dockerfile")
+entrypoint=$(sed -n 's/^ENTRYPOINT \["\(.*\)"\]$/\1/p' "$REPO/deploy/docker/Dockerfile")
+[[ -n $user && -n $entrypoint ]] || fail "image: no USER or ENTRYPOINT in the Dockerfile"
+mount -t proc proc "$root/proc"
+version=$(chroot --userspec="$user" "$root" /usr/bin/walrelay --version)
+[[ $version == *"librdkafka 2.8.0"* ]] || fail "image: $version (expected librdkafka 2.8.0)"
+ok "image: $version"
+image_run() {
+  set -a
+  # shellcheck disable=SC1091
+  source "$tmp/compose.env"
+  set +a
+  export WALRELAY_DATABASE_HOSTNAME=$PGHOST WALRELAY_DATABASE_PORT=$PGPORT
+  export WALRELAY_KAFKA_BOOTSTRAP_SERVERS=$WALRELAY_TEST_KAFKA WALRELAY_ADMIN_LISTEN=127.0.0.1:0
+  exec chroot --userspec="$user" "$root" "$entrypoint" "$@"
+}
+clean
+sql -c "CREATE DATABASE shop" >/dev/null
+sql -d shop -f "$REPO/deploy/docker/init.sql" >/dev/null
+out=$(image_run --check 2>&1) || { echo "$out" >&2; fail "image: --check against the test services failed"; }
+ok "image: --check against the test services"
+walk image app image_run
