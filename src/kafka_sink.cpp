@@ -61,6 +61,19 @@ std::string error_code_name(rd_kafka_resp_err_t err) {
 
 }  // namespace
 
+std::string kafka_permission_hint(std::string_view code, std::string_view topic, std::string_view transactional_id) {
+  const std::string t(topic);
+  if (code == "topic_authorization_failed")
+    return "walrelay's Kafka principal needs WRITE on topic " + t +
+           " (and CREATE on it where the broker creates topics on first use)";
+  if (code == "transactional_id_authorization_failed")
+    return "walrelay's Kafka principal needs WRITE on transactional.id " + std::string(transactional_id);
+  if (code == "cluster_authorization_failed")
+    return "walrelay's Kafka principal needs IDEMPOTENT_WRITE on the cluster (brokers before Kafka 3.0; later ones "
+           "accept WRITE on the topic)";
+  return "walrelay's Kafka principal lacks a permission (" + std::string(code) + ")";
+}
+
 KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
                      std::optional<KafkaTransactions> transactions)
     : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io),
@@ -420,7 +433,12 @@ void KafkaSink::handle_error(int err, const char* reason) {
     char buf[512];
     auto cause = rd_kafka_fatal_error(rk_, buf, sizeof buf);
     if (fatal_) return;  // the first one says why
-    fail_fatally(std::string("fatal producer error: ") + buf + classify_fatal(cause));
+    std::string hint;
+    if (cause == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED ||
+        cause == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+      hint = " (" + kafka_permission_hint(error_code_name(cause), "",
+                                          transactions_ ? transactions_->transactional_id : "") + ")";
+    fail_fatally(std::string("fatal producer error: ") + buf + hint + classify_fatal(cause));
     return;
   }
   last_error_ = std::string(rd_kafka_err2name(code)) + ": " + reason;

@@ -128,8 +128,15 @@ void create_offsets_topic(rd_kafka_t* rk, const std::string& topic) {
   if (ev) rd_kafka_event_destroy(ev);
   rd_kafka_queue_destroy(q);
   rd_kafka_NewTopic_destroy(t);
-  if (!problem.empty()) throw std::runtime_error("could not create offsets.storage.topic " + topic + ": " + problem);
+  if (!problem.empty())
+    throw std::runtime_error("could not create offsets.storage.topic " + topic + ": " + problem +
+                             " (walrelay's Kafka principal needs CREATE on topic " + topic +
+                             ", or create it beforehand: compacted, one partition)");
 }
+
+// The offsets reader's consumer group: librdkafka requires one and looks
+// its coordinator up, so the principal needs READ on it (docs/operations.md).
+constexpr const char* offsets_reader_group = "walrelay-offsets-reader";
 
 // The last position committed for `key` in the offsets topic, read with
 // isolation.level=read_committed from the start to the end. Runs on the worker.
@@ -143,7 +150,7 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
   };
   for (auto& [k, v] : settings)
     if (shared_with_consumer(k)) set(k.c_str(), v);
-  set("group.id", "walrelay-offsets-reader");  // required by librdkafka; no offsets are ever committed
+  set("group.id", offsets_reader_group);  // required by librdkafka; no offsets are ever committed
   set("enable.auto.commit", "false");
   set("isolation.level", "read_committed");
   set("enable.partition.eof", "true");
@@ -200,7 +207,14 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
     }
     if (m->err) {
       if (m->err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC || m->err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) continue;
-      throw std::runtime_error("could not read the offsets topic " + topic + ": " + rd_kafka_message_errstr(m));
+      throw std::runtime_error(
+          "could not read the offsets topic " + topic + ": " + rd_kafka_message_errstr(m) +
+          (m->err == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED
+               ? " (walrelay's Kafka principal needs READ on topic " + topic + ")"
+           : m->err == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED
+               ? std::string(" (walrelay's Kafka principal needs READ on group ") + offsets_reader_group +
+                     "; the reader commits no offsets)"
+               : std::string()));
     }
     if (m->key && std::string_view(static_cast<const char*>(m->key), m->key_len) == key) {
       Last& l = last_of[m->partition];
@@ -256,8 +270,21 @@ asio::awaitable<std::optional<CommittedPosition>> KafkaSink::recover(const Sourc
     const auto& t = *transactions_;
     spdlog::info("kafka: exactly once: taking over transactional.id {} (an older producer with it is fenced)",
                  t.transactional_id);
-    auto init = co_await on_worker([rk = rk_] { return result_of(rd_kafka_init_transactions(rk, -1)); });
-    if (!init.ok) throw std::runtime_error("could not initialise Kafka transactions: " + init.message);
+    // Once per producer: a second call is refused (_STATE), and the position
+    // may have failed to load after a first one that succeeded.
+    TxnResult init;
+    if (!initialised_) init = co_await on_worker([rk = rk_] { return result_of(rd_kafka_init_transactions(rk, -1)); });
+    if (init.ok) initialised_ = true;
+    if (!init.ok) {
+      std::string hint;
+      if (init.code == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED ||
+          init.code == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED)
+        hint = " (" + kafka_permission_hint(init.code == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED
+                                                ? "cluster_authorization_failed"
+                                                : "transactional_id_authorization_failed",
+                                            "", t.transactional_id) + ")";
+      throw std::runtime_error("could not initialise Kafka transactions: " + init.message + hint);
+    }
     // The callables capture `this` only: settings_ and transactions_ do not
     // change after construction, and g++ 12 destroys a coroutine argument's
     // captured strings twice.
@@ -682,6 +709,7 @@ asio::awaitable<bool> KafkaSink::renew() {
   last_error_ = "no broker connection yet";
   brokers_up_ = 0;
   recovered_ = false;
+  initialised_ = false;
   txn_state_ = TxnState::idle;
   txn_end_.reset();
   txn_partial_ = false;

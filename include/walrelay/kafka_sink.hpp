@@ -235,6 +235,7 @@ class KafkaSink final : public Sink {
   std::optional<KafkaTransactions> transactions_;
   std::optional<SourceIdentity> source_;          // written beside each position
   bool recovered_ = false;                        // init_transactions done, position read
+  bool initialised_ = false;                      // init_transactions done on this producer
   std::uint64_t generation_ = 0;                  // bumped by renew(): the old producer's calls end quietly
   std::optional<CommittedPosition> committed_;    // what the last commit (or the offsets topic) holds
   TxnState txn_state_ = TxnState::idle;

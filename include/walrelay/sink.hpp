@@ -58,6 +58,11 @@ struct SourceIdentity {
   std::string slot;
 };
 
+// What an authorization error from the broker asks for, in the words of
+// Kafka's ACLs (docs/operations.md, "Kafka permissions"): `code` is
+// Delivery::error_code's form (topic_authorization_failed ...).
+std::string kafka_permission_hint(std::string_view code, std::string_view topic, std::string_view transactional_id);
+
 enum class SubmitStatus {
   accepted,    // the sink owns the record now; a Delivery will follow
   queue_full,  // try again after some deliveries (backpressure, never a drop)

@@ -239,3 +239,84 @@ TEST_CASE("fault: security: SASL/PLAIN to Kafka - the SASL password is never sho
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 30s));
   CHECK(count_of(sh(read), "\"seq\"") == 11);
 }
+
+TEST_CASE("fault: security: Kafka ACLs - walrelay runs with exactly the documented permissions, at least once and "
+          "exactly once, and a missing one is a clear error naming it",
+          "[fault][security][sasl]") {
+  Fixture f;
+  TempDir tmp;
+  const auto& svc = Services::get();
+  const std::string password = random_secret("Acl-");
+  const std::string admin_password = random_secret("Admin-");
+  std::string script = svc.scripts + "/fault/kafka-sasl.sh";
+  std::string dir = (tmp.path / "kafka").string();
+  std::string bootstrap = sh("KAFKA_SASL_AUTHORIZER=1 KAFKA_SASL_ADMIN_PASSWORD=" + admin_password + " " + script +
+                             " start " + dir + " walrelay " + password);
+  bootstrap.erase(bootstrap.find_last_not_of("\n") + 1);
+  struct Stop {
+    std::string cmd;
+    ~Stop() { run_command(cmd); }
+  } stop{script + " stop " + dir + " >/dev/null 2>&1"};
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string sasl = "kafka.security.protocol=SASL_PLAINTEXT\nkafka.sasl.mechanism=PLAIN\n"
+                           "kafka.sasl.username=walrelay\nkafka.sasl.password=" + password + "\n";
+  const std::string config = with_key(f.config(sasl), "kafka.bootstrap.servers", bootstrap);
+  const std::string offsets = f.slot + ".offsets";
+  const std::string transactional_id = "walrelay-" + svc.pg_database + "-" + f.slot;
+  // docs/operations.md, "Kafka permissions", given with Kafka's AclCommand.
+  auto acl = [&](const std::string& args) {
+    sh(script + " acl " + bootstrap + " " + admin_password + " " + args + " --allow-principal User:walrelay");
+  };
+  // The outbox topics, by the route's prefix: WRITE and, where the broker
+  // creates them, CREATE.
+  const std::string outbox_topics = "--topic " + f.topic_prefix + " --resource-pattern-type prefixed";
+  auto read = [&](const std::string& topic) {
+    return "kcat -b " + bootstrap + " -X security.protocol=SASL_PLAINTEXT -X sasl.mechanism=PLAIN -X "
+           "sasl.username=admin -X sasl.password=" + admin_password + " -C -t '" + topic +
+           "' -o beginning -e -q -f '%s\\n' 2>/dev/null || true";
+  };
+  auto write = [&](const std::string& type, int n) {
+    for (int i = 0; i < n; ++i)
+      f.db().exec(insert_event(f.table, type, "k0", "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+  };
+  acl("--add --operation Write --operation Create " + outbox_topics);
+
+  SECTION("at least once") {
+    Walrelay relay(config);
+    relay.start();
+    relay.wait_streaming();
+    write("Acl", 5);
+    CHECK(eventually([&] { return count_of(sh(read(f.topic("Acl"))), "\"seq\"") == 5; }, 60s, 500ms));
+    // Without WRITE on the topics: a halt that names the topic and the right.
+    acl("--remove --force --operation Write " + outbox_topics);
+    write("Acl", 1);
+    CHECK(relay.wait_exit(120s) == 3);
+    auto log = relay.log();
+    INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
+    CHECK(log.find("needs WRITE on topic " + f.topic("Acl")) != std::string::npos);
+    CHECK(log.find("never a reason to dead-letter") != std::string::npos);
+  }
+  SECTION("exactly once") {
+    // Exactly once adds the transactional.id, and the offsets topic: WRITE,
+    // READ, and CREATE unless it is made beforehand.
+    acl("--add --operation Write --transactional-id " + transactional_id);
+    acl("--add --operation Write --operation Read --operation Create --topic " + offsets);
+    // The offsets reader's group: librdkafka looks its coordinator up.
+    acl("--add --operation Read --group walrelay-offsets-reader");
+    const std::string eos = config + "exactly.once.support=required\noffsets.storage.topic=" + offsets + "\n";
+    Walrelay relay(eos);
+    relay.start();
+    relay.wait_streaming();
+    write("AclEos", 5);
+    CHECK(eventually([&] { return count_of(sh(read(f.topic("AclEos"))), "\"seq\"") == 5; }, 60s, 500ms));
+    relay.signal(SIGTERM);
+    CHECK(relay.wait_exit(60s) == 0);
+    // Without the transactional.id: each start says which right is missing.
+    acl("--remove --force --operation Write --transactional-id " + transactional_id);
+    relay.start();
+    CHECK(eventually([&] { return relay.log().find("needs WRITE on transactional.id " + transactional_id) !=
+                                  std::string::npos; }, 60s, 200ms));
+    relay.signal(SIGTERM);
+    relay.wait_exit(60s);
+  }
+}
