@@ -50,43 +50,6 @@ unmount_image() {
 }
 trap 'clean; unmount_image; rm -rf "$tmp"' EXIT
 
-# Starts the set-up's walrelay (the command in "$@") in the background.
-start() {
-  log=$tmp/walrelay.$((++runs)).log
-  "$@" >"$log" 2>&1 &
-  pid=$!
-}
-runs=0
-
-# Waits until the current run logs that it streams, or fails with its log.
-wait_streaming() {
-  for _ in $(seq 300); do
-    grep -q "streaming: START_REPLICATION" "$log" && return 0
-    kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; fail "$1: walrelay exited before streaming"; }
-    sleep 0.1
-  done
-  cat "$log" >&2
-  fail "$1: walrelay did not stream within 30 s"
-}
-
-# Stops the current run with SIGTERM; fails unless it exits 0.
-stop() {
-  kill -TERM "$pid"
-  local rc=0
-  wait "$pid" || rc=$?
-  pid=
-  ((rc == 0)) || { cat "$log" >&2; fail "$1: walrelay exited $rc on SIGTERM"; }
-}
-
-# Waits for the current run to exit; sets rc to its code (not a $(...):
-# only this shell can wait for its child).
-wait_exit() {
-  rc=0
-  for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  wait "$pid" || rc=$?
-  pid=
-}
-
 # Writes one order and its event as the application role; prints its
 # aggregate id, unique to this run (the topic outlives the databases).
 write_order() {
