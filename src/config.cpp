@@ -136,6 +136,18 @@ Setter schemas_enable_field() {
   };
 }
 
+const std::vector<KeySpec>& key_specs();
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (auto& spec : key_specs()) keys.emplace_back(spec.name);
+  return keys;
+}
+
+namespace {
+
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"database.hostname", string_field(&Config::database_hostname)},
@@ -655,8 +667,18 @@ std::string Config::describe() const {
   line("database.password", database_password);
   line("database.dbname", database_dbname);
   line("database.sslmode", database_sslmode);
+  line("database.sslrootcert", database_sslrootcert);
+  line("database.sslcert", database_sslcert);
+  line("database.sslkey", database_sslkey);
+  line("database.connect.timeout.ms", std::to_string(database_connect_timeout_ms));
   line("slot.name", slot_name);
   line("slot.failover", slot_failover ? "true" : "false");
+  line("slot.status.interval.ms", std::to_string(slot_status_interval_ms));
+  line("status.update.interval.ms", std::to_string(status_update_interval_ms));
+  line("replication.timeout.ms", std::to_string(replication_timeout_ms));
+  line("reconnect.backoff.ms", std::to_string(reconnect_backoff_ms));
+  line("reconnect.backoff.max.ms", std::to_string(reconnect_backoff_max_ms));
+  line("pgoutput.binary", binary ? "true" : "false");
   line("publication.name", publication_name);
   line("publication.autocreate.mode", publication_autocreate == PublicationAutocreate::filtered ? "filtered" : "disabled");
   std::string tables;
@@ -671,6 +693,21 @@ std::string Config::describe() const {
   line("route.topic.replacement", route_topic_replacement);
   line("route.topic.regex", route_topic_regex);
   line("tracing.span.context.field", tracing_span_context_field);
+  std::string placements;
+  for (auto& f : additional_placement)
+    placements += (placements.empty() ? "" : ",") + f.column + ":" + placement_name(f.placement) +
+                  (f.alias.empty() ? "" : ":" + f.alias);
+  line("table.fields.additional.placement", placements);
+  line("route.tombstone.on.empty.payload", route_tombstone_on_empty_payload ? "true" : "false");
+  line("table.expand.json.payload", expand_json_payload ? "true" : "false");
+  auto converter = [](Converter c) {
+    return std::string(c == Converter::json ? "org.apache.kafka.connect.json.JsonConverter"
+                                            : "org.apache.kafka.connect.storage.StringConverter");
+  };
+  line("key.converter", converter(key_converter));
+  line("key.converter.schemas.enable", "false");
+  line("value.converter", converter(value_converter));
+  line("value.converter.schemas.enable", "false");
   std::string prefixes;
   for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;
   line("message.prefix.include.list", prefixes);
@@ -678,8 +715,17 @@ std::string Config::describe() const {
   line("max.inflight.bytes", std::to_string(max_inflight_bytes));
   line("errors.tolerance", errors_tolerance == ErrorTolerance::none ? "none" : "all");
   line("errors.deadletterqueue.topic.name", dlq_topic);
+  line("errors.deadletterqueue.context.headers.enable", dlq_context_headers ? "true" : "false");
+  line("shutdown.timeout.ms", std::to_string(shutdown_timeout_ms));
+  line("exactly.once.support", exactly_once ? "required" : "disabled");
+  line("transaction.boundary", transaction_boundary_interval_ms == 0 ? "poll" : "interval");
+  line("transaction.boundary.interval.ms", std::to_string(transaction_boundary_interval_ms));
+  line("transaction.boundary.max.records", std::to_string(transaction_boundary_max_records));
+  line("offsets.storage.topic", offsets_topic);
   line("admin.listen", admin_listen);
   line("admin.token", admin_token);
+  line("log.level", log_level);
+  line("log.format", log_format == LogFormat::json ? "json" : "text");
   for (auto& [k, v] : kafka) line("kafka." + k, v);
   return out.str();
 }

@@ -182,4 +182,8 @@ std::vector<std::string> config_warnings(const Config& config);
 // True for keys whose values are never shown (passwords, tokens, sasl secrets).
 bool is_secret_key(const std::string& key);
 
+// Every key the configuration accepts besides kafka.* (--print-config
+// prints each one).
+std::vector<std::string> config_keys();
+
 }  // namespace walrelay

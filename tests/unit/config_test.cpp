@@ -147,3 +147,14 @@ TEST_CASE("config: the boundary interval is checked against librdkafka's transac
   CHECK(error_key("exactly.once.support=required\ntransaction.boundary.interval.ms=40000\n"
                   "kafka.transaction.timeout.ms=90000\n") == "(no error)");
 }
+
+TEST_CASE("config: --print-config prints every key, secrets masked", "[config]") {
+  auto c = parse("database.password=s3cret\n");
+  const std::string text = "\n" + c.describe();
+  for (auto& key : config_keys()) {
+    INFO(key);
+    CHECK(text.find("\n" + key + "=") != std::string::npos);
+  }
+  CHECK(text.find("s3cret") == std::string::npos);
+  CHECK(text.find("database.password=********") != std::string::npos);
+}
