@@ -223,6 +223,7 @@ SubmitStatus KafkaSink::produce(std::string_view topic, std::optional<std::strin
     d.value = value;
     d.headers = headers;
     settle_opaque(d, pending, (key ? key->size() : 0) + (value ? value->size() : 0));
+    note_denial(d);
     if (on_delivery_) on_delivery_(d);
     return SubmitStatus::refused_reported;
   };
@@ -365,6 +366,13 @@ SubmitStatus KafkaSink::submit_dead_letter(std::string_view reason, std::string_
   return status;
 }
 
+void KafkaSink::note_denial(Delivery& d) const {
+  if (d.error_code.find("authorization_failed") == std::string::npos) return;
+  d.denied = true;
+  d.error_message += " (" + kafka_permission_hint(d.error_code, d.topic,
+                                                  transactions_ ? transactions_->transactional_id : "") + ")";
+}
+
 void KafkaSink::settle_opaque(Delivery& d, Pending* opaque, std::size_t record_bytes) {
   auto bits = reinterpret_cast<std::uintptr_t>(opaque);
   if (bits & 1) {
@@ -394,6 +402,7 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
     d.transient = !is_record_error(m->err);
     d.error_code = error_code_name(m->err);
     d.error_message = rd_kafka_err2str(m->err);
+    note_denial(d);
     if (m->key) d.key = std::string_view(static_cast<const char*>(m->key), m->key_len);
     if (m->payload) d.value = std::string_view(static_cast<const char*>(m->payload), m->len);
     rd_kafka_headers_t* hdrs = nullptr;

@@ -356,13 +356,11 @@ void Relay::on_delivery(const Delivery& d) {
   std::string where = "record for topic " + std::string(d.topic) + " (table " +
                       table_names_.at(token_table(d.token)) + ", id " + id + ", transaction commit LSN " +
                       (lsn ? lsn->to_string() : std::string("?")) + ")";
-  if (d.error_code.find("authorization_failed") != std::string::npos) {
-    // A permission walrelay's principal lacks: not the record's fault, so
-    // never a dead letter (every event would go there until an ACL is
-    // granted), and not transient either (a replay meets the same refusal).
-    halt_on_record("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code + "): " +
-                   kafka_permission_hint(d.error_code, d.topic, config_.exactly_once ? config_.transactional_id() : "") +
-                   ". A missing permission is never a reason to dead-letter: grant it, then restart");
+  if (d.denied) {
+    // Never a dead letter: every event would go there until the permission
+    // is granted.
+    halt_on_record("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code +
+                   "). A missing permission is never a reason to dead-letter: grant it, then restart");
     return;
   }
   if (d.transient) {

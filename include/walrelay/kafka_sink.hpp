@@ -37,6 +37,11 @@ struct KafkaTransactions {
   long boundary_max_records = 10000;
 };
 
+// What an authorization error from the broker asks for, in the words of
+// Kafka's ACLs (docs/operations.md, "Kafka permissions"): `code` is
+// Delivery::error_code's form (topic_authorization_failed ...).
+std::string kafka_permission_hint(std::string_view code, std::string_view topic, std::string_view transactional_id);
+
 class KafkaSink final : public Sink {
  public:
   // settings: librdkafka properties (kafka.* without the prefix). Throws
@@ -107,6 +112,9 @@ class KafkaSink final : public Sink {
   // value, for ordinary records) and, for a dead-letter copy, its reason;
   // frees the heap Pending.
   static void settle_opaque(Delivery& d, Pending* opaque, std::size_t record_bytes);
+  // Marks a failed delivery whose error is a missing permission, and names
+  // the permission in its message.
+  void note_denial(Delivery& d) const;
   struct NameHash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }

@@ -30,6 +30,11 @@ struct Delivery {
   // dead-lettered. False for what belongs to the record (too large, invalid
   // or unauthorised topic, policy violation), which errors.tolerance governs.
   bool transient = false;
+  // On failure: refused for want of a permission of walrelay's principal
+  // (an ACL). Not the record's fault, so never dead-lettered, and not
+  // transient either: a replay meets the same refusal. error_message names
+  // the permission.
+  bool denied = false;
   bool dead_lettered = false;    // delivered to the dead-letter topic instead
   std::string dead_letter_reason;// for dead_lettered: why the record went there (a metric label)
   std::string error_code;        // short code, a metric label (msg_size_too_large ...)
@@ -57,11 +62,6 @@ struct SourceIdentity {
   std::string database;
   std::string slot;
 };
-
-// What an authorization error from the broker asks for, in the words of
-// Kafka's ACLs (docs/operations.md, "Kafka permissions"): `code` is
-// Delivery::error_code's form (topic_authorization_failed ...).
-std::string kafka_permission_hint(std::string_view code, std::string_view topic, std::string_view transactional_id);
 
 enum class SubmitStatus {
   accepted,    // the sink owns the record now; a Delivery will follow
