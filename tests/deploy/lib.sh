@@ -24,6 +24,28 @@ contains() {
   ok "$(basename "$1") contains $2"
 }
 
+# The test services' addresses (scripts/services.sh env), unless the caller
+# has set them.
+load_services() {
+  if [[ -z ${WALRELAY_TEST_PGHOST:-} ]] && "$REPO/scripts/services.sh" status >/dev/null 2>&1; then
+    eval "$("$REPO/scripts/services.sh" env)"
+  fi
+}
+
+# For a test that runs walrelay against the test PostgreSQL and Kafka:
+# skips without them or without a binary, and points psql at the server as
+# the superuser.
+need_relay_services() {
+  load_services
+  [[ -n ${WALRELAY_TEST_PGHOST:-} && -n ${WALRELAY_TEST_KAFKA:-} ]] || skip "no PostgreSQL and Kafka (scripts/services.sh start)"
+  [[ -x ${WALRELAY_DEPLOY_BINARY:-} ]] || skip "no walrelay binary (build it first)"
+  need psql postgresql-client-15
+  need kcat kcat
+  need python3 python3
+  export PGHOST=$WALRELAY_TEST_PGHOST PGPORT=${WALRELAY_TEST_PGPORT:?} PGUSER=postgres PGDATABASE=postgres
+  export PGOPTIONS="-c client_min_messages=warning"
+}
+
 # Makes a temporary directory removed at exit.
 make_tmp() {
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/walrelay-deploy.XXXXXX")

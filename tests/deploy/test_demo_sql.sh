@@ -7,9 +7,7 @@
 # ctest the services fixture runs and a skip is a failure (run.sh --strict).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-if [[ -z ${WALRELAY_TEST_PGHOST:-} ]] && "$REPO/scripts/services.sh" status >/dev/null 2>&1; then
-  eval "$("$REPO/scripts/services.sh" env)"
-fi
+load_services
 [[ -n ${WALRELAY_TEST_PGHOST:-} ]] || skip "no PostgreSQL (scripts/services.sh start pg)"
 need psql postgresql-client-15
 need python3 python3

@@ -17,19 +17,10 @@
 # each removes what it made.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-if [[ -z ${WALRELAY_TEST_PGHOST:-} ]] && "$REPO/scripts/services.sh" status >/dev/null 2>&1; then
-  eval "$("$REPO/scripts/services.sh" env)"
-fi
-[[ -n ${WALRELAY_TEST_PGHOST:-} && -n ${WALRELAY_TEST_KAFKA:-} ]] || skip "no PostgreSQL and Kafka (scripts/services.sh start)"
-[[ -x ${WALRELAY_DEPLOY_BINARY:-} ]] || skip "no walrelay binary (build it first)"
+need_relay_services
 need buildah buildah
 need debootstrap debootstrap
-need psql postgresql-client-15
-need kcat kcat
-need python3 python3
 make_tmp
-export PGHOST=$WALRELAY_TEST_PGHOST PGPORT=${WALRELAY_TEST_PGPORT:?} PGUSER=postgres PGDATABASE=postgres
-export PGOPTIONS="-c client_min_messages=warning"
 mkdir -p "$tmp/bin"
 ln -s "$WALRELAY_DEPLOY_BINARY" "$tmp/bin/walrelay"
 topic=outbox.event.order
@@ -119,16 +110,20 @@ for k, v in env.items():
     print(f"{k}={shlex.quote(str(v))}")
 PY
 grep -q '^WALRELAY_DATABASE_USER=walrelay$' "$tmp/compose.env" || fail "compose: walrelay does not connect as the walrelay role"
-# Each *_run runs in start()'s background subshell and execs, so that $pid is
-# walrelay itself and SIGTERM reaches it.
-compose_run() {
+# The compose file's environment for walrelay, with the addresses of the
+# test services; the rest as the compose file says.
+compose_env() {
   set -a
   # shellcheck disable=SC1091
   source "$tmp/compose.env"
   set +a
-  # The addresses of the test services; the rest as the compose file says.
   export WALRELAY_DATABASE_HOSTNAME=$PGHOST WALRELAY_DATABASE_PORT=$PGPORT
   export WALRELAY_KAFKA_BOOTSTRAP_SERVERS=$WALRELAY_TEST_KAFKA WALRELAY_ADMIN_LISTEN=127.0.0.1:0
+}
+# Each *_run runs in start()'s background subshell and execs, so that $pid is
+# walrelay itself and SIGTERM reaches it.
+compose_run() {
+  compose_env
   export PATH=$tmp/bin:$PATH CONFIG_FILE=$tmp/none RENDERED_CONFIG_FILE=$tmp/rendered/walrelay.properties
   exec bash "$REPO/deploy/docker/entrypoint.sh"
 }
@@ -214,12 +209,7 @@ version=$(chroot --userspec="$user" "$root" /usr/bin/walrelay --version)
 [[ $version == *"librdkafka 2.8.0"* ]] || fail "image: $version (expected librdkafka 2.8.0)"
 ok "image: $version"
 image_run() {
-  set -a
-  # shellcheck disable=SC1091
-  source "$tmp/compose.env"
-  set +a
-  export WALRELAY_DATABASE_HOSTNAME=$PGHOST WALRELAY_DATABASE_PORT=$PGPORT
-  export WALRELAY_KAFKA_BOOTSTRAP_SERVERS=$WALRELAY_TEST_KAFKA WALRELAY_ADMIN_LISTEN=127.0.0.1:0
+  compose_env
   exec chroot --userspec="$user" "$root" "$entrypoint" "$@"
 }
 clean

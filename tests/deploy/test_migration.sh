@@ -8,17 +8,8 @@
 # poller deletes the outbox rows.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-if [[ -z ${WALRELAY_TEST_PGHOST:-} ]] && "$REPO/scripts/services.sh" status >/dev/null 2>&1; then
-  eval "$("$REPO/scripts/services.sh" env)"
-fi
-[[ -n ${WALRELAY_TEST_PGHOST:-} && -n ${WALRELAY_TEST_KAFKA:-} ]] || skip "no PostgreSQL and Kafka (scripts/services.sh start)"
-[[ -x ${WALRELAY_DEPLOY_BINARY:-} ]] || skip "no walrelay binary (build it first)"
-need psql postgresql-client-15
-need kcat kcat
-need python3 python3
+need_relay_services
 make_tmp
-export PGHOST=$WALRELAY_TEST_PGHOST PGPORT=${WALRELAY_TEST_PGPORT:?} PGUSER=postgres PGDATABASE=postgres
-export PGOPTIONS="-c client_min_messages=warning"
 # The benchmark's virtual environment: the poller's psycopg and confluent-kafka.
 # (scripts/lib.sh's cache root, as bench/run.sh uses it)
 venv=${WALRELAY_BENCH_VENV:-${WALRELAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/walrelay}/bench-venv}

@@ -15,6 +15,13 @@ std::string eos_config(const Fixture& f, const std::string& extra = "") {
                   f.slot + ".offsets\nreconnect.backoff.ms=200\nreconnect.backoff.max.ms=2000\n" + extra);
 }
 
+// A walrelay stopped with SIGSTOP gets SIGCONT at scope end, also when an
+// assertion fails in between.
+struct ContinueAtEnd {
+  Walrelay& relay;
+  ~ContinueAtEnd() { relay.signal(SIGCONT); }
+};
+
 // Exactly once: every id once, none missing, order per key.
 void check_exactly_once(Fixture& f, const std::string& topic, std::chrono::milliseconds timeout = 180s) {
   auto recs = read_all(f, topic, timeout);
@@ -143,10 +150,7 @@ TEST_CASE("fault: exactly once - two walrelays on one slot, the active one froze
   REQUIRE(eventually([&] { return first.metric("walrelay_inflight_records").value_or(0) > 0 ||
                                   first.metric("walrelay_events_relayed_total").value_or(0) > 0; }, 10s, 1ms));
   first.signal(SIGSTOP);
-  struct Continue {
-    Walrelay& r;
-    ~Continue() { r.signal(SIGCONT); }
-  } cont{first};
+  ContinueAtEnd cont{first};
   // The frozen walrelay's connection stays until wal_sender_timeout; end it
   // as the server would.
   REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
@@ -344,10 +348,7 @@ TEST_CASE("fault: exactly once - a source transaction held up past kafka.transac
   REQUIRE(relay.metric("walrelay_events_relayed_total").value_or(0) < rows);
   relay.signal(SIGSTOP);
   {
-    struct Continue {
-      Walrelay& r;
-      ~Continue() { r.signal(SIGCONT); }
-    } cont{relay};
+    ContinueAtEnd cont{relay};
     // Past the time-out, and the coordinator's check for it (every second
     // in the test broker): the time-out's length is the test.
     std::this_thread::sleep_for(7s);

@@ -57,6 +57,20 @@ struct TempDir {
   }
 };
 
+// A SASL/PLAIN broker of the test's own (scripts/fault/kafka-sasl.sh) for
+// the life of the object; `env` is put before the script (its settings).
+struct SaslBroker {
+  std::string script, dir, bootstrap;
+  SaslBroker(const TempDir& tmp, const std::string& user, const std::string& password, const std::string& env = "")
+      : script(Services::get().scripts + "/fault/kafka-sasl.sh"), dir((tmp.path / "kafka").string()) {
+    bootstrap = sh(env + script + " start " + dir + " " + user + " " + password);
+    bootstrap.erase(bootstrap.find_last_not_of("\n") + 1);
+  }
+  ~SaslBroker() { run_command(script + " stop " + dir + " >/dev/null 2>&1"); }
+  SaslBroker(const SaslBroker&) = delete;
+  SaslBroker& operator=(const SaslBroker&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("fault: security: a scram password never appears in the log, /metrics or /slot - admin.token guards /metrics",
@@ -186,17 +200,10 @@ TEST_CASE("fault: security: SASL/PLAIN to Kafka - the SASL password is never sho
           "[fault][security][sasl]") {
   Fixture f;
   TempDir tmp;
-  const auto& svc = Services::get();
   const std::string user = "walrelay";
   const std::string password = random_secret("Sasl-");
-  std::string script = svc.scripts + "/fault/kafka-sasl.sh";
-  std::string dir = (tmp.path / "kafka").string();
-  std::string bootstrap = sh(script + " start " + dir + " " + user + " " + password);
-  bootstrap.erase(bootstrap.find_last_not_of("\n") + 1);
-  struct Stop {
-    std::string cmd;
-    ~Stop() { run_command(cmd); }
-  } stop{script + " stop " + dir + " >/dev/null 2>&1"};
+  SaslBroker broker(tmp, user, password);
+  const std::string& bootstrap = broker.bootstrap;
   create_outbox(f.db(), f.table, "bigint");
   auto sasl = [&](const std::string& pw) {
     return "kafka.security.protocol=SASL_PLAINTEXT\nkafka.sasl.mechanism=PLAIN\nkafka.sasl.username=" + user +
@@ -248,15 +255,9 @@ TEST_CASE("fault: security: Kafka ACLs - walrelay runs with exactly the document
   const auto& svc = Services::get();
   const std::string password = random_secret("Acl-");
   const std::string admin_password = random_secret("Admin-");
-  std::string script = svc.scripts + "/fault/kafka-sasl.sh";
-  std::string dir = (tmp.path / "kafka").string();
-  std::string bootstrap = sh("KAFKA_SASL_AUTHORIZER=1 KAFKA_SASL_ADMIN_PASSWORD=" + admin_password + " " + script +
-                             " start " + dir + " walrelay " + password);
-  bootstrap.erase(bootstrap.find_last_not_of("\n") + 1);
-  struct Stop {
-    std::string cmd;
-    ~Stop() { run_command(cmd); }
-  } stop{script + " stop " + dir + " >/dev/null 2>&1"};
+  SaslBroker broker(tmp, "walrelay", password,
+                    "KAFKA_SASL_AUTHORIZER=1 KAFKA_SASL_ADMIN_PASSWORD=" + admin_password + " ");
+  const std::string& bootstrap = broker.bootstrap;
   create_outbox(f.db(), f.table, "bigint");
   const std::string sasl = "kafka.security.protocol=SASL_PLAINTEXT\nkafka.sasl.mechanism=PLAIN\n"
                            "kafka.sasl.username=walrelay\nkafka.sasl.password=" + password + "\n";
@@ -265,7 +266,7 @@ TEST_CASE("fault: security: Kafka ACLs - walrelay runs with exactly the document
   const std::string transactional_id = "walrelay-" + svc.pg_database + "-" + f.slot;
   // docs/operations.md, "Kafka permissions", given with Kafka's AclCommand.
   auto acl = [&](const std::string& args) {
-    sh(script + " acl " + bootstrap + " " + admin_password + " " + args + " --allow-principal User:walrelay");
+    sh(broker.script + " acl " + bootstrap + " " + admin_password + " " + args + " --allow-principal User:walrelay");
   };
   // The outbox topics, by the route's prefix: WRITE and, where the broker
   // creates them, CREATE.
