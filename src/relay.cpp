@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
