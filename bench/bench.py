@@ -102,6 +102,24 @@ def proc_cpu_s(pid):
         return None
 
 
+def proc_sched_s(pid):
+    """Time on CPU of a process's live threads, in seconds, from the scheduler's
+    nanosecond counters (/proc/PID/task/*/schedstat); None when gone. Precise
+    where utime+stime (whole clock ticks, 10 ms) is not: an idle relay spends
+    a few milliseconds a second."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                pass  # a thread that ended between the listing and the read
+        return total / 1e9
+    except OSError:
+        return None
+
+
 def proc_hwm_kb(pid):
     """Peak resident set (VmHWM) in KiB; None when gone."""
     try:
@@ -427,10 +445,11 @@ def run_pg_recvlogical(env, n, slot, end_lsn, options):
     return r
 
 
-def run_walrelay(env, n, slot, end_lsn, extra=None):
+def run_walrelay(env, n, slot, end_lsn, extra=None, binary=None):
     props = walrelay_props(env, slot, slot, dict({"publication.name": "bench_pub"}, **(extra or {})))
     before = env.pg_load_begin()
-    r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, prefix=slot, slot=slot, end_lsn=end_lsn,
+    r = Run(env, "walrelay", [binary or env.args.walrelay, "--config", props], n, prefix=slot, slot=slot,
+            end_lsn=end_lsn,
             stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
     r["options"] = " ".join(f"{k}={v}" for k, v in (extra or {}).items()) or "defaults"
     r["pg_load"] = env.pg_load_end(before)
@@ -654,11 +673,11 @@ def server_pids(env, contender, slot):
 
 
 def cpu_of(pids):
-    vals = [proc_cpu_s(p) for p in pids]
+    vals = [proc_sched_s(p) for p in pids]
     return sum(v for v in vals if v is not None)
 
 
-def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
+def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0, extra=None, binary=None):
     """One contender at `rate` one-row transactions per second. With `beside`, a
     pg_recvlogical reads the same WAL from its own slot at the same time, as the
     reference for CPU per event; the server processes each one keeps busy (its
@@ -674,8 +693,8 @@ def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
         env.create_slot_and_publication(name)
     if contender == "walrelay":
         admin_port = free_port()
-        cmd = [env.args.walrelay, "--config",
-               walrelay_props(env, name, prefix, {"admin.listen": f"127.0.0.1:{admin_port}"})]
+        cmd = [binary or env.args.walrelay, "--config",
+               walrelay_props(env, name, prefix, dict({"admin.listen": f"127.0.0.1:{admin_port}"}, **(extra or {})))]
     elif contender == "debezium":
         cmd = debezium_cmd(env, name, prefix, publication=name)
     elif contender == "polling":
@@ -715,9 +734,9 @@ def run_latency(env, contender, rate, seconds, tag, beside=False, idle_s=0):
 
         def cpu_now():
             """CPU seconds so far of the contender, its server processes, and (beside) pg_recvlogical and its walsender."""
-            now = {"relay": proc_cpu_s(proc.pid), "relay_server": cpu_of(mine)}
+            now = {"relay": proc_sched_s(proc.pid), "relay_server": cpu_of(mine)}
             if ref:
-                now.update(recvlogical=proc_cpu_s(ref.pid), recvlogical_server=cpu_of(theirs))
+                now.update(recvlogical=proc_sched_s(ref.pid), recvlogical_server=cpu_of(theirs))
             return now
 
         def spent(before, after):
@@ -854,6 +873,35 @@ def machine():
             "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
 
 
+def binary_version(path):
+    """What `walrelay --version` says: its version and the librdkafka and libpq it loaded."""
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError as e:
+        return f"? ({e})"
+
+
+def versions(env, args, variants):
+    v = {"postgresql": env.one("SHOW server_version"), "kafka": args.kafka_version or "?",
+         "walrelay": binary_version(args.walrelay), "kafka_clients_python": confluent_kafka_version(),
+         "variants": {name: binary_version(b) for name, b in variants}}
+    if args.debezium_dir:
+        # the cache folder is named for its versions: debezium-<version>-kafka-<kafka-clients version>
+        m = re.search(r"debezium-(.+?)-kafka-(.+)$", os.path.basename(os.path.normpath(args.debezium_dir)))
+        v["debezium"] = f"{m.group(1)} (kafka-clients {m.group(2)})" if m else args.debezium_dir
+        try:
+            java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=10).stderr
+            v["java"] = java.splitlines()[0] if java else "?"
+        except OSError:
+            v["java"] = "?"
+    try:
+        v["compiler"] = subprocess.run(["c++", "--version"], capture_output=True, text=True,
+                                       timeout=10).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        v["compiler"] = "?"
+    return v
+
+
 def summarize(runs):
     """Median and spread per (workload, contender, options)."""
     groups = {}
@@ -896,10 +944,17 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to measure its CPU")
     ap.add_argument("--work", required=True)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="repeats of every section (default: 3 for throughput and librdkafka, 2 for latency, "
+                         "1 for options, sidecar and tableless; the full run stays under an hour on 2 cores)")
     ap.add_argument("--only", default="",
-                    help="comma list of sections: throughput,options,latency,sidecar,tableless, and txn-floor "
-                         "(not in a full run); results then go to <sections>.json, leaving full.json alone")
+                    help="comma list of sections: librdkafka,throughput,options,latency,sidecar,tableless, and "
+                         "txn-floor (not in a full run); results then go to <sections>.json, leaving full.json alone")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINARY",
+                    help="librdkafka section: a walrelay build to measure (e.g. 'librdkafka 2.0.2=build-x/walrelay'); "
+                         "every variant runs in each round, interleaved")
+    ap.add_argument("--kafka-version", default="", help="the broker's version, recorded with the results")
+    ap.add_argument("--tag", default="", help="results file name (default: full, quick or the --only sections)")
     ap.add_argument("--walrelay-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a walrelay setting for every walrelay run (e.g. kafka.linger.ms=1)")
     ap.add_argument("--rates", default="",
@@ -914,7 +969,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
-    sections = set(args.only.split(",")) if args.only else {"throughput", "options", "latency", "sidecar", "tableless"}
+    sections = set(args.only.split(",")) if args.only else {"librdkafka", "throughput", "options", "latency",
+                                                             "sidecar", "tableless"}
+    default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3}
+    variants = [tuple(v.split("=", 1)) for v in args.variant]
+    if not variants:
+        sections.discard("librdkafka")
     contenders = sorted(args.contenders.split(","), key=lambda c: c == "polling")  # polling last
     if args.quick:
         workloads = [("20k_tx100", 20000, 100)]
@@ -925,23 +985,25 @@ def main():
         workloads = [("1M_tx100", 1000000, 100), ("100k_tx1", 100000, 1)]
         if args.events:
             workloads = [(f"{args.events}_tx{args.tx_size}", args.events, args.tx_size)]
-        repeats = args.repeats
+    def reps(section):
+        if args.quick:
+            return 1
+        return args.repeats or default_repeats.get(section, 1)
     result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
               "argv": sys.argv[1:],
-              "versions": {"postgresql": env.one("SHOW server_version"),
-                           "kafka_clients_python": confluent_kafka_version()},
-              "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": []}
+              "versions": versions(env, args, variants),
+              "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": []}
     seq = 0
 
     def save():
-        tag = "quick" if args.quick else "_".join(sorted(sections)) if args.only else "full"
+        tag = args.tag or ("quick" if args.quick else "_".join(sorted(sections)) if args.only else "full")
         with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
         if result["runs"] or result["option_runs"]:
             write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
             result["summary"] = summarize(result["runs"] + result["option_runs"])
             write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
-        for section in ("latency", "sidecar"):
+        for section in ("latency", "sidecar", "librdkafka"):
             if result[section]:
                 name = tag if tag == section else f"{tag}_{section}"
                 write_csv(os.path.join(args.out, f"{name}.csv"), result[section])
@@ -963,9 +1025,60 @@ def main():
         result[key].append(r)
         save()
 
+    if "librdkafka" in sections:
+        # The goals that waited for a newer librdkafka, each walrelay build
+        # (--variant) in every round, beside the broker's own floor, rounds
+        # interleaved so that a drift of the machine touches all alike:
+        #   eos_1000: exactly once, 1,000 one-row tx/s, 10 ms boundary (after 20 s idle)
+        #   alo_1000: at least once, the same rate (after 20 s idle): CPU per lone event
+        #   floor:    a transactional producer alone, same topics, rate and boundary
+        #   throughput: 200,000 events in 100-row transactions, both modes (exactly once
+        #               with its default boundary), one WAL
+        eos = {"exactly.once.support": "required", "transaction.boundary.interval.ms": "10"}
+        log("librdkafka: warming the broker for 60 s")
+        warm_broker(env)
+        for rep in range(reps("librdkafka")):
+            seq += 1
+            log(f"librdkafka round {rep + 1}: txn floor")
+            r = run_txn_floor(env, 1000, 30, 10, f"floor_{seq}")
+            r.update(kind="floor", variant="txn producer alone", round=rep + 1)
+            log(json.dumps(r))
+            result["librdkafka"].append(r)
+            save()
+            for vname, vbin in variants:
+                for kind, extra in (("eos_1000", eos), ("alo_1000", {})):
+                    seq += 1
+                    log(f"librdkafka round {rep + 1}: {vname} {kind}")
+                    r = run_latency(env, "walrelay", 1000, 30, f"rdk_{seq}", idle_s=20, extra=extra, binary=vbin)
+                    r.update(kind=kind, variant=vname, round=rep + 1,
+                             options=" ".join(f"{k}={v}" for k, v in extra.items()) or "defaults")
+                    log(json.dumps(r))
+                    result["librdkafka"].append(r)
+                    save()
+            seq += 1
+            names = {(v, m): f"bench_rdkt_{seq}_{i}_{m}" for i, (v, _) in enumerate(variants) for m in ("alo", "eos")}
+            log(f"librdkafka round {rep + 1}: throughput, 200,000 events in 100-row transactions")
+            end_lsn = prepare_round(env, 200000, 100, list(names.values()), list(names.values()))
+            for (vname, mode), slot in names.items():
+                vbin = dict(variants)[vname]
+                # exactly once with its default 100 ms boundary here: throughput, not latency
+                r = run_walrelay(env, 200000, slot, end_lsn,
+                                 extra={"exactly.once.support": "required"} if mode == "eos" else None, binary=vbin)
+                # Kafka's offsets count transaction markers too: both modes are timed
+                # to the slot confirmed at the end, which exactly once reaches only
+                # once the last transaction is committed.
+                t = r.get("launch_to_slot_confirmed_s")
+                r.update(kind=f"throughput_{mode}", variant=vname, round=rep + 1,
+                         confirmed_events_per_s=round(200000 / t) if t else None)
+                r.pop("pg_load", None)
+                log(json.dumps(r))
+                result["librdkafka"].append(r)
+                save()
+
     if "throughput" in sections:
         if not args.debezium_dir:
             contenders = [c for c in contenders if c != "debezium"]
+        repeats = reps("throughput")
         for rep in range(repeats):
             for wname, n, tx in workloads:
                 seq += 1
@@ -989,15 +1102,16 @@ def main():
     if "options" in sections:
         # What lowers the walsender's CPU per row: protocol version and binary mode.
         wname, n, tx = ("200k_tx100", 200000, 100)
-        variants = [["proto_version=1"], ["proto_version=3"], ["proto_version=1", "binary=true"],
+        repeats = reps("options")
+        variants_ = [["proto_version=1"], ["proto_version=3"], ["proto_version=1", "binary=true"],
                     ["proto_version=3", "binary=true"]]
         for rep in range(repeats):
             seq += 1
-            names = [f"bench_opt{i}_{seq}" for i in range(len(variants))] + [f"bench_optwr_{seq}",
+            names = [f"bench_opt{i}_{seq}" for i in range(len(variants_))] + [f"bench_optwr_{seq}",
                                                                                 f"bench_optwb_{seq}"]
             log(f"options {wname} repeat {rep + 1}/{repeats}")
             end_lsn = prepare_round(env, n, tx, names, names[-2:])
-            for i, opts in enumerate(variants):
+            for i, opts in enumerate(variants_):
                 record(run_pg_recvlogical(env, n, names[i], end_lsn, opts), "option_runs", wname, rep)
             record(run_walrelay(env, n, names[-2], end_lsn), "option_runs", wname, rep)
             record(run_walrelay(env, n, names[-1], end_lsn, {"pgoutput.binary": "true"}), "option_runs", wname, rep)
@@ -1011,6 +1125,7 @@ def main():
             rates = [(1000, 30), (10000, 15)]
         log("latency: warming the broker for 60 s")
         warm_broker(env)
+        repeats = reps("latency")
         for rep in range(repeats):
             for c in [x for x in ("walrelay", "debezium", "polling") if x in contenders]:
                 for rate, secs in rates:
@@ -1025,6 +1140,7 @@ def main():
         log("txn-floor: warming the broker for 60 s")
         warm_broker(env)
         result.setdefault("txn_floor", [])
+        repeats = reps("txn-floor")
         for rep in range(repeats):
             for rate in rates:
                 seq += 1
@@ -1041,11 +1157,12 @@ def main():
         # floor: a client that only receives), CPU of both and of the server
         # process working for each, and the latency. Idle CPU once per contender.
         rates = [int(r) for r in args.rates.split(",")] if args.rates else [10, 100, 1000, 5000]
-        secs = {10: 60, 100: 30, 1000: 30}
+        secs = {10: 30, 100: 30, 1000: 30}
+        repeats = reps("sidecar")
         sidecars = [x for x in ("walrelay", "debezium", "polling") if x in contenders]
         if not args.debezium_dir:
             sidecars = [x for x in sidecars if x != "debezium"]
-        if "latency" not in sections:
+        if "latency" not in sections and "librdkafka" not in sections:
             log("sidecar: warming the broker for 30 s")
             warm_broker(env, seconds=30)
         for rep in range(repeats):
@@ -1061,6 +1178,7 @@ def main():
         # Explicit only (--only tableless): the table against logical messages.
         import tableless
         n_writer = args.events or 20000
+        repeats = reps("tableless")
         for rep in range(repeats):
             for kind in ("table", "message"):
                 r = tableless.writer_side(env, kind, n_writer, log, psycopg)

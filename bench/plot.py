@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots of a bench run, of whatever sections it holds: bench/plot.py bench/results/full.json docs/img"""
+"""Plots of a bench run, of whatever sections it holds: bench/plot.py bench/results/latest/full.json docs/img"""
 import json
 import os
 import statistics
@@ -60,8 +60,8 @@ def main():
         latency(data["latency"], out)
     if data.get("sidecar"):
         sidecar(data["sidecar"], out)
-    if data.get("eos_librdkafka"):
-        eos_librdkafka(data["eos_librdkafka"], out)
+    if data.get("librdkafka"):
+        eos_librdkafka([r for r in data["librdkafka"] if r["kind"] in ("floor", "eos_1000")], out)
 
 
 def throughput_and_resources(data, out):
@@ -203,7 +203,7 @@ def eos_librdkafka(runs, out):
             ys = [r[f"consumer_p{p}_ms"] for r in runs if r["variant"] == v]
             ax.plot([i + {"50": -0.2, "99": 0, "99.9": 0.2}[p]] * len(ys), ys, marker, color=f"C{i}",
                     label=f"p{p}" if i == 0 else None, markerfacecolor="none" if p != "99" else f"C{i}")
-    ax.axhline(25, color="red", linewidth=0.8, linestyle="--", label="#16's p99 goal (25 ms)")
+    ax.axhline(25, color="red", linewidth=0.8, linestyle="--", label="p99 goal (25 ms)")
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels([v.replace(", ", ",\n", 1) for v in variants], fontsize=8)
     ax.set_ylabel("insert -> visible (read_committed), ms")

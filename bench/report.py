@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
-"""Markdown tables of a bench run, for docs/benchmarks.md:
-bench/report.py bench/results/full.json > /tmp/tables.md"""
+"""The Markdown tables of one bench run, for docs/benchmarks.md and README.md.
+
+  bench/report.py bench/results/latest                    the tables, on stdout
+  bench/report.py --update docs/benchmarks.md [--readme README.md] bench/results/latest
+      rewrites the part of each file between its `<!-- bench:... -->` markers
+
+Every figure comes from the folder's files (full.json, decoder.json); a
+section the run did not hold says so instead of a number.
+"""
+import argparse
 import json
+import os
+import re
 import statistics
-import sys
 
 ORDER = ["pg_recvlogical", "walrelay", "debezium", "polling"]
 
@@ -125,13 +134,231 @@ def latency(data):
     return "\n".join(out)
 
 
+def fmt(v, unit=""):
+    if v is None:
+        return "–"
+    s = f"{v:,.0f}" if abs(v) >= 100 else (f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}")
+    return s + unit
+
+
+def header(data, folder):
+    m, v = data["machine"], data["versions"]
+    started, finished = data.get("started", "?"), data.get("finished", "not finished")
+    rows = [("run", f"`bench/run.sh`, {started} to {finished}, results in `bench/results/{folder}/`"),
+            ("CPU", f"{m['nproc']} cores, `{m['cpu_model']}`"), ("memory", f"{m['mem_gib']} GiB"),
+            ("kernel", f"Linux {m['kernel']}"), ("load average at the start", ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_start", []))),
+            ("PostgreSQL", v.get("postgresql", "?")), ("Kafka", f"{v.get('kafka', '?')}, one KRaft broker"),
+            ("walrelay", v.get("walrelay", "?") + f", built by {v.get('compiler', '?')}")]
+    for name, ver in v.get("variants", {}).items():
+        rows.append((f"walrelay, {name}", ver))
+    if "debezium" in v:
+        rows.append(("Debezium", f"{v['debezium']} embedded engine, {v.get('java', '')}"))
+    rows.append(("harness, polling relay and txn floor", v.get("kafka_clients_python", "?")))
+    return "| | |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
+
+
+def rdk_group(data):
+    g = {}
+    for r in data.get("librdkafka", []):
+        g.setdefault((r["kind"], r["variant"]), []).append(r)
+    return g
+
+
+def librdkafka_goals(data):
+    """#26's goals, per variant, medians over the interleaved rounds."""
+    g = rdk_group(data)
+    if not g:
+        return "_This run has no librdkafka section._"
+    variants = list(dict.fromkeys(r["variant"] for r in data["librdkafka"] if r["kind"] != "floor"))
+    floor = g.get(("floor", "txn producer alone"), [])
+
+    def m(kind, v, key):
+        return med(g.get((kind, v), []), key)
+
+    out = ["| goal | " + " | ".join(variants) + " | txn producer alone |", "|---" * (len(variants) + 2) + "|"]
+
+    def row(label, kind, key, goal=None, floor_key=None, unit=""):
+        cells = []
+        for v in variants:
+            val, text = m(kind, v, key)
+            ok = "" if goal is None or val is None else (" ✓" if goal(val) else " ✗")
+            cells.append(text + unit + ok)
+        f = med(floor, floor_key)[1] + unit if floor_key else "–"
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {f} |")
+
+    row("exactly once, insert → visible (read_committed) p99, 1,000 one-row tx/s, 10 ms boundary: under 25 ms",
+        "eos_1000", "consumer_p99_ms", lambda x: x < 25, "consumer_p99_ms", " ms")
+    row("the same, p50", "eos_1000", "consumer_p50_ms", None, "consumer_p50_ms", " ms")
+    row("the same, p99.9", "eos_1000", "consumer_p99.9_ms", None, "consumer_p99.9_ms", " ms")
+    row("exactly once, walrelay CPU per event at 1,000 tx/s", "eos_1000", "relay_cpu_us_per_event", None,
+        "bench_process_cpu_us_per_event", " µs")
+    # throughput: exactly once / at least once, per round (same WAL, same round)
+    cells = []
+    for v in variants:
+        alo = {r["round"]: r.get("confirmed_events_per_s") for r in g.get(("throughput_alo", v), [])}
+        eos = {r["round"]: r.get("confirmed_events_per_s") for r in g.get(("throughput_eos", v), [])}
+        ratios = [eos[k] / alo[k] for k in alo if alo[k] and eos.get(k)]
+        if ratios:
+            rm = statistics.median(ratios)
+            cells.append(f"{rm:.2f} ({min(ratios):.2f}–{max(ratios):.2f})" + (" ✓" if rm >= 0.8 else " ✗"))
+        else:
+            cells.append("–")
+    out.append("| exactly-once throughput at 100-row transactions, as a share of at-least-once's (same WAL, "
+               "launch → slot confirmed at the end): at least 0.8 | " + " | ".join(cells) + " | – |")
+    for mode, label in (("alo", "at least once"), ("eos", "exactly once")):
+        row(f"{label}: events/s, 200,000 events in 100-row transactions, launch → slot confirmed",
+            f"throughput_{mode}", "confirmed_events_per_s")
+    row("idle CPU, at least once (20 s, no writes): at most 0.3 ms/s", "alo_1000", "idle_relay_cpu_ms_per_s",
+        lambda x: x <= 0.3, None, " ms/s")
+    row("idle CPU, exactly once (20 s, no writes)", "eos_1000", "idle_relay_cpu_ms_per_s", None, None, " ms/s")
+    row("at least once: CPU per lone event at 1,000 one-row tx/s", "alo_1000", "relay_cpu_us_per_event",
+        None, None, " µs")
+    row("at least once: insert → log append p99 at 1,000/s", "alo_1000", "append_p99_ms", None, None, " ms")
+    n = len({r["round"] for r in data["librdkafka"]})
+    out.append(f"\nMedians over {n} interleaved rounds (min–max in parentheses); ✓/✗: the goal met or not.")
+    return "\n".join(out)
+
+
+def decoder(folder):
+    path = os.path.join(folder, "decoder.json")
+    if not os.path.exists(path):
+        return "_This run has no decoder.json._"
+    d = json.load(open(path))
+    out = ["| benchmark | time per message (median of 5) | rate | heap allocations per message |",
+           "|---|---|---|---|"]
+    for b in d["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"]
+        t = b["real_time"] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
+        rate = b.get("items_per_second")
+        out.append(f"| `{name}` | {t:,.1f} ns | {rate / 1e6:,.1f} M/s | {b.get('allocs_per_msg', 0):.0f} |"
+                   if rate else f"| `{name}` | {t:,.1f} ns | – | {b.get('allocs_per_msg', 0):.0f} |")
+    ctx = d.get("context", {})
+    out.append(f"\nOne core (`taskset -c 1`), {ctx.get('num_cpus', '?')} CPUs at {ctx.get('mhz_per_cpu', '?')} MHz, "
+               f"library built as {ctx.get('library_build_type', '?')}.")
+    return "\n".join(out)
+
+
+def sidecar(data):
+    rows = data.get("sidecar", [])
+    if not rows:
+        return "_This run has no sidecar section._"
+    out = ["| contender | rate | CPU µs/event | its walsender/backends µs/event | pg_recvlogical beside, µs/event | "
+           "idle CPU ms/s | append p50 | p99 | events received |", "|---" * 9 + "|"]
+    g = {}
+    for r in rows:
+        g.setdefault((r["contender"], r["rate"]), []).append(r)
+    for (c, rate), rs in sorted(g.items(), key=lambda kv: (ORDER.index(kv[0][0]), kv[0][1])):
+        got, want = sum(r["received"] for r in rs), sum(r["events"] for r in rs)
+        out.append(f"| {c} | {rate:,}/s | {med(rs, 'relay_cpu_us_per_event')[1]} | "
+                   f"{med(rs, 'relay_server_cpu_us_per_event')[1]} | {med(rs, 'recvlogical_cpu_us_per_event')[1]} | "
+                   f"{med(rs, 'idle_relay_cpu_ms_per_s')[1]} | {med(rs, 'append_p50_ms')[1]} | "
+                   f"{med(rs, 'append_p99_ms')[1]} | {got:,}/{want:,} |")
+    return "\n".join(out)
+
+
+def tableless(data):
+    rows = data.get("tableless", [])
+    if not rows:
+        return "_This run has no tableless section._"
+    out = ["| side | events as | WAL bytes/event | commit p50 ms | p99 ms | table left | clean-up s | "
+           "clean-up WAL bytes/event | walrelay events/s | walsender CPU µs/event |", "|---" * 10 + "|"]
+    for side in ("writer", "relay"):
+        for kind in ("table", "message"):
+            rs = [r for r in rows if r.get("side") == side and r.get("kind") == kind]
+            if not rs:
+                continue
+            if side == "writer":
+                out.append(f"| writer | {kind} | {med(rs, 'wal_bytes_per_event')[1]} | {med(rs, 'commit_p50_ms')[1]} | "
+                           f"{med(rs, 'commit_p99_ms')[1]} | {med(rs, 'table_bytes_after')[1]} B | "
+                           f"{med(rs, 'cleanup_s')[1]} | {med(rs, 'cleanup_wal_bytes_per_event')[1]} | – | – |")
+            else:
+                out.append(f"| relay | {kind} | – | – | – | – | – | – | {med(rs, 'total_events_per_s')[1]} | "
+                           f"{med(rs, 'pg_backend_cpu_us_per_event')[1]} |")
+    return "\n".join(out)
+
+
+def readme_headline(data, folder):
+    """The figures README.md quotes, each linked to its table."""
+    g = by(data.get("runs", []), "workload", "contender")
+
+    def m(w, c, k):
+        return med(g.get((w, c), []), k)[0]
+    lines = []
+    w = "1M_tx100"
+    wr, rl, dz = m(w, "walrelay", "total_events_per_s"), m(w, "pg_recvlogical", "total_events_per_s"), \
+        m(w, "debezium", "total_events_per_s")
+    if wr and rl and dz:
+        cpu_ratio = m(w, "debezium", "cpu_us_per_event") / m(w, "walrelay", "cpu_us_per_event")
+        rss = m(w, "walrelay", "peak_rss_mib")
+        lines.append(f"{wr / rl:.2f}× `pg_recvlogical`'s throughput (the walsender's ceiling) and {wr / dz:.1f}× "
+                     f"Debezium's at 1/{cpu_ratio:.0f} of its CPU per event and 1/{m(w, 'debezium', 'peak_rss_mib') / rss:.0f} "
+                     f"of its memory ({rss:.0f} MiB), 1,000,000 events in 100-row transactions; the first event in "
+                     f"Kafka {m(w, 'walrelay', 'startup_s') * 1000:.0f} ms after start (Debezium: "
+                     f"{m(w, 'debezium', 'startup_s'):.1f} s) ([throughput](docs/benchmarks.md#throughput-and-resources))")
+    lat = [r for r in data.get("latency", []) if r["contender"] == "walrelay" and r["rate"] == 1000]
+    if lat:
+        dl = [r for r in data.get("latency", []) if r["contender"] == "debezium" and r["rate"] == 1000]
+        s = (f"insert to broker at 1,000 events/s with the defaults: p50 {med(lat, 'append_p50_ms')[1]} ms, "
+             f"p99 {med(lat, 'append_p99_ms')[1]} ms")
+        if dl:
+            s += f" (Debezium: {med(dl, 'append_p50_ms')[1]} and {med(dl, 'append_p99_ms')[1]} ms)"
+        lines.append(s + " ([latency](docs/benchmarks.md#latency))")
+    rg = rdk_group(data)
+    eos = rg.get(("eos_1000", "librdkafka 2.8.0"), [])
+    if eos:
+        lines.append(f"exactly once at 1,000 transactions/s: p99 {med(eos, 'consumer_p99_ms')[1]} ms from insert to "
+                     f"visible for a `read_committed` consumer ([librdkafka 2.8.0 and 2.0.2](docs/benchmarks.md#"
+                     f"the-goals-of-exactly-once-and-idle-on-librdkafka-280-and-202))")
+    if not lines:
+        return "_No figures: the latest run holds no throughput or latency section._"
+    return ("On 2 cores beside PostgreSQL and Kafka, from the latest run (`bench/results/" + folder + "/`): " +
+            "; ".join(lines) + ".")
+
+
+def sections(data, folder_path):
+    folder = os.path.basename(os.path.normpath(os.path.realpath(folder_path)))
+    return {
+        "run": header(data, folder),
+        "librdkafka": librdkafka_goals(data),
+        "decoder": decoder(folder_path),
+        "throughput": throughput(data) if data.get("runs") else "_This run has no throughput section._",
+        "targets": targets(data) if data.get("runs") else "–",
+        "pg-load": pg_load(data) if data.get("runs") else "–",
+        "options": options(data) if data.get("option_runs") else "_This run has no options section._",
+        "latency": latency(data) if data.get("latency") else "_This run has no latency section._",
+        "sidecar": sidecar(data),
+        "tableless": tableless(data),
+        "headline": readme_headline(data, folder),
+    }
+
+
+def update(path, parts):
+    """Replaces what lies between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`."""
+    text = open(path).read()
+    for name, body in parts.items():
+        pat = re.compile(rf"(<!-- bench:{re.escape(name)} -->\n).*?(\n<!-- /bench:{re.escape(name)} -->)", re.S)
+        text, n = pat.subn(lambda mt: mt.group(1) + body + mt.group(2), text)
+        if n == 0 and name != "headline":
+            continue
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def main():
-    data = json.load(open(sys.argv[1]))
-    print("## Throughput and resources\n" + throughput(data))
-    print("\n## Targets\n\n" + targets(data))
-    print("\n## Load on PostgreSQL\n\n" + pg_load(data))
-    print("\n## pgoutput options\n\n" + options(data))
-    print("\n## Latency (ms)\n\n" + latency(data))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folder", help="a run's results folder (bench/results/<date> or bench/results/latest)")
+    ap.add_argument("--update", action="append", default=[], metavar="FILE",
+                    help="rewrite the generated parts of FILE (docs/benchmarks.md, README.md)")
+    args = ap.parse_args()
+    data = json.load(open(os.path.join(args.folder, "full.json")))
+    parts = sections(data, args.folder)
+    if not args.update:
+        for name, body in parts.items():
+            print(f"## {name}\n\n{body}\n")
+    for path in args.update:
+        update(path, parts)
 
 
 if __name__ == "__main__":

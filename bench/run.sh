@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # walrelay against pg_recvlogical (the walsender's ceiling), Debezium's
 # embedded engine and a polling relay, on the same PostgreSQL 15, Kafka and
-# workload. See docs/benchmarks.md.
+# workload; walrelay on librdkafka 2.8.0 (the default build) beside 2.0.2
+# (Debian 12's) and the broker's own exactly-once floor; the decoder's
+# micro-benchmark. See docs/benchmarks.md.
 #
-#   bench/run.sh            full run (about an hour on 2 cores): results in bench/results/, plots in docs/img/
+#   bench/run.sh            full run (under an hour on 2 cores): one dated folder bench/results/<UTC date>/
+#                           (every run, the machine and every version), bench/results/latest pointing to it,
+#                           plots in docs/img/, and docs/benchmarks.md's tables regenerated (bench/report.py)
 #   bench/run.sh --quick    20,000 events, walrelay + pg_recvlogical + polling relay; fails unless every
 #                           event arrived (CTest `bench_quick`, label bench). Own services, stopped after.
 #
 # Extra arguments go to bench/bench.py (e.g. --repeats 5, --only throughput,latency,
-# --contenders walrelay,pg_recvlogical, --only txn-floor for the broker's exactly-once floor). Environment:
+# --contenders walrelay,pg_recvlogical, --only txn-floor for the broker's exactly-once floor); a run
+# with --only writes to a scratch folder unless WALRELAY_BENCH_OUT is set. Environment:
 #   WALRELAY_BIN        walrelay binary to measure (default: build a Release one in build-bench/)
 #   WALRELAY_RUN_DIR    services' run directory (full run default /tmp/wr-bench; --quick always a fresh one)
-#   WALRELAY_BENCH_OUT  results directory (full default bench/results; --quick default <run dir>/results)
+#   WALRELAY_BENCH_OUT  results directory (full default bench/results/<UTC date>; --quick and --only
+#                       default <run dir>/results)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 quick=0
+partial=0
 args=()
 for a in "$@"; do
   if [[ $a == --quick ]]; then quick=1; else args+=("$a"); fi
+  [[ $a == --only* ]] && partial=1
 done
 CACHE_ROOT="${WALRELAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/walrelay}"
 
@@ -28,7 +36,8 @@ if ((quick)); then
   out="${WALRELAY_BENCH_OUT:-$WALRELAY_RUN_DIR/results}"
 else
   export WALRELAY_RUN_DIR="${WALRELAY_RUN_DIR:-/tmp/wr-bench}"
-  out="${WALRELAY_BENCH_OUT:-$here/results}"
+  if ((partial)); then out="${WALRELAY_BENCH_OUT:-$WALRELAY_RUN_DIR/results}"
+  else out="${WALRELAY_BENCH_OUT:-$here/results/$(date -u +%Y-%m-%d)}"; fi
 fi
 services="$repo/scripts/services.sh"
 started=0
@@ -39,9 +48,28 @@ cleanup() {
 trap cleanup EXIT
 "$services" status >/dev/null 2>&1 || started=1
 
-# walrelay: the given binary or a Release build of this checkout
+# walrelay: the given binary or a Release build of this checkout (on
+# librdkafka 2.8.0, built once per machine by scripts/librdkafka.sh); for a
+# full run also the same code on Debian 12's librdkafka 2.0.2, and the
+# decoder's micro-benchmark.
 bin="${WALRELAY_BIN:-}"
-if [[ -z $bin ]]; then
+variants=()
+if ((!quick)); then
+  "$repo/scripts/librdkafka.sh" >/dev/null
+  if [[ -z $bin ]]; then
+    echo "==> building walrelay (Release, librdkafka 2.8.0) in build-bench/" >&2
+    cmake -S "$repo" -B "$repo/build-bench" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWALRELAY_TESTS=OFF >/dev/null
+    ninja -C "$repo/build-bench" walrelay >/dev/null
+    bin="$repo/build-bench/walrelay"
+  fi
+  if ((!partial)) || [[ " ${args[*]} " == *librdkafka* ]]; then
+    echo "==> building walrelay (Release, Debian 12's librdkafka 2.0.2) in build-bench-rdkafka-2.0.2/" >&2
+    cmake -S "$repo" -B "$repo/build-bench-rdkafka-2.0.2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWALRELAY_TESTS=OFF \
+      -DWALRELAY_BENCH=OFF -DWALRELAY_RDKAFKA_PREFIX=system >/dev/null
+    ninja -C "$repo/build-bench-rdkafka-2.0.2" walrelay >/dev/null
+    variants=(--variant "librdkafka 2.8.0=$bin" --variant "librdkafka 2.0.2=$repo/build-bench-rdkafka-2.0.2/walrelay")
+  fi
+elif [[ -z $bin ]]; then
   echo "==> building walrelay (Release) in build-bench/" >&2
   cmake -S "$repo" -B "$repo/build-bench" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWALRELAY_TESTS=OFF >/dev/null
   ninja -C "$repo/build-bench" walrelay >/dev/null
@@ -65,26 +93,43 @@ if ((!quick)); then
   dbz=(--debezium-dir "$("$here/debezium/jars.sh")")
 fi
 
+work="$WALRELAY_RUN_DIR/bench-work"
+mkdir -p "$work" "$out"
+touch "$work/.started"
+if ((!quick && !partial)); then
+  # The decoder alone, before any service starts: one core, the machine quiet.
+  echo "==> decoder micro-benchmark" >&2
+  cmake -S "$repo" -B "$repo/build-bench" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWALRELAY_TESTS=OFF >/dev/null
+  ninja -C "$repo/build-bench" decoder_bench >/dev/null
+  taskset -c 1 "$repo/build-bench/bench/decoder_bench" --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/decoder.json" --benchmark_out_format=json >&2
+fi
 echo "==> services in $WALRELAY_RUN_DIR" >&2
 "$services" start 2>/dev/null
 # shellcheck disable=SC1090
 source <("$services" env)
-work="$WALRELAY_RUN_DIR/bench-work"
-mkdir -p "$work" "$out"
-touch "$work/.started"
+kafka_version=$(basename "$("$repo/scripts/kafka-jars.sh")")
 mode=()
 ((quick)) && mode=(--quick)
 "$venv/bin/python" "$here/bench.py" "${mode[@]}" --pgport "$WALRELAY_TEST_PGPORT" --kafka "$WALRELAY_TEST_KAFKA" \
   --walrelay "$bin" --pg-recvlogical "${PG_BIN:-/usr/lib/postgresql/15/bin}/pg_recvlogical" \
-  --kafka-pid "$(cat "$WALRELAY_RUN_DIR/kafka/pid")" --out "$out" --work "$work" "${dbz[@]}" "${args[@]}"
-# Plots from what this run wrote: full.json (a full run) or a partial run's own
-# file (--only sidecar writes sidecar.json); older results are left alone. Into
-# docs/img for the published results (bench/results), else beside the results.
+  --kafka-pid "$(cat "$WALRELAY_RUN_DIR/kafka/pid")" --kafka-version "${kafka_version#kafka-}" \
+  --out "$out" --work "$work" "${dbz[@]}" "${variants[@]}" "${args[@]}"
+# Plots from what this run wrote. A full run into bench/results/<date> is the
+# published one: its plots go to docs/img, bench/results/latest points to it
+# and docs/benchmarks.md's generated part is written from it; anything else
+# keeps its plots beside its results.
 if ((!quick)); then
   img="$out"
-  [[ $out -ef $here/results ]] && img="$repo/docs/img"
+  published=0
+  if ((!partial)) && [[ $(dirname "$out") -ef $here/results ]]; then published=1; img="$repo/docs/img"; fi
   for f in "$out"/*.json; do
+    [[ $(basename "$f") == decoder.json ]] && continue
     if [[ $f -nt $work/.started ]]; then "$venv/bin/python" "$here/plot.py" "$f" "$img"; fi
   done
+  if ((published)); then
+    ln -sfn "$(basename "$out")" "$here/results/latest"
+    "$venv/bin/python" "$here/report.py" --update "$repo/docs/benchmarks.md" --update "$repo/README.md" "$out"
+  fi
 fi
 echo "==> results in $out" >&2

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks to build, test and benchmark
-# walrelay, then fetches the Kafka broker jars. Idempotent: a second run
-# installs nothing and reuses the jar cache.
+# walrelay, builds librdkafka 2.8.0 into the cache (scripts/librdkafka.sh;
+# CMake builds against it when it is there), then fetches the Kafka broker
+# jars. Idempotent: a second run installs and builds nothing and reuses the
+# caches.
 #
 #   WALRELAY_PG_MAJORS="14 16 17 18" scripts/setup.sh   also the PostgreSQL
 #       servers of these majors (scripts/pg-install.sh; 15 is Debian's, always)
@@ -34,6 +36,7 @@ if ((${#missing[@]})); then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+"$here/librdkafka.sh" >/dev/null
 "$here/kafka-jars.sh" >/dev/null
 # shellcheck disable=SC2086  # a list of majors
 [[ -z $pg_majors ]] || "$here/pg-install.sh" $pg_majors

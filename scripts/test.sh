@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh Debian 12 machine: installs what is missing,
-# builds (warnings are errors), runs the unit tests once more under ASan and
-# UBSan, starts PostgreSQL and Kafka, runs every test, and stops what it
-# started, also when a test fails.
+# The whole test suite on a fresh Debian 12 machine: installs what is missing
+# (librdkafka 2.8.0 built once per machine), builds (warnings are errors),
+# builds again with ASan and UBSan against Debian 12's librdkafka 2.0.2 and
+# runs the unit tests there, starts PostgreSQL and Kafka, runs every test,
+# and stops what it started, also when a test fails.
 #
-#   scripts/test.sh               everything: the whole suite on PostgreSQL 15, then on 14, 16, 17
-#                                 and 18 the relay, admin, crash and database tests and the
-#                                 high-availability tests each major supports
+#   scripts/test.sh               everything: the whole suite on PostgreSQL 15 and librdkafka 2.8.0,
+#                                 then relay and exactly-once tests against the 2.0.2 walrelay, then
+#                                 on 14, 16, 17 and 18 the relay, admin, crash and database tests
+#                                 and the high-availability tests each major supports
 #   scripts/test.sh -L unit       one label (unit, integration, fault, fuzz, deploy, mutation), on 15
 #
 # WALRELAY_PG_MAJORS (default "14 16 17 18") names the other majors; empty skips them.
@@ -19,10 +21,14 @@ other_majors=${WALRELAY_PG_MAJORS-14 16 17 18}
 WALRELAY_PG_MAJORS="$other_majors" scripts/setup.sh
 echo "==> build (warnings are errors)"
 scripts/build.sh build -DWALRELAY_WERROR=ON
-echo "==> build with AddressSanitizer + UndefinedBehaviorSanitizer (unit tests)"
+build/walrelay --version
+# librdkafka 2.0.2 stays supported: the sanitizer build is also the one
+# against Debian 12's package, so one extra compile covers both.
+echo "==> build with AddressSanitizer + UndefinedBehaviorSanitizer, librdkafka 2.0.2 (Debian 12)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWALRELAY_SANITIZE=ON -DWALRELAY_WERROR=ON \
-  -DWALRELAY_BENCH=OFF >/dev/null
-cmake --build build-asan -j"$(nproc)" --target unit_tests decoder_tests
+  -DWALRELAY_BENCH=OFF -DWALRELAY_RDKAFKA_PREFIX=system >/dev/null
+cmake --build build-asan -j"$(nproc)" --target unit_tests decoder_tests walrelay
+build-asan/walrelay --version
 
 # Stop what we started, also when a test fails: the services, and any
 # walrelay a crashed test binary left behind.
@@ -32,7 +38,7 @@ cleanup() {
 }
 trap cleanup EXIT
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-echo "==> unit tests under sanitizers"
+echo "==> unit tests under sanitizers, librdkafka 2.0.2"
 ctest --test-dir build-asan -L unit --output-on-failure -j2
 # PostgreSQL's and Kafka's data outlive a run: start from nothing, so that
 # no earlier run's slots or topics can change this one's outcome.
@@ -45,10 +51,31 @@ if [[ $# -gt 0 ]]; then
 fi
 ctest --test-dir build --output-on-failure
 
+# librdkafka 2.0.2: the relay and exactly-once tests that run walrelay as a
+# process, against the sanitizer build's walrelay (so they also run the
+# daemon itself under ASan and UBSan).
+echo "==> relay and exactly-once tests against walrelay on librdkafka 2.0.2 (ASan, UBSan)"
+scripts/services.sh start >/dev/null 2>&1
+for spec in "${rdkafka_202_tests[@]}"; do
+  echo "    $spec"
+  WALRELAY_TEST_BINARY="$repo/build-asan/walrelay" build/tests/integration_tests "$spec"
+done
+scripts/services.sh stop >/dev/null 2>&1
+
 # The other majors: what depends on the server (the relay, the admin
 # endpoint's view of the slot, crashes, database faults), and the
 # high-availability tests where the major has what they need. Each run
 # starts that major (the services fixture passes PG_MAJOR on) and stops it.
+rdkafka_202_tests=(
+  "relay: every committed event*"
+  "relay: per-key order holds*"
+  "relay: the slot never passes an unacknowledged record*"
+  "relay: kill -9 mid-run*"
+  "fault: errors.tolerance=all sends a row*"
+  "fault: exactly once - kill -9 ten times*"
+  "fault: exactly once - a record the broker refuses aborts*"
+  "fault: exactly once - two walrelays on one slot*"
+)
 version_tests='^(relay: |relay with a fake sink: |messages: |admin: |fault\.fault: (kill -9|PostgreSQL restarted|a walsender))'
 ha_tests() {  # the hidden Catch tests a major runs
   local m=$1

@@ -7,7 +7,7 @@ need python3 python3
 python3 - "$REPO" <<'PY'
 import os, re, sys
 repo = sys.argv[1]
-docs = ["quickstart.md", "configuration.md", "operations.md", "migration-from-debezium.md",
+docs = ["quickstart.md", "configuration.md", "benchmarks.md", "operations.md", "migration-from-debezium.md",
         "migration-from-polling.md", "architecture.md", "tableless-outbox.md"]
 def anchors(path):
     out = set()
