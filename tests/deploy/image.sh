@@ -40,7 +40,17 @@ base_images() {
       || { tail -n 20 "$cache/debootstrap.log" >&2; exit 1; }
     mv "$tree.tmp" "$tree"
   fi
-  tar -C "$tree" -c . | buildah_ import - "localhost/debian:$release" >/dev/null
+  # Debian 12's buildah (1.28) has no `import`: an empty container from
+  # scratch, the tree added as a tar archive (which `add` unpacks, special
+  # files and owners included), committed under the base image's name.
+  tar -C "$tree" -cf "$cache/$release.tar" .
+  local ctr
+  ctr=$(buildah_ from scratch)
+  buildah_ add "$ctr" "$cache/$release.tar" / >/dev/null
+  buildah_ config --cmd /bin/bash "$ctr"
+  buildah_ commit --format docker "$ctr" "localhost/debian:$release" >/dev/null
+  buildah_ rm "$ctr" >/dev/null
+  rm -f "$cache/$release.tar"
   buildah_ tag "localhost/debian:$release" "localhost/debian:$release-slim"
 }
 
