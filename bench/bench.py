@@ -949,7 +949,7 @@ def main():
                          "1 for options, sidecar and tableless; the full run stays under an hour on 2 cores)")
     ap.add_argument("--only", default="",
                     help="comma list of sections: librdkafka,throughput,options,latency,sidecar,tableless, and "
-                         "txn-floor (not in a full run); results then go to <sections>.json, leaving full.json alone")
+                         "txn-floor, eos-throughput (not in a full run); results then go to <sections>.json")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINARY",
                     help="librdkafka section: a walrelay build to measure (e.g. 'librdkafka 2.0.2=build-x/walrelay'); "
                          "every variant runs in each round, interleaved")
@@ -971,7 +971,7 @@ def main():
     env = Env(args)
     sections = set(args.only.split(",")) if args.only else {"librdkafka", "throughput", "options", "latency",
                                                              "sidecar", "tableless"}
-    default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3}
+    default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3, "eos-throughput": 3}
     variants = [tuple(v.split("=", 1)) for v in args.variant]
     if not variants:
         sections.discard("librdkafka")
@@ -1073,6 +1073,32 @@ def main():
                 r.pop("pg_load", None)
                 log(json.dumps(r))
                 result["librdkafka"].append(r)
+                save()
+
+    if "eos-throughput" in sections:
+        # Explicit only: exactly once against at least once at 100-row
+        # transactions on 1,000,000 events, each build, with status updates
+        # every 100 ms so that the slot's confirmation (the end of a run)
+        # lags the work by at most that, timed from the first record in
+        # Kafka (start-up apart, reported as startup_s).
+        result.setdefault("eos_throughput", [])
+        n = args.events or 1000000
+        for rep in range(reps("eos-throughput")):
+            seq += 1
+            names = {(v, m): f"bench_eost_{seq}_{i}_{m}" for i, (v, _) in enumerate(variants) for m in ("alo", "eos")}
+            log(f"eos-throughput round {rep + 1}: {n} events in 100-row transactions")
+            end_lsn = prepare_round(env, n, 100, list(names.values()), list(names.values()))
+            for (vname, mode), slot in names.items():
+                extra = {"status.update.interval.ms": "100"}
+                if mode == "eos":
+                    extra["exactly.once.support"] = "required"
+                r = run_walrelay(env, n, slot, end_lsn, extra=extra, binary=dict(variants)[vname])
+                t, s0 = r.get("launch_to_slot_confirmed_s"), r.get("startup_s")
+                r.update(kind=f"throughput_{mode}", variant=vname, round=rep + 1,
+                         first_to_confirmed_events_per_s=round(n / (t - s0)) if t and s0 is not None else None)
+                r.pop("pg_load", None)
+                log(json.dumps(r))
+                result["eos_throughput"].append(r)
                 save()
 
     if "throughput" in sections:

@@ -62,7 +62,7 @@ if ((!quick)); then
     ninja -C "$repo/build-bench" walrelay >/dev/null
     bin="$repo/build-bench/walrelay"
   fi
-  if ((!partial)) || [[ " ${args[*]} " == *librdkafka* ]]; then
+  if ((!partial)) || [[ " ${args[*]} " == *librdkafka* || " ${args[*]} " == *eos-throughput* ]]; then
     echo "==> building walrelay (Release, Debian 12's librdkafka 2.0.2) in build-bench-rdkafka-2.0.2/" >&2
     cmake -S "$repo" -B "$repo/build-bench-rdkafka-2.0.2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWALRELAY_TESTS=OFF \
       -DWALRELAY_BENCH=OFF -DWALRELAY_RDKAFKA_PREFIX=system >/dev/null
