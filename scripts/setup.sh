@@ -20,7 +20,7 @@ packages=(
   clang-14 libclang-rt-14-dev
   postgresql-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl
-  systemd prometheus shellcheck python3-yaml binutils
+  systemd prometheus shellcheck python3-yaml python3-jsonschema binutils
   buildah debootstrap
 )
 # The other majors come from the npm registry.

@@ -61,7 +61,12 @@ std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& co
   };
   if (config.routes_by_value())
     out.emplace_back("route.by.field", config.route_by_field);
-  for (auto& p : config.additional_placement) out.emplace_back("table.fields.additional.placement", p.column);
+  // With table.fields.additional.error.on.missing=false a placed column
+  // the table lacks is left out of its records, not an error.
+  if (config.additional_error_on_missing)
+    for (auto& p : config.additional_placement) out.emplace_back("table.fields.additional.placement", p.column);
+  out.emplace_back("table.field.event.headers", config.field_event_headers);
+  if (config.cloudevents != CloudEventsMode::none) out.emplace_back("table.field.event.type", config.field_event_type);
   out.erase(std::remove_if(out.begin(), out.end(), [](auto& kv) { return kv.second.empty(); }), out.end());
   return out;
 }

@@ -3,6 +3,8 @@
 // value says what was expected. Nothing here connects to anything.
 #include "walrelay/config.hpp"
 
+#include "walrelay/connect_config.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -213,6 +215,7 @@ const std::vector<KeySpec>& key_specs() {
       {"table.field.event.type", column_field(&Config::field_event_type, true)},
       {"table.field.event.payload", column_field(&Config::field_event_payload, false)},
       {"table.field.event.timestamp", column_field(&Config::field_event_timestamp, true)},
+      {"table.field.event.headers", column_field(&Config::field_event_headers, true)},
       {"route.by.field", column_field(&Config::route_by_field, true)},
       {"route.topic.regex",
        [](Config& c, const std::string& k, const std::string& v) {
@@ -225,6 +228,15 @@ const std::vector<KeySpec>& key_specs() {
          c.route_topic_regex = v;
        }},
       {"tracing.span.context.field", column_field(&Config::tracing_span_context_field, true)},
+      {"tracing.enabled", bool_field(&Config::tracing_enabled)},
+      {"table.fields.additional.error.on.missing", bool_field(&Config::additional_error_on_missing)},
+      {"table.op.invalid.behavior",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "warn") c.op_invalid_behavior = InvalidOperation::warn;
+         else if (v == "error") c.op_invalid_behavior = InvalidOperation::error;
+         else if (v == "fatal") c.op_invalid_behavior = InvalidOperation::fatal;
+         else throw ConfigError(k, "expected warn, error or fatal, got \"" + v + "\"");
+       }},
       {"route.topic.replacement",
        [](Config& c, const std::string& k, const std::string& v) {
          if (v.empty()) throw ConfigError(k, "must not be empty");
@@ -257,7 +269,29 @@ const std::vector<KeySpec>& key_specs() {
       {"route.tombstone.on.empty.payload", bool_field(&Config::route_tombstone_on_empty_payload)},
       {"table.expand.json.payload", bool_field(&Config::expand_json_payload)},
       {"key.converter", converter_field(&Config::key_converter)},
-      {"value.converter", converter_field(&Config::value_converter)},
+      {"value.converter",
+       [](Config& c, const std::string& k, const std::string& v) {
+         // Debezium's converter of CloudEvents: the structured mode.
+         if (v == "io.debezium.converters.CloudEventsConverter") {
+           if (c.origin.count("cloudevents.mode") && c.cloudevents != CloudEventsMode::structured)
+             throw ConfigError(k, "CloudEventsConverter writes the structured mode; cloudevents.mode says otherwise");
+           c.cloudevents = CloudEventsMode::structured;
+           return;
+         }
+         converter_field(&Config::value_converter)(c, k, v);
+       }},
+      {"cloudevents.mode",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "none") c.cloudevents = CloudEventsMode::none;
+         else if (v == "binary") c.cloudevents = CloudEventsMode::binary;
+         else if (v == "structured") c.cloudevents = CloudEventsMode::structured;
+         else throw ConfigError(k, "expected none, binary or structured, got \"" + v + "\"");
+       }},
+      {"cloudevents.source",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v.empty()) throw ConfigError(k, "must not be empty (CloudEvents requires a source)");
+         c.cloudevents_source = v;
+       }},
       {"key.converter.schemas.enable", schemas_enable_field()},
       {"value.converter.schemas.enable", schemas_enable_field()},
       {"message.prefix.include.list",
@@ -419,6 +453,19 @@ void validate(Config& c) {
   }
   if (c.routes_by_value() && c.route_by_field.empty())
     throw ConfigError("route.by.field", "must name a column while route.topic.replacement refers to the route value");
+  if (c.cloudevents != CloudEventsMode::none) {
+    if (c.field_event_type.empty())
+      throw ConfigError("table.field.event.type", "must name a column: it is the CloudEvents type, which is required");
+    if (c.value_converter == Converter::json)
+      throw ConfigError("value.converter", "the CloudEvents structured mode is the value's format: set "
+                                           "value.converter=io.debezium.converters.CloudEventsConverter or leave "
+                                           "it out");
+    for (auto& f : c.additional_placement)
+      if (f.placement == Placement::envelope)
+        throw ConfigError("table.fields.additional.placement",
+                          "an envelope placement (" + f.column + ") and CloudEvents: the event is the value's "
+                          "envelope; place the column in a header instead");
+  }
   for (auto& f : c.additional_placement)
     if (f.alias.empty()) throw ConfigError("table.fields.additional.placement", "empty header name for column " + f.column);
   if (!c.exactly_once && c.kafka.count("transactional.id"))
@@ -546,23 +593,36 @@ bool is_secret_key(const std::string& key) {
 
 Config parse_config(const std::string& text, const std::string& source_name, const std::vector<std::string>& environ) {
   Config c;
+  // The file as written: a properties file, or Kafka Connect's JSON.
+  std::vector<RawSetting> settings;
+  if (auto json = parse_connect_json(text, source_name)) {
+    settings = std::move(*json);
+  } else {
+    std::istringstream in(text);
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+      ++lineno;
+      auto t = trim(line);
+      if (t.empty() || t[0] == '#' || t[0] == '!') continue;
+      auto eq = t.find('=');
+      if (eq == std::string::npos)
+        throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" + t + "\"");
+      auto key = trim(t.substr(0, eq));
+      auto value = trim(t.substr(eq + 1));
+      if (key.empty()) throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": empty key");
+      for (auto& s : settings)
+        if (s.key == key)
+          throw ConfigError(key, "conflicting or redundant: set again at " + source_name + ":" + std::to_string(lineno));
+      settings.push_back({key, value, source_name + ":" + std::to_string(lineno)});
+    }
+  }
+  translate_connect_keys(settings, c.notes);
   std::map<std::string, std::pair<std::string, std::string>> values;  // key -> (value, origin)
-  std::istringstream in(text);
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    auto t = trim(line);
-    if (t.empty() || t[0] == '#' || t[0] == '!') continue;
-    auto eq = t.find('=');
-    if (eq == std::string::npos)
-      throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" + t + "\"");
-    auto key = trim(t.substr(0, eq));
-    auto value = trim(t.substr(eq + 1));
-    if (key.empty()) throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": empty key");
-    if (values.count(key))
-      throw ConfigError(key, "conflicting or redundant: set again at " + source_name + ":" + std::to_string(lineno));
-    values[key] = {value, source_name + ":" + std::to_string(lineno)};
+  for (auto& s : settings) {
+    if (auto it = values.find(s.key); it != values.end())
+      throw ConfigError(s.key, "conflicting or redundant: set at " + it->second.second + " and at " + s.origin);
+    values[s.key] = {s.value, s.origin};
   }
 
   // Environment: WALRELAY_DATABASE_PASSWORD -> database.password. Known keys
@@ -689,15 +749,21 @@ std::string Config::describe() const {
   line("table.field.event.type", field_event_type);
   line("table.field.event.payload", field_event_payload);
   line("table.field.event.timestamp", field_event_timestamp);
+  line("table.field.event.headers", field_event_headers);
   line("route.by.field", route_by_field);
   line("route.topic.replacement", route_topic_replacement);
   line("route.topic.regex", route_topic_regex);
   line("tracing.span.context.field", tracing_span_context_field);
+  line("tracing.enabled", tracing_enabled ? "true" : "false");
   std::string placements;
   for (auto& f : additional_placement)
     placements += (placements.empty() ? "" : ",") + f.column + ":" + placement_name(f.placement) +
                   (f.alias.empty() ? "" : ":" + f.alias);
   line("table.fields.additional.placement", placements);
+  line("table.fields.additional.error.on.missing", additional_error_on_missing ? "true" : "false");
+  line("table.op.invalid.behavior", op_invalid_behavior == InvalidOperation::warn    ? "warn"
+                                    : op_invalid_behavior == InvalidOperation::error ? "error"
+                                                                                     : "fatal");
   line("route.tombstone.on.empty.payload", route_tombstone_on_empty_payload ? "true" : "false");
   line("table.expand.json.payload", expand_json_payload ? "true" : "false");
   auto converter = [](Converter c) {
@@ -706,7 +772,12 @@ std::string Config::describe() const {
   };
   line("key.converter", converter(key_converter));
   line("key.converter.schemas.enable", "false");
-  line("value.converter", converter(value_converter));
+  line("value.converter", cloudevents == CloudEventsMode::structured ? "io.debezium.converters.CloudEventsConverter"
+                                                                      : converter(value_converter));
+  line("cloudevents.mode", cloudevents == CloudEventsMode::none     ? "none"
+                           : cloudevents == CloudEventsMode::binary ? "binary"
+                                                                    : "structured");
+  line("cloudevents.source", cloudevents_source_or_default());
   line("value.converter.schemas.enable", "false");
   std::string prefixes;
   for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;

@@ -81,11 +81,15 @@ int main(int argc, char** argv) {
     return exit_config;
   }
   if (vm.count("print-config")) {
+    // A Debezium or Connect file comes out as walrelay's own, what it
+    // dropped as comments.
+    for (auto& n : config.notes) std::cout << "# " << n << "\n";
     std::cout << config.describe();
     return exit_ok;
   }
   setup_logging(config.log_level, config.log_format);
   for (auto& w : config_warnings(config)) spdlog::warn("{}", w);
+  for (auto& n : config.notes) spdlog::info("{}", n);
 
   asio::io_context io(1);
   Metrics metrics;

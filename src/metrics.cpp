@@ -287,6 +287,9 @@ Metrics::Metrics()
       skipped_messages_family_(add_counter_family(
           *registry_, "walrelay_skipped_messages_total",
           "Logical messages whose prefix matches no pattern of message.prefix.include.list, by prefix.")),
+      invalid_operations_family_(add_counter_family(
+          *registry_, "walrelay_invalid_operations_total",
+          "Updates of outbox rows that the publication sent, skipped as table.op.invalid.behavior says, by table.")),
       kafka_transactions_family_(add_counter_family(
           *registry_, "walrelay_kafka_transactions_total",
           "Exactly once: Kafka transactions ended, by outcome (committed, aborted).")),
@@ -334,6 +337,10 @@ prometheus::Counter& Metrics::kafka_transactions(std::string_view outcome) {
 
 prometheus::Counter& Metrics::skipped_messages(std::string_view prefix) {
   return skipped_messages_family_->Add({{"prefix", std::string(prefix)}});
+}
+
+prometheus::Counter& Metrics::invalid_operations(std::string_view table) {
+  return invalid_operations_family_->Add({{"table", std::string(table)}});
 }
 
 prometheus::Counter& Metrics::skipped_rows(std::string_view table) {

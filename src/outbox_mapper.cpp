@@ -3,6 +3,8 @@
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <iterator>
 #include <string>
 
@@ -133,6 +135,30 @@ bool parse_iso_timestamp(std::string_view s, std::int64_t& unix_ms) {
 OutboxMapper::OutboxMapper(const Config& config) : config_(config) {
   if (config_.route_topic_regex != Config::default_route_topic_regex)
     route_regex_.emplace(config_.route_topic_regex, boost::regex::perl);
+  // The regex's group names, as written: (?<name>...), (?P<name>...), (?'name'...).
+  std::vector<std::string> groups{"routedByValue"};
+  if (route_regex_) {
+    groups.clear();
+    static const boost::regex named(R"(\(\?P?<([A-Za-z][A-Za-z0-9_]*)>|\(\?'([A-Za-z][A-Za-z0-9_]*)')");
+    for (boost::sregex_iterator it(config_.route_topic_regex.begin(), config_.route_topic_regex.end(), named), end;
+         it != end; ++it)
+      groups.push_back((*it)[1].matched ? (*it)[1].str() : (*it)[2].str());
+  }
+  std::string ignored;
+  expand_route_replacement(
+      config_.route_topic_replacement,
+      [&](std::string_view ref) -> std::optional<std::string_view> {
+        const std::string name(ref);
+        const bool number = std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!number && std::find(groups.begin(), groups.end(), name) == groups.end() &&
+            std::find(route_column_names_.begin(), route_column_names_.end(), name) == route_column_names_.end())
+          route_column_names_.push_back(name);
+        return std::string_view("x");
+      },
+      ignored);
+  route_column_values_.resize(route_column_names_.size());
+  route_column_bufs_.resize(route_column_names_.size());
+  ce_source_ = config_.cloudevents_source_or_default();
 }
 
 bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
@@ -167,7 +193,14 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   info.timestamp = find(config_.field_event_timestamp, true);
   info.route = find(config_.route_by_field, config_.routes_by_value());
   info.tracing = find(config_.tracing_span_context_field, false);  // used where the table has it
-  for (auto& p : config_.additional_placement) info.placements.push_back({find(p.column, true), p.alias, p.column});
+  info.headers = find(config_.field_event_headers, true);
+  // The CloudEvents type is required; otherwise the column is not read.
+  info.type = find(config_.field_event_type, config_.cloudevents != CloudEventsMode::none);
+  for (auto& name : route_column_names_) info.route_columns.push_back(find(name, true));
+  // A placed column the table lacks is its mapping error, or with
+  // table.fields.additional.error.on.missing=false a field left out.
+  for (auto& p : config_.additional_placement)
+    info.placements.push_back({find(p.column, config_.additional_error_on_missing), p.alias, p.column});
   bool outbox = info.outbox;
   relations_[relation.oid] = std::move(info);
   return outbox;
@@ -326,6 +359,14 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   } else {
     std::string_view route;
     if (auto e = text_of(rel, rel.route, col(rel.route), route_buf_, route, "route")) return e;
+    for (std::size_t i = 0; i < rel.route_columns.size(); ++i) {
+      const pgoutput::Column& c = col(rel.route_columns[i]);
+      if (c.is_null())
+        return MapError{"null_value", "route column \"" + route_column_names_[i] +
+                                          "\" (named by route.topic.replacement) is NULL: no topic to route to"};
+      if (auto e = text_of(rel, rel.route_columns[i], c, route_column_bufs_[i], route_column_values_[i], "route"))
+        return e;
+    }
     if (auto e = route_to(route, "route column", out)) return e;
   }
 
@@ -364,6 +405,7 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   if (header_bufs_.size() < rel.placements.size()) header_bufs_.resize(rel.placements.size());
   for (std::size_t i = 0; i < rel.placements.size(); ++i) {
     const PlacedColumn& p = rel.placements[i];
+    if (!p.column) continue;  // absent, and error.on.missing=false
     const pgoutput::Column& c = col(p.column);
     if (c.is_null()) {
       if (auto e = place(i, std::nullopt, false, out)) return e;
@@ -375,9 +417,26 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     const bool number = t == pgtype::int2 || t == pgtype::int4 || t == pgtype::int8 || t == pgtype::oid;
     if (auto e = place(i, v, number, out)) return e;
   }
+  if (rel.headers) {
+    const pgoutput::Column& c = col(rel.headers);
+    if (!c.is_null()) {
+      std::string_view text;
+      if (auto e = text_of(rel, rel.headers, c, headers_text_buf_, text, "headers")) return e;
+      if (auto e = add_row_headers(text, out)) return e;
+    }
+  }
   convert(out, rel.payload.type_oid == pgtype::bytea);
+  if (config_.cloudevents != CloudEventsMode::none) {
+    const pgoutput::Column& c = col(rel.type);
+    if (c.is_null())
+      return MapError{"null_value", "CloudEvents type column \"" + config_.field_event_type + "\" is NULL"};
+    std::string_view type;
+    if (auto e = text_of(rel, rel.type, c, ce_type_buf_, type, "CloudEvents type")) return e;
+    const auto t = rel.payload.type_oid;
+    cloudevent(id, type, key, t == pgtype::json || t == pgtype::jsonb, t == pgtype::bytea, out);
+  }
   trace_problem_.clear();
-  if (rel.tracing) {
+  if (rel.tracing && config_.tracing_enabled) {
     const pgoutput::Column& c = col(rel.tracing);
     std::string_view text;
     if (c.kind == pgoutput::ColumnKind::text || c.kind == pgoutput::ColumnKind::binary) {
@@ -404,6 +463,76 @@ std::optional<MapError> OutboxMapper::place(std::size_t index, std::optional<std
       return MapError{"bad_partition", "partition placement \"" + f.column + "\" value \"" +
                                            std::string(value->substr(0, 40)) + "\" is not a partition number"};
     out.partition = p;
+  }
+  return std::nullopt;
+}
+
+namespace {
+// A JSON value that is not a string or null as its text: an object or array
+// as written, a number or boolean as its token, trailing blanks dropped.
+// nullopt when it is not valid JSON.
+std::optional<std::string_view> json_text(simdjson::ondemand::value& value, simdjson::ondemand::json_type type) {
+  namespace od = simdjson::ondemand;
+  std::string_view raw;
+  bool failed = false;
+  if (type == od::json_type::object) {
+    od::object o;
+    failed = value.get_object().get(o) || o.raw_json().get(raw);
+  } else if (type == od::json_type::array) {
+    od::array a;
+    failed = value.get_array().get(a) || a.raw_json().get(raw);
+  } else {
+    raw = value.raw_json_token();
+  }
+  if (failed) return std::nullopt;
+  while (!raw.empty() && (raw.back() == ' ' || raw.back() == '\n' || raw.back() == '\r' || raw.back() == '\t'))
+    raw.remove_suffix(1);
+  return raw;
+}
+}  // namespace
+
+std::optional<MapError> OutboxMapper::add_row_headers(std::string_view json, OutboxRecord& out) {
+  namespace od = simdjson::ondemand;
+  // Its own parser: a message's member views may point into the other one's.
+  static thread_local od::parser parser;
+  auto bad = [&](const std::string& why) {
+    return MapError{"bad_headers", "headers \"" + config_.field_event_headers + "\": " + why};
+  };
+  headers_json_buf_.assign(json);
+  headers_json_buf_.append(simdjson::SIMDJSON_PADDING, '\0');
+  // Unescaped names and values are never longer than their JSON text, and a
+  // NUL per name needs at most one byte per member: this never reallocates.
+  headers_store_.clear();
+  headers_store_.reserve(2 * json.size() + 16);
+  od::document doc;
+  od::object object;
+  if (parser.iterate(headers_json_buf_.data(), json.size(), headers_json_buf_.size()).get(doc) ||
+      doc.get_object().get(object))
+    return bad("not a JSON object");
+  for (auto field : object) {
+    std::string_view name;
+    if (field.unescaped_key().get(name)) return bad("a member's name is not valid JSON");
+    const auto name_at = headers_store_.size();
+    headers_store_.append(name);
+    headers_store_.push_back('\0');
+    std::string_view name_view(headers_store_.data() + name_at, name.size());
+    od::value value = field.value();
+    od::json_type type;
+    if (value.type().get(type)) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+    if (type == od::json_type::null) {
+      if (value.is_null().error()) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+      out.headers.push_back({name_view, std::nullopt});
+    } else if (type == od::json_type::string) {
+      std::string_view v;
+      if (value.get_string().get(v)) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+      const auto at = headers_store_.size();
+      headers_store_.append(v);
+      out.headers.push_back({name_view, std::string_view(headers_store_.data() + at, v.size())});
+    } else {
+      auto raw = json_text(value, type);
+      if (!raw) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+      out.headers.push_back({name_view, *raw});  // a view into headers_json_buf_
+    }
   }
   return std::nullopt;
 }
@@ -471,10 +600,84 @@ void OutboxMapper::convert(OutboxRecord& out, bool payload_bytes) {
   }
 }
 
+void OutboxMapper::cloudevent(std::string_view id, std::string_view type, std::optional<std::string_view> subject,
+                              bool payload_json, bool payload_bytes, OutboxRecord& out) {
+  // time: the record's timestamp (the timestamp column, or the commit), RFC 3339 in UTC.
+  {
+    const std::time_t secs = static_cast<std::time_t>(out.timestamp_ms / 1000);
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char buf[40];
+    const auto n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                                 static_cast<int>(out.timestamp_ms % 1000));
+    ce_time_buf_.assign(buf, static_cast<std::size_t>(n));
+  }
+  // What the payload is: JSON goes in as data, bytes as data_base64, other text as a string.
+  std::string_view payload = out.value.value_or(std::string_view{});
+  if (out.value && !payload_json && !payload_bytes) {
+    static thread_local simdjson::dom::parser parser;
+    simdjson::dom::element ignored;
+    payload_json = !parser.parse(payload.data(), payload.size()).get(ignored);
+  }
+  const char* content_type = payload_bytes  ? "application/octet-stream"
+                             : payload_json ? "application/json"
+                                            : "text/plain; charset=utf-8";
+  if (config_.cloudevents == CloudEventsMode::binary) {
+    out.headers.push_back({"ce_specversion", std::string_view("1.0")});
+    out.headers.push_back({"ce_id", id});
+    out.headers.push_back({"ce_source", std::string_view(ce_source_)});
+    out.headers.push_back({"ce_type", type});
+    out.headers.push_back({"ce_time", std::string_view(ce_time_buf_)});
+    if (subject) out.headers.push_back({"ce_subject", *subject});
+    if (out.value) out.headers.push_back({"content-type", std::string_view(content_type)});
+    return;
+  }
+  std::string& v = ce_value_buf_;
+  v = "{\"specversion\":\"1.0\",\"id\":";
+  v += json_string(id);
+  v += ",\"source\":";
+  v += json_string(ce_source_);
+  v += ",\"type\":";
+  v += json_string(type);
+  if (subject) {
+    v += ",\"subject\":";
+    v += json_string(*subject);
+  }
+  v += ",\"time\":\"";
+  v += ce_time_buf_;
+  v += '"';
+  if (out.value) {
+    v += ",\"datacontenttype\":\"";
+    v += content_type;
+    if (payload_bytes) {
+      namespace b64 = boost::beast::detail::base64;
+      v += "\",\"data_base64\":\"";
+      const auto at = v.size();
+      v.resize(at + b64::encoded_size(payload.size()));
+      v.resize(at + b64::encode(v.data() + at, payload.data(), payload.size()));
+      v += '"';
+    } else {
+      v += "\",\"data\":";
+      if (payload_json) v += payload;
+      else v += json_string(payload);
+    }
+  }
+  v += '}';
+  out.value = v;
+  out.headers.push_back({"content-type", std::string_view("application/cloudevents+json; charset=UTF-8")});
+}
+
 void OutboxMapper::add_trace_headers(std::string_view text, OutboxRecord& out) {
   if (!parse_trace_context(text, traceparent_buf_, tracestate_buf_, trace_problem_)) return;
   out.headers.push_back({"traceparent", traceparent_buf_});
   if (!tracestate_buf_.empty()) out.headers.push_back({"tracestate", tracestate_buf_});
+}
+
+std::optional<std::string_view> OutboxMapper::route_column(std::string_view name) const {
+  for (std::size_t i = 0; i < route_column_names_.size(); ++i)
+    if (route_column_names_[i] == name) return route_column_values_[i];
+  return std::nullopt;
 }
 
 std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::string_view what, OutboxRecord& out) {
@@ -486,13 +689,13 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
         config_.route_topic_replacement,
         [&](std::string_view name) -> std::optional<std::string_view> {
           if (name == "routedByValue" || name == "0" || name == "1") return route;
-          return std::nullopt;
+          return route_column(name);
         },
         topic_buf_);
     if (problem) return MapError{"invalid_topic", *problem};
   } else {
     // Routes repeat: each value's topic is worked out once.
-    if (auto it = topic_cache_.find(route); it != topic_cache_.end()) {
+    if (auto it = topic_cache_.find(route); route_column_names_.empty() && it != topic_cache_.end()) {
       out.topic = it->second;
       return std::nullopt;
     }
@@ -509,7 +712,7 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
         }
         const auto& sub = match[name];
         if (!sub.matched && match.named_subexpression_index(name.c_str(), name.c_str() + name.size()) < 0)
-          return std::nullopt;
+          return route_column(ref);
         return sub.matched ? std::string_view(&*sub.first, static_cast<std::size_t>(sub.length())) : std::string_view{};
       }, topic_buf_);
       if (problem) return MapError{"invalid_topic", *problem};
@@ -523,7 +726,7 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
     return MapError{"invalid_topic", std::string(what) + " \"" + config_.route_by_field + "\" value \"" + printable(route, 100) +
                                          "\" makes an illegal Kafka topic name: " + *why + " (topic \"" +
                                          printable(topic_buf_, 300) + "\")"};
-  if (route_regex_) {
+  if (route_regex_ && route_column_names_.empty()) {
     if (topic_cache_.size() >= max_cached_topics) topic_cache_.clear();
     out.topic = topic_cache_.emplace(std::string(route), topic_buf_).first->second;
   } else {
@@ -589,18 +792,14 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
   if (doc.get_object().get(object)) return bad("the content is not a JSON object");
 
   using Member = MessageMember;
-  Member id, key, payload, timestamp, route, tracing;
+  Member id, key, payload, timestamp, route, tracing, headers, type;
   std::vector<Member>& placed = placed_members_;
   placed.assign(config_.additional_placement.size(), Member{});
-  auto trim = [](std::string_view v) {
-    while (!v.empty() && (v.back() == ' ' || v.back() == '\n' || v.back() == '\r' || v.back() == '\t'))
-      v.remove_suffix(1);
-    return v;
-  };
+  route_members_.assign(route_column_names_.size(), Member{});
   for (auto field : object) {
     std::string_view name;
     if (field.unescaped_key().get(name)) return bad("a member's name is not valid JSON");
-    Member* targets[8];
+    Member* targets[16];
     std::size_t n = 0;
     if (name == config_.field_event_id) targets[n++] = &id;
     if (name == config_.field_event_key) targets[n++] = &key;
@@ -609,6 +808,10 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
     if (name == config_.route_by_field) targets[n++] = &route;
     if (!config_.tracing_span_context_field.empty() && name == config_.tracing_span_context_field)
       targets[n++] = &tracing;
+    if (!config_.field_event_headers.empty() && name == config_.field_event_headers) targets[n++] = &headers;
+    if (config_.cloudevents != CloudEventsMode::none && name == config_.field_event_type) targets[n++] = &type;
+    for (std::size_t i = 0; i < route_column_names_.size() && n < std::size(targets); ++i)
+      if (name == route_column_names_[i]) targets[n++] = &route_members_[i];
     bool wanted = n > 0;
     for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
       if (name == config_.additional_placement[i].column) wanted = true;
@@ -625,20 +828,9 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
       m.string = true;
       if (value.get_string().get(m.text)) return bad("member \"" + std::string(name) + "\" is not a valid JSON string");
     } else {
-      // An object or array as written; a number or boolean as its token.
-      std::string_view raw;
-      bool failed = false;
-      if (type == od::json_type::object) {
-        od::object o;
-        failed = value.get_object().get(o) || o.raw_json().get(raw);
-      } else if (type == od::json_type::array) {
-        od::array a;
-        failed = value.get_array().get(a) || a.raw_json().get(raw);
-      } else {
-        raw = value.raw_json_token();
-      }
-      if (failed) return bad("member \"" + std::string(name) + "\" is not valid JSON");
-      m.text = trim(raw);
+      auto raw = json_text(value, type);
+      if (!raw) return bad("member \"" + std::string(name) + "\" is not valid JSON");
+      m.text = *raw;
     }
     for (std::size_t i = 0; i < n; ++i) *targets[i] = m;
     for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
@@ -658,6 +850,10 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
     out.topic = config_.route_topic_replacement;
   } else {
     if (auto e = required(route, config_.route_by_field, "route")) return e;
+    for (std::size_t i = 0; i < route_members_.size(); ++i) {
+      if (auto e = required(route_members_[i], route_column_names_[i], "route")) return e;
+      route_column_values_[i] = route_members_[i].text;
+    }
     if (auto e = route_to(route.text, "route member", out)) return e;
   }
   // The payload as written: a string's characters, other JSON as its text;
@@ -695,9 +891,15 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
     auto value = !m.present || m.null ? std::nullopt : std::optional<std::string_view>(m.text);
     if (auto e = place(i, value, !m.string, out)) return e;
   }
+  if (headers.present && !headers.null)
+    if (auto e = add_row_headers(headers.text, out)) return e;
   convert(out, false);
+  if (config_.cloudevents != CloudEventsMode::none) {
+    if (auto e = required(type, config_.field_event_type, "CloudEvents type")) return e;
+    cloudevent(id.text, type.text, key.text, payload.present && !payload.string, false, out);
+  }
   trace_problem_.clear();
-  if (tracing.present && !tracing.null) add_trace_headers(tracing.text, out);
+  if (config_.tracing_enabled && tracing.present && !tracing.null) add_trace_headers(tracing.text, out);
   return std::nullopt;
 }
 

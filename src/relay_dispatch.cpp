@@ -91,7 +91,12 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
                         : ": walrelay did not ask for messages (message.prefix.include.list is empty)"));
             step = Step::stop;
           }
-        } else if constexpr (std::is_same_v<T, pgoutput::Update> || std::is_same_v<T, pgoutput::Delete> ||
+        } else if constexpr (std::is_same_v<T, pgoutput::Update>) {
+          // An outbox is a queue: an update of one of its rows is no event.
+          // A publication of walrelay's own sends inserts only; one made by
+          // hand may send updates too.
+          if (!skipping_txn_ && mapper_.is_outbox(m.relation_oid)) step = invalid_operation(m.relation_oid, xlog.wal_start);
+        } else if constexpr (std::is_same_v<T, pgoutput::Delete> ||
                              std::is_same_v<T, pgoutput::Truncate> || std::is_same_v<T, pgoutput::Type> ||
                              std::is_same_v<T, pgoutput::Origin>) {
           // Not outbox events: a publication that someone else widened.
@@ -147,6 +152,28 @@ Relay::Step Relay::submit_record() {
       ledger_.withdraw(*txn_, bytes);  // not taken: offered again later
       return Step::retry;
   }
+  return Step::done;
+}
+
+// An UPDATE of an outbox row: skipped and counted, logged as
+// table.op.invalid.behavior says (Debezium's router: warn or error and go
+// on, or fatal), or a halt before it.
+Relay::Step Relay::invalid_operation(std::uint32_t relation_oid, Lsn lsn) {
+  const std::string table(mapper_.table_name(relation_oid));
+  const std::string what = "an UPDATE of a row of outbox table " + table + " at " + lsn.to_string() +
+                           ": an outbox takes inserts only";
+  if (config_.op_invalid_behavior == InvalidOperation::fatal) {
+    halt(what + " (table.op.invalid.behavior=fatal; publish inserts only: ALTER PUBLICATION " +
+         config_.publication_name + " SET (publish = 'insert'))");
+    return Step::stop;
+  }
+  metrics_.invalid_operations(table).Increment();
+  if (config_.op_invalid_behavior == InvalidOperation::warn)
+    spdlog::warn("{} {}; skipped (table.op.invalid.behavior=warn), counted in walrelay_invalid_operations_total",
+                 context(), what);
+  else
+    spdlog::error("{} {}; skipped (table.op.invalid.behavior=error), counted in walrelay_invalid_operations_total",
+                  context(), what);
   return Step::done;
 }
 

@@ -26,6 +26,10 @@ class ConfigError : public std::runtime_error {
 enum class PublicationAutocreate { filtered, disabled };
 enum class ErrorTolerance { none, all };
 enum class LogFormat { text, json };
+// table.op.invalid.behavior: what an UPDATE of an outbox row does (a
+// publication that sends updates): skip it with a warning or an error in the
+// log, or halt.
+enum class InvalidOperation { warn, error, fatal };
 
 // `column:placement[:alias]` of table.fields.additional.placement, as
 // Debezium's router defines them: a header, a member of the value's
@@ -43,6 +47,13 @@ const char* placement_name(Placement placement);
 // walrelay writes. string: StringConverter (and ByteArrayConverter, the
 // same bytes here); json: JsonConverter with schemas.enable=false.
 enum class Converter { string, json };
+
+// CloudEvents 1.0 in Kafka's protocol binding, built from the outbox columns
+// (id, type, key as subject, timestamp, a configured source). binary: the
+// attributes are ce_* headers and the value is the payload; structured: the
+// value is the event as JSON (Debezium's CloudEventsConverter) with the
+// payload as data (or data_base64).
+enum class CloudEventsMode { none, binary, structured };
 
 struct TableName {
   std::string schema;
@@ -88,6 +99,9 @@ struct Config {
   std::string field_event_type = "type";
   std::string field_event_payload = "payload";
   std::string field_event_timestamp;      // empty: the commit time
+  // table.field.event.headers: a column (json, jsonb or text) holding a JSON
+  // object whose members become Kafka headers. Empty: none.
+  std::string field_event_headers;
   std::string route_by_field = "aggregatetype";
   std::string route_topic_replacement = "outbox.event.${routedByValue}";
   // route.topic.regex: matched against the whole route value; the
@@ -101,14 +115,28 @@ struct Config {
     return route_topic_replacement.find('$') != std::string::npos || route_topic_regex != default_route_topic_regex;
   }
   std::vector<AdditionalField> additional_placement;
+  // table.fields.additional.error.on.missing: a placed column the table (or
+  // message) lacks is the row's mapping error; false leaves the field out.
+  bool additional_error_on_missing = true;
+  InvalidOperation op_invalid_behavior = InvalidOperation::warn;  // table.op.invalid.behavior
   bool route_tombstone_on_empty_payload = false;
   bool expand_json_payload = false;       // table.expand.json.payload
   Converter key_converter = Converter::string;
   Converter value_converter = Converter::string;
+  CloudEventsMode cloudevents = CloudEventsMode::none;  // cloudevents.mode
+  std::string cloudevents_source;         // cloudevents.source; empty: /walrelay/<database.dbname>
+  std::string cloudevents_source_or_default() const {
+    return cloudevents_source.empty() ? "/walrelay/" + database_dbname : cloudevents_source;
+  }
   // tracing.span.context.field: a column (or message member) holding the
   // writer's W3C trace context, as Debezium's router reads it (Java
   // properties text) or as a plain traceparent. Empty: not read.
   std::string tracing_span_context_field = "tracingspancontext";
+  // tracing.enabled: pass that context on as traceparent/tracestate headers.
+  // Off by default, as Debezium's stock router (it traces only with
+  // OpenTelemetry on its classpath); Debezium's ActivateTracingSpan in a
+  // pasted transform chain turns it on.
+  bool tracing_enabled = false;
 
   // The tableless outbox: transactional logical messages
   // (pg_logical_emit_message) whose prefix matches one of these regular
@@ -144,6 +172,9 @@ struct Config {
 
   // Where each key's value came from, for --check and the echoed configuration.
   std::map<std::string, std::string> origin;
+  // Keys of a Debezium or Kafka Connect configuration that mean nothing
+  // here, each with why (connect_config.hpp); logged once at start.
+  std::vector<std::string> notes;
 
   // The libpq connection string; `replication` is "database" or empty.
   std::string conninfo(bool replication) const;
@@ -153,10 +184,11 @@ struct Config {
   std::string describe() const;
 };
 
-// Parses `key=value` lines (`#` and `!` comments, blank lines) then overlays
-// WALRELAY_* variables from `environ` (upper case, dots as underscores), which
-// win. Unknown, repeated or invalid keys throw ConfigError naming the key.
-// No connection is made.
+// Parses `key=value` lines (`#` and `!` comments, blank lines), or the JSON
+// of Kafka Connect's REST API, reads Debezium's and Connect's keys as
+// walrelay's (connect_config.hpp), then overlays WALRELAY_* variables from
+// `environ` (upper case, dots as underscores), which win. Unknown, repeated
+// or invalid keys throw ConfigError naming the key. No connection is made.
 Config load_config(const std::string& path, const std::vector<std::string>& environ);
 Config parse_config(const std::string& text, const std::string& source_name,
                     const std::vector<std::string>& environ);

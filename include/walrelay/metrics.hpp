@@ -37,6 +37,7 @@ class Metrics {
   prometheus::Counter& mapping_errors(std::string_view reason);
   prometheus::Counter& skipped_rows(std::string_view table);
   prometheus::Counter& skipped_messages(std::string_view prefix);
+  prometheus::Counter& invalid_operations(std::string_view table);  // outbox updates (table.op.invalid.behavior)
   prometheus::Counter& kafka_transactions(std::string_view outcome);  // committed, aborted
 
   prometheus::Counter& bytes_relayed;         // walrelay_bytes_relayed_total (key + value)
@@ -84,6 +85,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* mapping_errors_family_;
   prometheus::Family<prometheus::Counter>* skipped_rows_family_;
   prometheus::Family<prometheus::Counter>* skipped_messages_family_;
+  prometheus::Family<prometheus::Counter>* invalid_operations_family_;
   prometheus::Family<prometheus::Counter>* kafka_transactions_family_;
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;

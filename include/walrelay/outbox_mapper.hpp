@@ -106,7 +106,8 @@ class OutboxMapper {
     std::uint16_t table_index = 0;      // position in table.include.list
     std::vector<std::string> column_names;
     std::vector<std::uint32_t> column_types;
-    ColumnRef id, key, payload, timestamp, route, tracing;
+    ColumnRef id, key, payload, timestamp, route, tracing, headers, type;
+    std::vector<ColumnRef> route_columns;  // one per route_column_names_
     std::vector<PlacedColumn> placements;
     std::string missing;                // required columns absent, named; empty if none
   };
@@ -124,14 +125,35 @@ class OutboxMapper {
   // envelope applied to a mapped record. payload_bytes: the payload is a
   // bytea's bytes, which JSON carries as base64 (as Connect's JsonConverter).
   void convert(OutboxRecord& out, bool payload_bytes);
+  // One Kafka header per member of the JSON object in `json`
+  // (table.field.event.headers): a string's characters, other values as
+  // their JSON text, null as a header without a value.
+  std::optional<MapError> add_row_headers(std::string_view json, OutboxRecord& out);
+  // Makes the mapped record a CloudEvent (config_.cloudevents): ce_* headers
+  // (binary), or the event as the value's JSON (structured). payload_json:
+  // the payload is JSON (a json or jsonb column, a message's JSON member);
+  // payload_bytes: a bytea's bytes (data_base64). Text that parses as JSON
+  // is data, other text a string with datacontenttype text/plain.
+  void cloudevent(std::string_view id, std::string_view type, std::optional<std::string_view> subject,
+                  bool payload_json, bool payload_bytes, OutboxRecord& out);
   // Adds traceparent (and tracestate) headers from a trace context's text,
   // or sets trace_problem_.
   void add_trace_headers(std::string_view text, OutboxRecord& out);
-  // Sets out.topic from the route value; `what` names its source in errors.
+  // Sets out.topic from the route value and the route columns' values
+  // (route_column_values_); `what` names its source in errors.
   std::optional<MapError> route_to(std::string_view route, std::string_view what, OutboxRecord& out);
+  // The value of a column route.topic.replacement names, for the row being mapped.
+  std::optional<std::string_view> route_column(std::string_view name) const;
 
   const Config& config_;
   std::optional<boost::regex> route_regex_;  // a route.topic.regex of the user's own
+  // Columns (or message members) that route.topic.replacement names besides
+  // the regex's groups (${aggregatetype}.${type}), and their values for the
+  // row being mapped. With any, topics depend on more than the route value
+  // and are not cached.
+  std::vector<std::string> route_column_names_;
+  std::vector<std::string_view> route_column_values_;
+  std::vector<std::string> route_column_bufs_;
   // Topic per route value under route_regex_ (node-based: out.topic points into it).
   struct ViewHash {
     using is_transparent = void;
@@ -154,7 +176,13 @@ class OutboxMapper {
     std::string_view text;
   };
   std::vector<MessageMember> placed_members_;  // one per additional placement
+  std::vector<MessageMember> route_members_;   // one per route_column_names_
   std::string trace_text_buf_, traceparent_buf_, tracestate_buf_, trace_problem_;
+  // The headers column's text (padded for simdjson) and its members' names
+  // (NUL-terminated) and unescaped string values, reserved before filling so
+  // that the header views into it stay put.
+  std::string headers_text_buf_, headers_json_buf_, headers_store_;
+  std::string ce_source_, ce_type_buf_, ce_time_buf_, ce_value_buf_;
   struct EnvelopeMember {
     std::size_t index;  // in config_.additional_placement
     std::optional<std::string_view> value;

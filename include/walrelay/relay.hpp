@@ -123,6 +123,7 @@ class Relay final : public StatusSource {
   Step handle_message(const pgoutput::XLogData& xlog);
   Step relay_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
   Step skip_insert(const pgoutput::Insert& insert, pgoutput::Lsn lsn);
+  Step invalid_operation(std::uint32_t relation_oid, pgoutput::Lsn lsn);
   Step dead_letter_row(const pgoutput::Insert& insert, const MapError& error, pgoutput::Lsn lsn);
   // Hands record_ (mapped) to the sink inside the open transaction.
   Step submit_record();

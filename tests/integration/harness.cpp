@@ -194,7 +194,12 @@ std::vector<KafkaRecord> consume_once(const std::string& topic) {
       else if (k == "payload" && !v.is_null()) r.value = std::string(std::string_view(v.get_string().value()));
       else if (k == "headers" && !v.is_null()) {
         std::vector<std::string> flat;
-        for (auto h : v.get_array()) flat.emplace_back(std::string_view(h.get_string().value()));
+        // A header without a value (kcat: null) reads as an empty one.
+        for (auto h : v.get_array()) {
+          bool null = false;
+          if (!h.is_null().get(null) && null) flat.emplace_back();
+          else flat.emplace_back(std::string_view(h.get_string().value()));
+        }
         for (std::size_t i = 0; i + 1 < flat.size(); i += 2) r.headers.emplace_back(flat[i], flat[i + 1]);
       }
     }

@@ -153,13 +153,33 @@ TEST_CASE("messages: messages only - no outbox table at all, the publication mad
   CHECK(recs[0].value == std::optional<std::string>("{\"only\": \"messages\"}"));
 }
 
-TEST_CASE("trace context: a tracingspancontext column in Debezium's format and as a plain traceparent becomes the "
-          "traceparent and tracestate headers, and a malformed one is a warning and a metric, never a lost event",
+TEST_CASE("trace context: tracing is off by default, as in Debezium's stock router - a tracingspancontext column adds "
+          "no header",
           "[relay][trace]") {
   Fixture f;
   create_outbox(f.db(), f.table);
   f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN tracingspancontext text");
   Walrelay relay(f.config());
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table +
+              " (aggregatetype, aggregateid, type, payload, tracingspancontext) VALUES ('Traced', 'k', 'Created', "
+              "'{}', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')");
+  auto recs = read_topic(f.topic("Traced"), 1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].header("id"));
+  CHECK_FALSE(recs[0].header("traceparent"));
+  CHECK_FALSE(recs[0].header("tracestate"));
+}
+
+TEST_CASE("trace context: with tracing.enabled, a tracingspancontext column in Debezium's format and as a plain "
+          "traceparent becomes the traceparent and tracestate headers, and a malformed one is a warning and a metric, "
+          "never a lost event",
+          "[relay][trace]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN tracingspancontext text");
+  Walrelay relay(f.config("tracing.enabled=true\n"));
   relay.start();
   relay.wait_streaming();
   const std::string parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -223,4 +243,79 @@ TEST_CASE("router: route.topic.regex, a partition placement, envelope members an
                                                 std::to_string(r.partition) + "},\"eventType\":\"Created\",\"version\":7}"));
   }
   CHECK(partitions == std::multiset<int>{0, 1, 2, 2});
+}
+
+TEST_CASE("router: table.field.event.headers - a jsonb column's members become Kafka headers, from a row and from a "
+          "logical message; one that is not an object is the row's mapping error",
+          "[relay][router]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN headers jsonb");
+  const std::string prefix = f.slot;
+  Walrelay relay(f.config("table.field.event.headers=headers\nerrors.tolerance=all\n"
+                          "errors.deadletterqueue.topic.name=" + f.slot + ".dlq\n"
+                          "message.prefix.include.list=" + prefix + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  auto insert = [&](const std::string& key, const std::string& headers_sql) {
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, headers) VALUES ('Hdr', '" +
+                key + "', 'Created', '{}', " + headers_sql + ")");
+  };
+  insert("row", R"('{"tenant": "acme", "n": 7, "flag": true, "nested": {"a": [1, 2]}, "none": null, "esc": "a\"b"}')");
+  insert("no-headers", "NULL");
+  insert("array", "'[1, 2]'");
+  f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix +
+              R"(', '{"id":"m-1","aggregatetype":"Hdr","aggregateid":"message","payload":{},"headers":{"tenant":"globex","n":1}}');)");
+  auto recs = read_topic(f.topic("Hdr"), 3);
+  REQUIRE(recs.size() == 3);
+  std::map<std::string, KafkaRecord> by_key;
+  for (auto& r : recs) by_key[r.key.value_or("?")] = r;
+  REQUIRE(by_key.count("row"));
+  auto& row = by_key["row"];
+  CHECK(row.header("id"));
+  CHECK(row.header("tenant") == std::optional<std::string>("acme"));
+  CHECK(row.header("n") == std::optional<std::string>("7"));
+  CHECK(row.header("flag") == std::optional<std::string>("true"));
+  CHECK(row.header("nested") == std::optional<std::string>("{\"a\": [1, 2]}"));
+  CHECK(row.header("esc") == std::optional<std::string>("a\"b"));
+  bool none_present = false;
+  for (auto& [name, value] : row.headers) none_present |= name == "none";
+  CHECK(none_present);
+  REQUIRE(by_key.count("no-headers"));
+  CHECK(by_key["no-headers"].headers.size() == 1);  // id only
+  REQUIRE(by_key.count("message"));
+  CHECK(by_key["message"].header("tenant") == std::optional<std::string>("globex"));
+  CHECK(by_key["message"].header("n") == std::optional<std::string>("1"));
+  // The array is a mapping error: dead-lettered, naming why.
+  auto dlq = read_topic(f.slot + ".dlq", 1);
+  REQUIRE(dlq.size() == 1);
+  CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"bad_headers\"}") == 1);
+}
+
+TEST_CASE("router: route.topic.replacement naming other columns - ${aggregatetype}.${type} from a row and from a "
+          "logical message, a NULL one the row's mapping error",
+          "[relay][router]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string prefix = f.slot;
+  Walrelay relay(with_key(f.config("errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.slot +
+                                   ".dlq\nmessage.prefix.include.list=" + prefix + "\n"),
+                          "route.topic.replacement", f.topic_prefix + "${aggregatetype}.${type}"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'Created', '{}'), ('Order', 'o-1', 'Shipped', '{}'), ('Customer', 'c-1', 'Created', '{}')");
+  f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix +
+              R"(', '{"id":"m-1","aggregatetype":"Order","aggregateid":"o-2","type":"Paid","payload":{}}');)");
+  // A message without the member the route names: its mapping error.
+  f.db().exec("SELECT pg_logical_emit_message(true, '" + prefix +
+              R"(', '{"id":"m-2","aggregatetype":"Order","aggregateid":"o-3","payload":{}}');)");
+  CHECK(read_topic(f.topic("Order.Created"), 1).size() == 1);
+  CHECK(read_topic(f.topic("Order.Shipped"), 1).size() == 1);
+  CHECK(read_topic(f.topic("Customer.Created"), 1).size() == 1);
+  auto paid = read_topic(f.topic("Order.Paid"), 1);
+  REQUIRE(paid.size() == 1);
+  CHECK(paid[0].key == std::optional<std::string>("o-2"));
+  CHECK(read_topic(f.slot + ".dlq", 1).size() == 1);
+  CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"missing_column\"}") == 1);
 }

@@ -74,7 +74,7 @@ TEST_CASE("trace context: malformed values are named, a bad tracestate alone is 
 
 TEST_CASE("trace context: a message member becomes traceparent and tracestate headers, a bad one only a problem",
           "[trace][message]") {
-  Config cfg = parse_config("kafka.bootstrap.servers=x:1\nmessage.prefix.include.list=outbox\n", "t", {});
+  Config cfg = parse_config("kafka.bootstrap.servers=x:1\nmessage.prefix.include.list=outbox\ntracing.enabled=true\n", "t", {});
   OutboxMapper m(cfg);
   auto map = [&](const std::string& content, OutboxRecord& rec) {
     pgoutput::LogicalMessage msg{};

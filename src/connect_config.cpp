@@ -1,0 +1,513 @@
+// Debezium's and Kafka Connect's configuration keys, read as walrelay's (see
+// connect_config.hpp). Every key an outbox connector sets either means
+// something here, is dropped with the reason it needs nothing, or is refused
+// with what to do instead: never the generic "unknown key".
+#include "walrelay/connect_config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "walrelay/config.hpp"
+
+namespace walrelay {
+namespace {
+
+constexpr const char* kEventRouter = "io.debezium.transforms.outbox.EventRouter";
+constexpr const char* kActivateTracingSpan = "io.debezium.transforms.tracing.ActivateTracingSpan";
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ',')) {
+    auto b = item.find_first_not_of(" \t");
+    auto e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Keys with nothing to do here, whatever their value, and why.
+const std::map<std::string, std::string>& ignored_keys() {
+  static const std::string connect = "Kafka Connect's own setting; walrelay is one process with one slot";
+  static const std::string topics =
+      "names Debezium's change-event topics; the router's records go where route.topic.replacement says";
+  static const std::string heartbeat =
+      "not needed: walrelay confirms WAL that holds no outbox rows by itself (the slot follows the server while "
+      "the outbox is idle), so no heartbeat has to move it";
+  static const std::string queue =
+      "tunes Debezium's internal queue; walrelay's flow control is max.inflight.records and max.inflight.bytes";
+  static const std::string conversion =
+      "converts column types in Debezium's change events; the router's record takes the outbox columns as they "
+      "are, as walrelay's does";
+  static const std::string offsets =
+      "Connect's offset commits; walrelay's position is the slot's confirmed LSN (with exactly.once.support, the "
+      "offsets topic, committed in each Kafka transaction)";
+  static const std::map<std::string, std::string> keys = {
+      {"name", connect},
+      {"tasks.max", connect},
+      {"topic.prefix", topics},
+      {"database.server.name", topics},
+      {"topic.naming.strategy", topics},
+      {"topic.delimiter", topics},
+      {"topic.heartbeat.prefix", heartbeat},
+      {"heartbeat.interval.ms", heartbeat},
+      {"heartbeat.action.query", heartbeat},
+      {"heartbeat.topics.prefix", heartbeat},
+      {"max.batch.size", queue},
+      {"max.queue.size", queue},
+      {"max.queue.size.in.bytes", queue},
+      {"poll.interval.ms", queue},
+      {"decimal.handling.mode", conversion},
+      {"time.precision.mode", conversion},
+      {"binary.handling.mode", conversion},
+      {"hstore.handling.mode", conversion},
+      {"interval.handling.mode", conversion},
+      {"include.unknown.datatypes", conversion},
+      {"money.fraction.digits", conversion},
+      {"schema.name.adjustment.mode", conversion},
+      {"field.name.adjustment.mode", conversion},
+      {"include.schema.changes", "PostgreSQL's connector writes no schema-change topic"},
+      {"include.schema.comments", conversion},
+      {"tombstones.on.delete", "the router drops deletes, and walrelay relays inserts only"},
+      {"skipped.operations", "walrelay relays inserts only; updates follow table.op.invalid.behavior"},
+      {"offset.flush.interval.ms", offsets},
+      {"offset.flush.timeout.ms", offsets},
+      {"offset.storage", offsets},
+      {"offset.storage.file.filename", offsets},
+      {"offset.storage.topic", offsets},
+      {"offset.storage.partitions", offsets},
+      {"offset.storage.replication.factor", offsets},
+      {"slot.max.retries",
+       "walrelay retries a slot that another process holds with reconnect.backoff.ms, growing to "
+       "reconnect.backoff.max.ms, without a limit"},
+      {"slot.retry.delay.ms", "walrelay's delay between tries is reconnect.backoff.ms, growing to reconnect.backoff.max.ms"},
+      {"database.tcpKeepAlive", "walrelay always sets TCP keepalives on its connections"},
+      {"xmin.fetch.interval.ms", "walrelay does not read the slot's xmin"},
+      {"errors.log.enable", "walrelay logs every record it cannot relay, naming it"},
+      {"errors.log.include.messages", "walrelay logs every record it cannot relay, naming it"},
+      {"extended.headers.enabled",
+       "Debezium's extended headers are on change events; the router's records carry only the headers it places, "
+       "as walrelay's do"},
+      {"tracing.operation.name",
+       "walrelay starts no span of its own: with tracing.enabled=true it passes the writer's trace context on as "
+       "the traceparent header, so there is no operation to name"},
+      {"tracing.with.context.field.only",
+       "walrelay adds trace headers only to rows whose tracing.span.context.field is set, which is what true asks"},
+      {"table.json.payload.empty.array.behavior",
+       "it shapes the Connect schema Debezium infers for an expanded payload; walrelay writes the payload's JSON as "
+       "it is, empty arrays included, with no schema"},
+      {"table.field.event.schema.version",
+       "selects a Connect schema's version; walrelay writes no Connect schema (schema-registry converters are not "
+       "offered yet)"},
+  };
+  return keys;
+}
+
+// Keys walrelay does not do, and what to do instead.
+const std::map<std::string, std::string>& refused_keys() {
+  static const std::map<std::string, std::string> keys = {
+      {"table.exclude.list",
+       "walrelay relays the tables it is told to: name the outbox tables in table.include.list (the publication "
+       "then holds only those)"},
+      {"schema.exclude.list", "name the outbox tables, schema-qualified, in table.include.list"},
+      {"column.include.list", "the router reads the columns it is configured with (table.field.event.*); no list is needed"},
+      {"column.exclude.list", "the router reads the columns it is configured with (table.field.event.*); no list is needed"},
+      {"message.prefix.exclude.list",
+       "walrelay relays only the logical-message prefixes named in message.prefix.include.list and no others: name "
+       "those instead"},
+      {"message.key.columns", "the record's key is the column table.field.event.key names"},
+      {"custom.metric.tags",
+       "walrelay's Prometheus metrics carry no configured labels: add them where they are scraped (a scrape job's "
+       "labels or relabel_configs, a ServiceMonitor's podTargetLabels)"},
+      {"database.initial.statements",
+       "walrelay runs no statements of its own choosing on its connections; set session parameters on its role "
+       "(ALTER ROLE ... SET)"},
+      {"converters", "custom converters change Debezium's change events; the router's record takes the columns as they are"},
+      {"post.processors", "post processors change Debezium's change events; the router's record takes the columns as they are"},
+      {"signal.data.collection",
+       "ad hoc and incremental snapshots are not offered: walrelay relays what is inserted after its slot exists"},
+      {"signal.enabled.channels", "signals drive Debezium's snapshots, which walrelay does not take"},
+      {"snapshot.select.statement.overrides",
+       "walrelay takes no snapshot (snapshot.mode=no_data): it relays what is inserted after its slot exists"},
+      {"predicates",
+       "predicates choose the records a transform applies to; walrelay's router applies to every row of the tables "
+       "in table.include.list: name only the outbox tables there"},
+  };
+  return keys;
+}
+
+// Prefixes of whole families that are refused, and why.
+const std::vector<std::pair<std::string, std::string>>& refused_prefixes() {
+  static const std::vector<std::pair<std::string, std::string>> prefixes = {
+      {"column.", "the router reads the columns it is configured with (table.field.event.*)"},
+      {"incremental.snapshot.", "incremental snapshots are not offered: walrelay relays what is inserted after its slot exists"},
+      {"snapshot.", "walrelay takes no snapshot (snapshot.mode=no_data): it relays what is inserted after its slot exists"},
+      {"signal.", "signals drive Debezium's snapshots, which walrelay does not take"},
+      {"notification.", "Debezium's notifications report snapshots, which walrelay does not take"},
+      {"predicates.",
+       "predicates choose the records a transform applies to; walrelay's router applies to every row of the tables "
+       "in table.include.list: name only the outbox tables there"},
+      {"schema.history.internal.", "PostgreSQL's connector keeps no schema history"},
+  };
+  return prefixes;
+}
+
+// Keys that mean nothing here with some values and are refused with others.
+struct ValuedKey {
+  std::set<std::string> accepted;
+  std::string noted;    // why an accepted value needs nothing
+  std::string refused;  // why the others are refused, and what to do
+};
+const std::map<std::string, ValuedKey>& valued_keys() {
+  static const std::map<std::string, ValuedKey> keys = {
+      {"connector.class",
+       {{"io.debezium.connector.postgresql.PostgresConnector"}, "walrelay is PostgreSQL's outbox relay",
+        "walrelay reads PostgreSQL's WAL only (io.debezium.connector.postgresql.PostgresConnector)"}},
+      {"plugin.name",
+       {{"pgoutput"}, "walrelay always decodes pgoutput",
+        "walrelay decodes pgoutput, which PostgreSQL 10 and later have built in (no server extension to install); "
+        "set plugin.name=pgoutput or drop it"}},
+      {"snapshot.mode",
+       {{"no_data", "never"}, "walrelay relays what is inserted after its slot exists, as no_data does",
+        "walrelay takes no snapshot of the rows already in the table: it relays what is inserted after its slot "
+        "exists (no_data). Drain the rows already there with the relay you are replacing first "
+        "(docs/migration-from-polling.md), then start walrelay"}},
+      {"slot.drop.on.stop",
+       {{"false"}, "walrelay never drops its slot",
+        "walrelay keeps its slot across stops: dropping it at each stop would lose every event written while "
+        "walrelay is down. Drop a slot by hand (pg_drop_replication_slot) when retiring it"}},
+      {"errors.max.retries",
+       {{"-1"}, "walrelay retries without a limit, as -1 asks",
+        "walrelay retries what can be retried (a lost connection, a broker outage) without a limit, with back-off "
+        "up to reconnect.backoff.max.ms, holding the slot meanwhile: a limit would turn an outage into a halt. Alert "
+        "on /readyz and walrelay_slot_lag_bytes instead; set -1 or drop it"}},
+      {"provide.transaction.metadata",
+       {{"false"}, "walrelay writes no transaction-metadata topic",
+        "walrelay writes no transaction-metadata topic; for consumers that see whole source transactions, set "
+        "exactly.once.support=required (a Kafka transaction holds whole PostgreSQL transactions)"}},
+      {"event.processing.failure.handling.mode",
+       {{"fail"}, "errors.tolerance=none, walrelay's default, halts on a row it cannot relay, as fail does",
+        "walrelay never skips an event without a trace: errors.tolerance=all sends a row it cannot relay to the "
+        "dead-letter topic, errors.tolerance=none (the default, like fail) halts on it"}},
+      {"table.json.payload.null.behavior",
+       {{"ignore", "optional_bytes"},
+        "it shapes the Connect schema Debezium infers for an expanded payload; walrelay writes the payload's JSON as "
+        "it is, with no schema",
+        "expected ignore or optional_bytes"}},
+  };
+  return keys;
+}
+
+// What a refused transform should be replaced by, where there is an answer.
+std::string transform_advice(const std::string& type) {
+  if (type.find("Filter") != std::string::npos)
+    return "filter with a publication row filter (CREATE PUBLICATION ... FOR TABLE outbox WHERE (...), "
+           "publication.autocreate.mode=disabled) or at the consumer";
+  if (type.find("ExtractNewRecordState") != std::string::npos || type.find("UnwrapFromEnvelope") != std::string::npos)
+    return "not needed: walrelay writes the router's output, not change events";
+  if (type.find("RegexRouter") != std::string::npos || type.find("TimestampRouter") != std::string::npos ||
+      type.find("ByLogicalTableRouter") != std::string::npos)
+    return "route with route.by.field, route.topic.regex and route.topic.replacement";
+  if (type.find("InsertHeader") != std::string::npos || type.find("HeaderFrom") != std::string::npos)
+    return "place a column in a header with table.fields.additional.placement=<column>:header:<name>";
+  return "walrelay runs no transform chain";
+}
+
+// A table.include.list entry as Debezium reads it (a regular expression
+// matched against schema.table) made the table name walrelay needs, or the
+// reason it cannot be: walrelay creates the publication for the tables it is
+// given, so it must know them by name.
+std::string literal_table(const std::string& key, const std::string& entry) {
+  std::string out;
+  for (std::size_t i = 0; i < entry.size(); ++i) {
+    const char c = entry[i];
+    // \. (a regular expression's literal dot), or \\. as a Java properties
+    // file must write it.
+    if (c == '\\') {
+      auto j = entry.find_first_not_of('\\', i);
+      if (j != std::string::npos && entry[j] == '.' && j - i <= 2) {
+        out += '.';
+        i = j;
+        continue;
+      }
+    }
+    if (std::string_view("[](){}*+?|^$\\").find(c) != std::string_view::npos)
+      throw ConfigError(key, "\"" + entry +
+                                 "\" is a pattern; walrelay creates the publication for the tables it relays, so it "
+                                 "needs each one by name (schema.table, comma-separated)");
+    out += c;
+  }
+  return out;
+}
+
+void refuse_value(const RawSetting& s, const std::string& why) {
+  throw ConfigError(s.key, "\"" + s.value + "\" (" + s.origin + "): " + why);
+}
+
+}  // namespace
+
+std::optional<std::vector<RawSetting>> parse_connect_json(const std::string& text, const std::string& source_name) {
+  auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || text[first] != '{') return std::nullopt;
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError("", source_name + ": not valid JSON: " + e.what());
+  }
+  // Connect's REST body: {"name": ..., "config": {...}}; or the settings alone.
+  const nlohmann::json* settings = &doc;
+  std::vector<RawSetting> out;
+  if (doc.contains("config") && doc["config"].is_object()) {
+    settings = &doc["config"];
+    for (auto& [k, v] : doc.items())
+      if (k != "config" && k != "name")
+        throw ConfigError(k, source_name + ": a member of Kafka Connect's request body other than name and config");
+    if (doc.contains("name") && doc["name"].is_string())
+      out.push_back({"name", doc["name"].get<std::string>(), source_name + ": name"});
+  }
+  for (auto& [k, v] : settings->items()) {
+    std::string value;
+    if (v.is_string()) value = v.get<std::string>();
+    else if (v.is_boolean()) value = v.get<bool>() ? "true" : "false";
+    else if (v.is_number()) value = v.dump();
+    else
+      throw ConfigError(k, source_name + ": expected a string, number or boolean, got " + std::string(v.type_name()));
+    if (auto same = std::find_if(out.begin(), out.end(), [&](const RawSetting& s) { return s.key == k; });
+        same != out.end()) {
+      if (k == "name" && same->value == value) continue;  // Connect allows the name in both places
+      throw ConfigError(k, "conflicting or redundant: set twice in " + source_name);
+    }
+    out.push_back({k, value, source_name + ": \"" + k + "\""});
+  }
+  return out;
+}
+
+void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::string>& notes) {
+  auto find = [&](const std::string& key) -> RawSetting* {
+    for (auto& s : settings)
+      if (s.key == key) return &s;
+    return nullptr;
+  };
+  auto note = [&](const RawSetting& s, const std::string& why) {
+    notes.push_back(s.key + "=" + (is_secret_key(s.key) ? std::string("********") : s.value) + " (" + s.origin +
+                    ") is not used: " + why);
+  };
+
+  // Debezium Server's application.properties: debezium.source.* are the
+  // connector's keys, debezium.transforms* the chain, debezium.sink.kafka.
+  // producer.* the producer's.
+  std::vector<RawSetting> kept;
+  for (auto& s : settings) {
+    if (s.key == "debezium.sink.type") {
+      if (s.value != "kafka")
+        refuse_value(s, "walrelay's sink is Kafka (NATS JetStream and RabbitMQ are planned, not offered yet)");
+      note(s, "walrelay's sink is Kafka");
+      continue;
+    }
+    if (starts_with(s.key, "debezium.format.")) {
+      if (s.value != "json")
+        refuse_value(s, "Debezium Server's format of change events; the router's records take the payload as it is");
+      note(s, "the router's records take the payload as it is");
+      continue;
+    }
+    if (starts_with(s.key, "quarkus.")) {
+      note(s, "Debezium Server's runtime (Quarkus) setting");
+      continue;
+    }
+    kept.push_back(s);
+  }
+  settings = std::move(kept);
+  for (auto& s : settings) {
+    if (starts_with(s.key, "debezium.source.")) s.key = s.key.substr(16);
+    else if (starts_with(s.key, "debezium.transforms")) s.key = s.key.substr(9);
+    else if (starts_with(s.key, "debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
+    else if (starts_with(s.key, "producer.override.")) s.key = "kafka." + s.key.substr(18);
+  }
+
+  // Debezium 1.x's names, renamed in 1.3 and gone in 2.0, still in older
+  // examples.
+  static const std::pair<const char*, const char*> old_names[] = {
+      {"table.whitelist", "table.include.list"},   {"table.blacklist", "table.exclude.list"},
+      {"schema.whitelist", "schema.include.list"}, {"schema.blacklist", "schema.exclude.list"},
+      {"column.whitelist", "column.include.list"}, {"column.blacklist", "column.exclude.list"},
+  };
+  for (auto& s : settings)
+    for (auto& [old_name, name] : old_names)
+      if (s.key == old_name) {
+        if (find(name)) throw ConfigError(name, std::string("conflicting or redundant: set both as ") + name + " and as " + old_name);
+        s.origin += ", under Debezium 1.x's name " + s.key;
+        s.key = name;
+      }
+
+  // The transform chain: the router's keys lose their prefix, tracing's SMT
+  // turns tracing on, anything else is refused naming it.
+  std::set<std::string> chain;
+  std::string router;
+  std::optional<RawSetting> tracing;
+  if (auto* t = find("transforms")) {
+    for (auto& name : split_list(t->value)) {
+      if (name == "...")
+        throw ConfigError("transforms", "\"" + t->value + "\" (" + t->origin +
+                                            "): \"...\" stands for the rest of a chain in Debezium's documentation; "
+                                            "list the transforms themselves (walrelay applies the outbox router only)");
+      chain.insert(name);
+      auto* type = find("transforms." + name + ".type");
+      if (!type) throw ConfigError("transforms." + name + ".type", "transform \"" + name + "\" has no type");
+      if (type->value == kEventRouter) {
+        if (!router.empty())
+          throw ConfigError(type->key, "a second outbox router (\"" + router + "\" is one): walrelay applies one");
+        router = name;
+      } else if (type->value == kActivateTracingSpan) {
+        // Debezium's way to turn tracing on for a connector.
+        tracing = RawSetting{"tracing.enabled", "true", type->origin};
+      } else {
+        throw ConfigError(type->key, "\"" + type->value + "\" (" + type->origin +
+                                         "): walrelay applies Debezium's outbox router (" + kEventRouter +
+                                         ") and nothing else in the chain; for transform \"" + name +
+                                         "\": " + transform_advice(type->value));
+      }
+    }
+    note(*t, "walrelay applies the router it names itself");
+  }
+  if (tracing) settings.push_back(*tracing);
+  std::vector<RawSetting> out;
+  for (auto& s : settings) {
+    if (s.key == "transforms") continue;
+    if (!starts_with(s.key, "transforms.")) {
+      out.push_back(s);
+      continue;
+    }
+    auto rest = s.key.substr(11);
+    auto dot = rest.find('.');
+    auto name = rest.substr(0, dot);
+    if (!chain.count(name))
+      throw ConfigError(s.key, "transform \"" + name + "\" is not in the transforms list (" + s.origin + ")");
+    auto sub = dot == std::string::npos ? std::string() : rest.substr(dot + 1);
+    if (sub == "type") continue;
+    if (sub == "predicate" || sub == "negate")
+      throw ConfigError(s.key, "\"" + s.value + "\" (" + s.origin +
+                                   "): predicates choose the records a transform applies to; walrelay's router "
+                                   "applies to every row of the tables in table.include.list: name only the outbox "
+                                   "tables there");
+    if (name == router) {
+      if (find(sub))
+        throw ConfigError(sub, "conflicting or redundant: set both as " + sub + " and as " + s.key + " (" + s.origin +
+                                   ")");
+      out.push_back({sub, s.value, s.origin});
+    } else if (starts_with(sub, "tracing.")) {  // ActivateTracingSpan's own keys
+      out.push_back({sub, s.value, s.origin});
+    } else {
+      throw ConfigError(s.key, "not a key of transform \"" + name + "\" that walrelay reads (" + s.origin + ")");
+    }
+  }
+  settings = std::move(out);
+
+  // Key by key: what means nothing here, what needs a look at the value,
+  // and what is refused.
+  const auto* value_converter = find("value.converter");
+  const auto* key_converter = find("key.converter");
+  const RawSetting* schemas = nullptr;
+  out.clear();
+  for (auto& s : settings) {
+    const auto& k = s.key;
+    if (auto it = ignored_keys().find(k); it != ignored_keys().end()) {
+      note(s, it->second);
+      continue;
+    }
+    if (auto it = refused_keys().find(k); it != refused_keys().end()) refuse_value(s, it->second);
+    for (auto& [prefix, why] : refused_prefixes())
+      if (starts_with(k, prefix) && k != "snapshot.mode") refuse_value(s, why);
+    if (auto it = valued_keys().find(k); it != valued_keys().end()) {
+      const ValuedKey& rule = it->second;
+      if (!rule.accepted.count(s.value)) refuse_value(s, rule.refused);
+      note(s, rule.noted);
+      continue;
+    }
+    if (k == "key.converter.schemas.enable" || k == "value.converter.schemas.enable") {
+      const auto* conv = k[0] == 'k' ? key_converter : value_converter;
+      if (!conv || conv->value != "org.apache.kafka.connect.json.JsonConverter") {
+        note(s, "it applies to JsonConverter only, and the converter here is " +
+                    (conv ? conv->value : std::string("StringConverter, walrelay's default")));
+        continue;
+      }
+    }
+    if (starts_with(k, "key.converter.delegate.") || starts_with(k, "value.converter.delegate.")) {
+      note(s, "BinaryDataConverter's delegate serializes Debezium's heartbeat, transaction and schema-change events, "
+              "which walrelay does not write");
+      continue;
+    }
+    if (k == "schema.include.list") {
+      schemas = &s;
+      continue;
+    }
+    // Debezium's CloudEventsConverter's own keys.
+    if (starts_with(k, "value.converter.") && value_converter &&
+        value_converter->value == "io.debezium.converters.CloudEventsConverter" &&
+        k != "value.converter.schemas.enable") {
+      const auto sub = k.substr(16);
+      if (sub == "serializer.type" || sub == "data.serializer.type") {
+        if (s.value != "json")
+          refuse_value(s, "walrelay writes CloudEvents and their data as JSON; Avro through a schema registry is not "
+                          "offered yet");
+        note(s, "walrelay writes CloudEvents as JSON");
+        continue;
+      }
+      if (sub == "metadata.source" || sub == "extension.attributes.enable" || starts_with(sub, "schema.") ||
+          starts_with(sub, "json.") || sub == "opentelemetry.tracing.attributes.enable") {
+        note(s, "walrelay builds the event from the outbox columns: id, type (table.field.event.type), the key as "
+                "subject, the record's time, and cloudevents.source; it adds no Debezium extension attributes");
+        continue;
+      }
+      refuse_value(s, "not a key of CloudEventsConverter that walrelay reads");
+    }
+    if (k == "table.include.list") {
+      std::string tables;
+      for (auto& entry : split_list(s.value)) tables += (tables.empty() ? "" : ",") + literal_table(k, entry);
+      out.push_back({k, tables, s.origin});
+      continue;
+    }
+    if (k == "table.field.additional.missing") {
+      // The newer spelling of table.fields.additional.error.on.missing.
+      std::string v = s.value;
+      std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (v == "error" || v == "fail" || v == "true")
+        out.push_back({"table.fields.additional.error.on.missing", "true", s.origin});
+      else if (v == "skip" || v == "ignore" || v == "warn" || v == "false")
+        out.push_back({"table.fields.additional.error.on.missing", "false", s.origin});
+      else
+        refuse_value(s, "expected error (a missing additional column is the row's mapping error) or skip (the field "
+                        "is left out)");
+      continue;
+    }
+    out.push_back(s);
+  }
+  // A schema list beside the tables adds nothing when it holds each table's
+  // schema; walrelay needs the tables by name, so it refuses one that would
+  // have to choose tables itself.
+  if (schemas) {
+    auto listed = split_list(schemas->value);
+    std::string tables = "public.outbox";
+    for (auto& o : out)
+      if (o.key == "table.include.list") tables = o.value;
+    for (auto& t : split_list(tables)) {
+      auto dot = t.find('.');
+      auto schema = dot == std::string::npos ? std::string("public") : t.substr(0, dot);
+      if (std::find(listed.begin(), listed.end(), schema) == listed.end())
+        refuse_value(*schemas, "table " + t + " is not in these schemas; walrelay relays the tables named in "
+                               "table.include.list (schema-qualified) and needs no schema list");
+    }
+    note(*schemas, "every table of table.include.list is in these schemas");
+  }
+  settings = std::move(out);
+}
+
+}  // namespace walrelay

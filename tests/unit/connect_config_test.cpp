@@ -1,0 +1,229 @@
+// A Debezium connector's configuration, as users have it: the properties
+// file or Kafka Connect's REST JSON, read as walrelay's own.
+#include <catch2/catch.hpp>
+
+#include "walrelay/config.hpp"
+
+using namespace walrelay;
+
+namespace {
+const std::vector<std::string> kBroker{"WALRELAY_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092"};
+
+Config parse(const std::string& text) { return parse_config(text, "connector.json", kBroker); }
+
+// The ConfigError of `text`: its key and message.
+std::pair<std::string, std::string> refusal(const std::string& text) {
+  try {
+    parse(text);
+  } catch (const ConfigError& e) {
+    return {e.key(), e.what()};
+  }
+  return {"(no error)", ""};
+}
+
+bool noted(const Config& c, const std::string& key) {
+  for (auto& n : c.notes)
+    if (n.rfind(key + "=", 0) == 0) return true;
+  return false;
+}
+}  // namespace
+
+// The shape of Debezium's own outbox example (debezium-examples, outbox/):
+// a Connect REST body with Debezium 1.x list names, the router under
+// transforms.outbox.*.
+TEST_CASE("connect config: Kafka Connect's REST JSON with the router's keys under transforms.outbox", "[config]") {
+  auto c = parse(R"({
+    "name": "outbox-connector",
+    "config": {
+      "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+      "tasks.max": "1",
+      "database.hostname": "order-db",
+      "database.port": 5432,
+      "database.user": "orders",
+      "database.password": "s3cret",
+      "database.dbname": "orderdb",
+      "database.server.name": "dbserver1",
+      "schema.whitelist": "inventory",
+      "table.whitelist": "inventory.outboxevent",
+      "tombstones.on.delete": false,
+      "transforms": "outbox",
+      "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+      "transforms.outbox.route.topic.replacement": "${routedByValue}.events",
+      "transforms.outbox.table.field.event.timestamp": "timestamp"
+    }
+  })");
+  CHECK(c.database_hostname == "order-db");
+  CHECK(c.database_port == "5432");
+  CHECK(c.database_password == "s3cret");
+  REQUIRE(c.table_include_list.size() == 1);
+  CHECK(c.table_include_list[0].qualified() == "inventory.outboxevent");
+  CHECK(c.route_topic_replacement == "${routedByValue}.events");
+  CHECK(c.field_event_timestamp == "timestamp");
+  for (auto key : {"name", "connector.class", "tasks.max", "database.server.name", "schema.include.list",
+                   "tombstones.on.delete", "transforms"})
+    CHECK(noted(c, key));
+  // Secrets stay out of the notes and of --print-config's comments.
+  for (auto& n : c.notes) CHECK(n.find("s3cret") == std::string::npos);
+  // Connect's request body takes name and config only.
+  CHECK(refusal(R"({"name": "x", "config": {}, "tasks": []})").first == "tasks");
+}
+
+TEST_CASE("connect config: a properties file with the router, tracing's SMT and Connect's producer overrides",
+          "[config]") {
+  auto c = parse_config(
+      "connector.class=io.debezium.connector.postgresql.PostgresConnector\n"
+      "plugin.name=pgoutput\n"
+      "topic.prefix=app\n"
+      "snapshot.mode=no_data\n"
+      "slot.name=outbox_slot\n"
+      "table.include.list=public\\\\.outbox\n"
+      "heartbeat.interval.ms=10000\n"
+      "transforms=tracing,outbox\n"
+      "transforms.tracing.type=io.debezium.transforms.tracing.ActivateTracingSpan\n"
+      "transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+      "transforms.outbox.table.fields.additional.placement=type:header:eventType\n"
+      "transforms.outbox.table.fields.additional.error.on.missing=false\n"
+      "transforms.outbox.table.op.invalid.behavior=fatal\n"
+      "transforms.outbox.tracing.operation.name=outbox-read\n"
+      "value.converter=io.debezium.converters.BinaryDataConverter\n"
+      "value.converter.delegate.converter.type=org.apache.kafka.connect.json.JsonConverter\n"
+      "value.converter.delegate.converter.type.schemas.enable=false\n"
+      "key.converter.schemas.enable=true\n"
+      "producer.override.linger.ms=5\n",
+      "connector.properties", kBroker);
+  CHECK(c.slot_name == "outbox_slot");
+  REQUIRE(c.table_include_list.size() == 1);
+  CHECK(c.table_include_list[0].qualified() == "public.outbox");
+  CHECK(c.tracing_enabled);
+  REQUIRE(c.additional_placement.size() == 1);
+  CHECK(c.additional_placement[0].alias == "eventType");
+  CHECK_FALSE(c.additional_error_on_missing);
+  CHECK(c.op_invalid_behavior == InvalidOperation::fatal);
+  CHECK(c.kafka.at("linger.ms") == "5");
+  for (auto key : {"plugin.name", "topic.prefix", "snapshot.mode", "heartbeat.interval.ms", "tracing.operation.name",
+                   "value.converter.delegate.converter.type", "key.converter.schemas.enable"})
+    CHECK(noted(c, key));
+  // The file reads back as walrelay's own.
+  CHECK(c.describe().find("tracing.enabled=true\n") != std::string::npos);
+  CHECK(c.describe().find("table.op.invalid.behavior=fatal\n") != std::string::npos);
+}
+
+TEST_CASE("connect config: Debezium Server's application.properties", "[config]") {
+  auto c = parse_config(
+      "debezium.sink.type=kafka\n"
+      "debezium.sink.kafka.producer.bootstrap.servers=broker:9092\n"
+      "debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector\n"
+      "debezium.source.database.hostname=db\n"
+      "debezium.source.offset.storage.file.filename=data/offsets.dat\n"
+      "debezium.transforms=outbox\n"
+      "debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+      "debezium.transforms.outbox.route.by.field=topic\n",
+      "application.properties", {});
+  CHECK(c.kafka.at("bootstrap.servers") == "broker:9092");
+  CHECK(c.database_hostname == "db");
+  CHECK(c.route_by_field == "topic");
+  CHECK(noted(c, "offset.storage.file.filename"));
+  CHECK(noted(c, "debezium.sink.type"));
+}
+
+TEST_CASE("connect config: the documentation's placeholder, other transforms and predicates are refused naming them",
+          "[config]") {
+  // Debezium's router page writes "transforms=outbox,..." in every example.
+  auto [key, why] = refusal("transforms=outbox,...\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n");
+  CHECK(key == "transforms");
+  CHECK_THAT(why, Catch::Contains("stands for the rest of a chain"));
+
+  std::tie(key, why) = refusal(
+      "transforms=outbox,filter\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+      "transforms.filter.type=io.debezium.transforms.Filter\ntransforms.filter.condition=x\n");
+  CHECK(key == "transforms.filter.type");
+  CHECK_THAT(why, Catch::Contains("publication row filter"));
+
+  std::tie(key, why) = refusal(
+      "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+      "transforms.outbox.predicate=isOutbox\npredicates=isOutbox\n"
+      "predicates.isOutbox.type=org.apache.kafka.connect.transforms.predicates.TopicNameMatches\n");
+  CHECK((key == "transforms.outbox.predicate" || key == "predicates" || key.rfind("predicates.", 0) == 0));
+  CHECK_THAT(why, Catch::Contains("table.include.list"));
+
+  CHECK(refusal("transforms=outbox\n").first == "transforms.outbox.type");
+  CHECK(refusal("transforms=a\ntransforms.a.type=io.debezium.transforms.outbox.EventRouter\n"
+                "transforms.b.route.by.field=x\n")
+            .first == "transforms.b.route.by.field");
+  CHECK(refusal("transforms=a,b\ntransforms.a.type=io.debezium.transforms.outbox.EventRouter\n"
+                "transforms.b.type=io.debezium.transforms.outbox.EventRouter\n")
+            .first == "transforms.b.type");
+  // The same key at the top level and under the router is one key twice.
+  CHECK(refusal("route.by.field=a\ntransforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\n"
+                "transforms.o.route.by.field=b\n")
+            .first == "route.by.field");
+}
+
+TEST_CASE("connect config: every Debezium outbox key is implemented, noted or refused with a reason", "[config]") {
+  // Refused: what walrelay does not do, each with what to do instead.
+  const std::pair<const char*, const char*> refused[] = {
+      {"connector.class=io.debezium.connector.mysql.MySqlConnector", "PostgreSQL"},
+      {"plugin.name=decoderbufs", "pgoutput"},
+      {"plugin.name=wal2json", "pgoutput"},
+      {"snapshot.mode=initial", "no_data"},
+      {"slot.drop.on.stop=true", "lose"},
+      {"publication.autocreate.mode=all_tables", "all_tables"},
+      {"table.include.list=public.outbox_.*", "by name"},
+      {"table.exclude.list=public.audit", "table.include.list"},
+      {"schema.include.list=other", "not in these schemas"},
+      {"message.prefix.exclude.list=audit", "message.prefix.include.list"},
+      {"errors.max.retries=5", "without a limit"},
+      {"custom.metric.tags=env=prod", "relabel"},
+      {"provide.transaction.metadata=true", "exactly.once.support"},
+      {"event.processing.failure.handling.mode=skip", "dead-letter"},
+      {"snapshot.select.statement.overrides=public.outbox", "no snapshot"},
+      {"signal.data.collection=public.signals", "snapshots"},
+      {"column.exclude.list=public.outbox.secret", "columns"},
+      {"table.op.invalid.behavior=ignore", "warn, error or fatal"},
+      {"table.json.payload.null.behavior=drop", "ignore or optional_bytes"},
+      {"table.field.additional.missing=maybe", "skip"},
+  };
+  for (auto& [line, reason] : refused) {
+    INFO(line);
+    auto [key, why] = refusal(std::string(line) + "\n");
+    CHECK(key == std::string(line).substr(0, std::string(line).find('=')));
+    CHECK_THAT(why, Catch::Contains(reason));
+    CHECK_THAT(why, !Catch::Contains("unknown configuration key"));
+  }
+  // Noted: nothing to do here, and said why.
+  const char* noted_lines[] = {
+      "heartbeat.interval.ms=5000",       "heartbeat.action.query=INSERT INTO hb VALUES (now())",
+      "slot.drop.on.stop=false",          "errors.max.retries=-1",
+      "provide.transaction.metadata=false", "extended.headers.enabled=true",
+      "tracing.operation.name=x",         "tracing.with.context.field.only=true",
+      "table.json.payload.null.behavior=optional_bytes", "table.json.payload.empty.array.behavior=ignore",
+      "table.field.event.schema.version=version", "decimal.handling.mode=string",
+      "max.batch.size=8192",              "event.processing.failure.handling.mode=fail",
+  };
+  for (auto line : noted_lines) {
+    INFO(line);
+    auto c = parse(std::string(line) + "\n");
+    CHECK(noted(c, std::string(line).substr(0, std::string(line).find('='))));
+  }
+  // Implemented.
+  CHECK(parse("table.fields.additional.error.on.missing=false\n").additional_error_on_missing == false);
+  CHECK(parse("table.field.additional.missing=skip\n").additional_error_on_missing == false);
+  CHECK(parse("table.field.additional.missing=error\n").additional_error_on_missing == true);
+  CHECK(parse("table.op.invalid.behavior=error\n").op_invalid_behavior == InvalidOperation::error);
+  CHECK(parse("").op_invalid_behavior == InvalidOperation::warn);
+  CHECK(parse("table.include.list=app\\.outbox, public.outbox\n").table_include_list.size() == 2);
+  CHECK(parse("schema.include.list=public\n").table_include_list[0].qualified() == "public.outbox");
+}
+
+TEST_CASE("connect config: tracing is a choice - off by default, as Debezium's stock router", "[config]") {
+  CHECK_FALSE(parse("").tracing_enabled);
+  CHECK(parse("tracing.enabled=true\n").tracing_enabled);
+  CHECK(parse_config("", "(no file)", {"WALRELAY_KAFKA_BOOTSTRAP_SERVERS=x:1", "WALRELAY_TRACING_ENABLED=true"})
+            .tracing_enabled);
+}
+
+TEST_CASE("connect config: JSON that is not a configuration is a clear error", "[config]") {
+  CHECK_THAT(refusal("{\"a\": ").second, Catch::Contains("not valid JSON"));
+  CHECK(refusal(R"({"config": {"slot.name": ["a"]}})").first == "slot.name");
+  CHECK(refusal(R"({"config": {"nonsense.key": "1"}})").first == "nonsense.key");
+}
