@@ -301,6 +301,48 @@ def tableless(data):
     return "\n".join(out)
 
 
+def eos_throughput(folder):
+    """The explicit eos-throughput runs beside the full run (eos-throughput*.json), one row per file."""
+    import glob
+    files = sorted(glob.glob(os.path.join(folder, "eos-throughput*.json")))
+    if not files:
+        return "_No eos-throughput run in this folder._"
+    out = ["| file | settings | build | at least once, events/s | exactly once, events/s | share, per round | "
+           "CPU µs/event (alo, eos) |", "|---" * 7 + "|"]
+    for f in files:
+        d = json.load(open(f))
+        rows = d.get("eos_throughput", [])
+        setting = " ".join(a for a in d.get("argv", [])[d.get("argv", []).index("--walrelay-set") + 1:][:1]) \
+            if "--walrelay-set" in d.get("argv", []) else "defaults"
+        for v in dict.fromkeys(r["variant"] for r in rows):
+            alo = {r["round"]: r for r in rows if r["variant"] == v and r["kind"] == "throughput_alo"}
+            eos = {r["round"]: r for r in rows if r["variant"] == v and r["kind"] == "throughput_eos"}
+            shares = [eos[k]["first_to_confirmed_events_per_s"] / alo[k]["first_to_confirmed_events_per_s"]
+                      for k in alo if k in eos and alo[k].get("first_to_confirmed_events_per_s")
+                      and eos[k].get("first_to_confirmed_events_per_s")]
+            out.append(f"| `{os.path.basename(f)}` | {setting} | {v} | "
+                       f"{med(list(alo.values()), 'first_to_confirmed_events_per_s')[1]} | "
+                       f"{med(list(eos.values()), 'first_to_confirmed_events_per_s')[1]} | "
+                       + ", ".join(f"{x:.2f}" for x in shares) + " | "
+                       f"{med(list(alo.values()), 'cpu_us_per_event')[1]}, {med(list(eos.values()), 'cpu_us_per_event')[1]} |")
+    return "\n".join(out)
+
+
+def idle_threads(folder):
+    """bench/idle_threads.py's files in the folder (idle-threads*.json): CPU per thread of an idle walrelay."""
+    import glob
+    files = sorted(glob.glob(os.path.join(folder, "idle-threads*.json")))
+    if not files:
+        return "_No idle_threads.py run in this folder._"
+    out = ["| file | build | settings | total ms/s | per thread: ms/s (wake-ups/s) |", "|---|---|---|---|---|"]
+    for f in files:
+        for r in json.load(open(f)):
+            threads = ", ".join(f"{t} {v['cpu_ms_per_s']:.3f} ({v['wakeups_per_s']:.1f})" for t, v in r["threads"].items())
+            out.append(f"| `{os.path.basename(f)}` | {r['build']} | {' '.join(r['settings']) or 'defaults'} | "
+                       f"{r['cpu_ms_per_s']:.3f} | {threads} |")
+    return "\n".join(out)
+
+
 def readme_headline(data, folder):
     """The figures README.md quotes, each linked to its table."""
     g = by(data.get("runs", []), "workload", "contender")
@@ -357,6 +399,8 @@ def sections(data, folder_path):
         "sidecar": sidecar(data),
         "tableless": tableless(data),
         "headline": readme_headline(data, folder),
+        "eos-throughput": eos_throughput(folder_path),
+        "idle-threads": idle_threads(folder_path),
     }
 
 
