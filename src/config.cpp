@@ -111,6 +111,22 @@ Setter column_field(std::string Config::*field, bool optional) {
   };
 }
 
+// One of a few names, each an enumerator: "expected a, b or c" otherwise.
+template <class E>
+Setter enum_field(E Config::*field, std::vector<std::pair<std::string, E>> names) {
+  return [=](Config& c, const std::string& k, const std::string& v) {
+    std::string expected;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (v == names[i].first) {
+        c.*field = names[i].second;
+        return;
+      }
+      expected += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i].first;
+    }
+    throw ConfigError(k, "expected " + expected + ", got \"" + v + "\"");
+  };
+}
+
 // A Kafka Connect converter class, as a Connect configuration names it.
 Setter converter_field(Converter Config::*field) {
   return [=](Config& c, const std::string& k, const std::string& v) {
@@ -231,12 +247,9 @@ const std::vector<KeySpec>& key_specs() {
       {"tracing.enabled", bool_field(&Config::tracing_enabled)},
       {"table.fields.additional.error.on.missing", bool_field(&Config::additional_error_on_missing)},
       {"table.op.invalid.behavior",
-       [](Config& c, const std::string& k, const std::string& v) {
-         if (v == "warn") c.op_invalid_behavior = InvalidOperation::warn;
-         else if (v == "error") c.op_invalid_behavior = InvalidOperation::error;
-         else if (v == "fatal") c.op_invalid_behavior = InvalidOperation::fatal;
-         else throw ConfigError(k, "expected warn, error or fatal, got \"" + v + "\"");
-       }},
+       enum_field(&Config::op_invalid_behavior, {{"warn", InvalidOperation::warn},
+                                                 {"error", InvalidOperation::error},
+                                                 {"fatal", InvalidOperation::fatal}})},
       {"route.topic.replacement",
        [](Config& c, const std::string& k, const std::string& v) {
          if (v.empty()) throw ConfigError(k, "must not be empty");
@@ -281,12 +294,9 @@ const std::vector<KeySpec>& key_specs() {
          converter_field(&Config::value_converter)(c, k, v);
        }},
       {"cloudevents.mode",
-       [](Config& c, const std::string& k, const std::string& v) {
-         if (v == "none") c.cloudevents = CloudEventsMode::none;
-         else if (v == "binary") c.cloudevents = CloudEventsMode::binary;
-         else if (v == "structured") c.cloudevents = CloudEventsMode::structured;
-         else throw ConfigError(k, "expected none, binary or structured, got \"" + v + "\"");
-       }},
+       enum_field(&Config::cloudevents, {{"none", CloudEventsMode::none},
+                                         {"binary", CloudEventsMode::binary},
+                                         {"structured", CloudEventsMode::structured}})},
       {"cloudevents.source",
        [](Config& c, const std::string& k, const std::string& v) {
          if (v.empty()) throw ConfigError(k, "must not be empty (CloudEvents requires a source)");
