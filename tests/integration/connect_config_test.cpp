@@ -139,7 +139,7 @@ TEST_CASE("debezium config: table.op.invalid.behavior - an UPDATE the publicatio
 }
 
 TEST_CASE("debezium config: table.fields.additional.error.on.missing=false leaves out a placed column the table "
-          "lacks; true (the default) makes it the row's error",
+          "lacks, true (the default) makes it the row's error",
           "[relay][debezium]") {
   Fixture f;
   create_outbox(f.db(), f.table);

@@ -246,7 +246,7 @@ TEST_CASE("router: route.topic.regex, a partition placement, envelope members an
 }
 
 TEST_CASE("router: table.field.event.headers - a jsonb column's members become Kafka headers, from a row and from a "
-          "logical message; one that is not an object is the row's mapping error",
+          "logical message, and one that is not an object is the row's mapping error",
           "[relay][router]") {
   Fixture f;
   create_outbox(f.db(), f.table);
