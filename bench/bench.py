@@ -1025,6 +1025,27 @@ def main():
         result[key].append(r)
         save()
 
+    def both_modes(prefix, n, extra, rep, key):
+        """n events in 100-row transactions relayed from one WAL by each build
+        (--variant), at least once and exactly once, with `extra` settings.
+        Kafka's offsets count transaction markers too, so both modes are timed
+        to the slot confirmed at the end, which exactly once reaches only once
+        the last transaction is committed: from launch (confirmed_events_per_s)
+        and from the first record in Kafka (first_to_confirmed_events_per_s)."""
+        names = {(v, m): f"{prefix}_{i}_{m}" for i, (v, _) in enumerate(variants) for m in ("alo", "eos")}
+        end_lsn = prepare_round(env, n, 100, list(names.values()), list(names.values()))
+        for (vname, mode), slot in names.items():
+            settings = dict(extra, **({"exactly.once.support": "required"} if mode == "eos" else {}))
+            r = run_walrelay(env, n, slot, end_lsn, extra=settings or None, binary=dict(variants)[vname])
+            t, s0 = r.get("launch_to_slot_confirmed_s"), r.get("startup_s")
+            r.update(kind=f"throughput_{mode}", variant=vname, round=rep + 1,
+                     confirmed_events_per_s=round(n / t) if t else None,
+                     first_to_confirmed_events_per_s=round(n / (t - s0)) if t and s0 is not None and t > s0 else None)
+            r.pop("pg_load", None)
+            log(json.dumps(r))
+            result[key].append(r)
+            save()
+
     if "librdkafka" in sections:
         # The goals that waited for a newer librdkafka, each walrelay build
         # (--variant) in every round, beside the broker's own floor, rounds
@@ -1056,24 +1077,9 @@ def main():
                     result["librdkafka"].append(r)
                     save()
             seq += 1
-            names = {(v, m): f"bench_rdkt_{seq}_{i}_{m}" for i, (v, _) in enumerate(variants) for m in ("alo", "eos")}
             log(f"librdkafka round {rep + 1}: throughput, 200,000 events in 100-row transactions")
-            end_lsn = prepare_round(env, 200000, 100, list(names.values()), list(names.values()))
-            for (vname, mode), slot in names.items():
-                vbin = dict(variants)[vname]
-                # exactly once with its default 100 ms boundary here: throughput, not latency
-                r = run_walrelay(env, 200000, slot, end_lsn,
-                                 extra={"exactly.once.support": "required"} if mode == "eos" else None, binary=vbin)
-                # Kafka's offsets count transaction markers too: both modes are timed
-                # to the slot confirmed at the end, which exactly once reaches only
-                # once the last transaction is committed.
-                t = r.get("launch_to_slot_confirmed_s")
-                r.update(kind=f"throughput_{mode}", variant=vname, round=rep + 1,
-                         confirmed_events_per_s=round(200000 / t) if t else None)
-                r.pop("pg_load", None)
-                log(json.dumps(r))
-                result["librdkafka"].append(r)
-                save()
+            # exactly once with its default 100 ms boundary here: throughput, not latency
+            both_modes(f"bench_rdkt_{seq}", 200000, {}, rep, "librdkafka")
 
     if "eos-throughput" in sections:
         # Explicit only: exactly once against at least once at 100-row
@@ -1085,21 +1091,8 @@ def main():
         n = args.events or 1000000
         for rep in range(reps("eos-throughput")):
             seq += 1
-            names = {(v, m): f"bench_eost_{seq}_{i}_{m}" for i, (v, _) in enumerate(variants) for m in ("alo", "eos")}
             log(f"eos-throughput round {rep + 1}: {n} events in 100-row transactions")
-            end_lsn = prepare_round(env, n, 100, list(names.values()), list(names.values()))
-            for (vname, mode), slot in names.items():
-                extra = {"status.update.interval.ms": "100"}
-                if mode == "eos":
-                    extra["exactly.once.support"] = "required"
-                r = run_walrelay(env, n, slot, end_lsn, extra=extra, binary=dict(variants)[vname])
-                t, s0 = r.get("launch_to_slot_confirmed_s"), r.get("startup_s")
-                r.update(kind=f"throughput_{mode}", variant=vname, round=rep + 1,
-                         first_to_confirmed_events_per_s=round(n / (t - s0)) if t and s0 is not None else None)
-                r.pop("pg_load", None)
-                log(json.dumps(r))
-                result["eos_throughput"].append(r)
-                save()
+            both_modes(f"bench_eost_{seq}", n, {"status.update.interval.ms": "100"}, rep, "eos_throughput")
 
     if "throughput" in sections:
         if not args.debezium_dir:

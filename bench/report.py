@@ -166,16 +166,9 @@ def header(data, folder):
     return "| | |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
 
 
-def rdk_group(data):
-    g = {}
-    for r in data.get("librdkafka", []):
-        g.setdefault((r["kind"], r["variant"]), []).append(r)
-    return g
-
-
 def librdkafka_goals(data):
     """#26's goals, per variant, medians over the interleaved rounds."""
-    g = rdk_group(data)
+    g = by(data.get("librdkafka", []), "kind", "variant")
     if not g:
         return "_This run has no librdkafka section._"
     variants = list(dict.fromkeys(r["variant"] for r in data["librdkafka"] if r["kind"] != "floor"))
@@ -312,8 +305,8 @@ def eos_throughput(folder):
     for f in files:
         d = json.load(open(f))
         rows = d.get("eos_throughput", [])
-        setting = " ".join(a for a in d.get("argv", [])[d.get("argv", []).index("--walrelay-set") + 1:][:1]) \
-            if "--walrelay-set" in d.get("argv", []) else "defaults"
+        argv = d.get("argv", [])
+        setting = argv[argv.index("--walrelay-set") + 1] if "--walrelay-set" in argv else "defaults"
         for v in dict.fromkeys(r["variant"] for r in rows):
             alo = {r["round"]: r for r in rows if r["variant"] == v and r["kind"] == "throughput_alo"}
             eos = {r["round"]: r for r in rows if r["variant"] == v and r["kind"] == "throughput_eos"}
@@ -373,7 +366,7 @@ def readme_headline(data, folder):
         if dl:
             s += f" (Debezium: {ms(dl, 'append_p50_ms')} and {ms(dl, 'append_p99_ms')})"
         lines.append(s + " ([latency](docs/benchmarks.md#latency))")
-    rg = rdk_group(data)
+    rg = by(data.get("librdkafka", []), "kind", "variant")
     eos = rg.get(("eos_1000", "librdkafka 2.8.0"), [])
     if eos:
         lines.append(f"exactly once at 1,000 transactions/s: p99 {med(eos, 'consumer_p99_ms')[0]:.0f} ms from insert to "

@@ -27,17 +27,6 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, ',')) {
-    auto t = trim(item);
-    if (!t.empty()) out.push_back(t);
-  }
-  return out;
-}
-
 std::int64_t parse_int(const std::string& key, const std::string& v, std::int64_t min, std::int64_t max) {
   std::int64_t out = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
@@ -157,6 +146,17 @@ Setter schemas_enable_field() {
 const std::vector<KeySpec>& key_specs();
 
 }  // namespace
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ',')) {
+    auto t = trim(item);
+    if (!t.empty()) out.push_back(t);
+  }
+  return out;
+}
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
@@ -284,7 +284,8 @@ const std::vector<KeySpec>& key_specs() {
       {"key.converter", converter_field(&Config::key_converter)},
       {"value.converter",
        [](Config& c, const std::string& k, const std::string& v) {
-         // Debezium's converter of CloudEvents: the structured mode.
+         // Debezium's converter of CloudEvents: the structured mode. Keys are
+         // set in order of their names, so cloudevents.mode is known here.
          if (v == "io.debezium.converters.CloudEventsConverter") {
            if (c.origin.count("cloudevents.mode") && c.cloudevents != CloudEventsMode::structured)
              throw ConfigError(k, "CloudEventsConverter writes the structured mode; cloudevents.mode says otherwise");

@@ -8,7 +8,6 @@
 #include <cctype>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -19,20 +18,6 @@ namespace {
 
 constexpr const char* kEventRouter = "io.debezium.transforms.outbox.EventRouter";
 constexpr const char* kActivateTracingSpan = "io.debezium.transforms.tracing.ActivateTracingSpan";
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, ',')) {
-    auto b = item.find_first_not_of(" \t");
-    auto e = item.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-  }
-  return out;
-}
-
-bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
 
 // Keys with nothing to do here, whatever their value, and why.
 const std::map<std::string, std::string>& ignored_keys() {
@@ -313,13 +298,13 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
       note(s, "walrelay's sink is Kafka");
       continue;
     }
-    if (starts_with(s.key, "debezium.format.")) {
+    if (s.key.starts_with("debezium.format.")) {
       if (s.value != "json")
         refuse_value(s, "Debezium Server's format of change events; the router's records take the payload as it is");
       note(s, "the router's records take the payload as it is");
       continue;
     }
-    if (starts_with(s.key, "quarkus.")) {
+    if (s.key.starts_with("quarkus.")) {
       note(s, "Debezium Server's runtime (Quarkus) setting");
       continue;
     }
@@ -327,10 +312,10 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
   }
   settings = std::move(kept);
   for (auto& s : settings) {
-    if (starts_with(s.key, "debezium.source.")) s.key = s.key.substr(16);
-    else if (starts_with(s.key, "debezium.transforms")) s.key = s.key.substr(9);
-    else if (starts_with(s.key, "debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
-    else if (starts_with(s.key, "producer.override.")) s.key = "kafka." + s.key.substr(18);
+    if (s.key.starts_with("debezium.source.")) s.key = s.key.substr(16);
+    else if (s.key.starts_with("debezium.transforms")) s.key = s.key.substr(9);
+    else if (s.key.starts_with("debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
+    else if (s.key.starts_with("producer.override.")) s.key = "kafka." + s.key.substr(18);
   }
 
   // Debezium 1.x's names, renamed in 1.3 and gone in 2.0, still in older
@@ -382,7 +367,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
   std::vector<RawSetting> out;
   for (auto& s : settings) {
     if (s.key == "transforms") continue;
-    if (!starts_with(s.key, "transforms.")) {
+    if (!s.key.starts_with("transforms.")) {
       out.push_back(s);
       continue;
     }
@@ -403,7 +388,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
         throw ConfigError(sub, "conflicting or redundant: set both as " + sub + " and as " + s.key + " (" + s.origin +
                                    ")");
       out.push_back({sub, s.value, s.origin});
-    } else if (starts_with(sub, "tracing.")) {  // ActivateTracingSpan's own keys
+    } else if (sub.starts_with("tracing.")) {  // ActivateTracingSpan's own keys
       out.push_back({sub, s.value, s.origin});
     } else {
       throw ConfigError(s.key, "not a key of transform \"" + name + "\" that walrelay reads (" + s.origin + ")");
@@ -425,7 +410,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
     }
     if (auto it = refused_keys().find(k); it != refused_keys().end()) refuse_value(s, it->second);
     for (auto& [prefix, why] : refused_prefixes())
-      if (starts_with(k, prefix) && k != "snapshot.mode") refuse_value(s, why);
+      if (k.starts_with(prefix) && k != "snapshot.mode") refuse_value(s, why);
     if (auto it = valued_keys().find(k); it != valued_keys().end()) {
       const ValuedKey& rule = it->second;
       if (!rule.accepted.count(s.value)) refuse_value(s, rule.refused);
@@ -440,7 +425,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
         continue;
       }
     }
-    if (starts_with(k, "key.converter.delegate.") || starts_with(k, "value.converter.delegate.")) {
+    if (k.starts_with("key.converter.delegate.") || k.starts_with("value.converter.delegate.")) {
       note(s, "BinaryDataConverter's delegate serializes Debezium's heartbeat, transaction and schema-change events, "
               "which walrelay does not write");
       continue;
@@ -450,7 +435,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
       continue;
     }
     // Debezium's CloudEventsConverter's own keys.
-    if (starts_with(k, "value.converter.") && value_converter &&
+    if (k.starts_with("value.converter.") && value_converter &&
         value_converter->value == "io.debezium.converters.CloudEventsConverter" &&
         k != "value.converter.schemas.enable") {
       const auto sub = k.substr(16);
@@ -461,8 +446,8 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
         note(s, "walrelay writes CloudEvents as JSON");
         continue;
       }
-      if (sub == "metadata.source" || sub == "extension.attributes.enable" || starts_with(sub, "schema.") ||
-          starts_with(sub, "json.") || sub == "opentelemetry.tracing.attributes.enable") {
+      if (sub == "metadata.source" || sub == "extension.attributes.enable" || sub.starts_with("schema.") ||
+          sub.starts_with("json.") || sub == "opentelemetry.tracing.attributes.enable") {
         note(s, "walrelay builds the event from the outbox columns: id, type (table.field.event.type), the key as "
                 "subject, the record's time, and cloudevents.source; it adds no Debezium extension attributes");
         continue;

@@ -695,10 +695,11 @@ std::optional<MapError> OutboxMapper::route_to(std::string_view route, std::stri
     if (problem) return MapError{"invalid_topic", *problem};
   } else {
     // Routes repeat: each value's topic is worked out once.
-    if (auto it = topic_cache_.find(route); route_column_names_.empty() && it != topic_cache_.end()) {
-      out.topic = it->second;
-      return std::nullopt;
-    }
+    if (route_column_names_.empty())
+      if (auto it = topic_cache_.find(route); it != topic_cache_.end()) {
+        out.topic = it->second;
+        return std::nullopt;
+      }
     const std::string value(route);
     boost::smatch match;
     if (boost::regex_match(value, match, *route_regex_)) {

@@ -167,7 +167,10 @@ Relay::Step Relay::invalid_operation(std::uint32_t relation_oid, Lsn lsn) {
          config_.publication_name + " SET (publish = 'insert'))");
     return Step::stop;
   }
-  metrics_.invalid_operations(table).Increment();
+  // The counter is found once per table, as skip_insert's: no label hashing per row.
+  auto [it, first] = invalid_operations_.try_emplace(relation_oid, nullptr);
+  if (first) it->second = &metrics_.invalid_operations(table);
+  it->second->Increment();
   if (config_.op_invalid_behavior == InvalidOperation::warn)
     spdlog::warn("{} {}; skipped (table.op.invalid.behavior=warn), counted in walrelay_invalid_operations_total",
                  context(), what);

@@ -214,6 +214,9 @@ std::vector<std::string> config_warnings(const Config& config);
 // True for keys whose values are never shown (passwords, tokens, sasl secrets).
 bool is_secret_key(const std::string& key);
 
+// The items of a comma-separated list, each trimmed, empty ones dropped.
+std::vector<std::string> split_list(const std::string& s);
+
 // Every key the configuration accepts besides kafka.* (--print-config
 // prints each one).
 std::vector<std::string> config_keys();

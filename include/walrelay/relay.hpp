@@ -236,6 +236,7 @@ class Relay final : public StatusSource {
   static constexpr std::size_t max_topic_series = 1000;
   static constexpr std::string_view other_topics_label = "(other)";
   std::unordered_map<std::uint32_t, prometheus::Counter*> skipped_;  // by relation OID: rows not of the outbox
+  std::unordered_map<std::uint32_t, prometheus::Counter*> invalid_operations_;  // by relation OID: outbox UPDATEs
   // message.prefix.include.list, compiled; a prefix's match is looked up once.
   std::vector<std::regex> message_prefixes_;
   std::unordered_map<std::string, PrefixSource, TopicHash, std::equal_to<>> prefix_sources_;
