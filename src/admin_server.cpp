@@ -535,6 +535,9 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
     } else if (!status.producer_healthy) {
       reply(http::status::service_unavailable, text_plain,
             fmt::format("broker unreachable: {}\n", one_line(status.producer_error)));
+    } else if (!status.schema_registry_error.empty()) {
+      reply(http::status::service_unavailable, text_plain,
+            fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
     } else {
       reply(http::status::ok, text_plain, "ready\n");
     }

@@ -131,6 +131,28 @@ Setter converter_field(Converter Config::*field) {
   };
 }
 
+// A string member of one of Config's member structs.
+template <class S>
+Setter member_string_field(S Config::*group, std::string S::*field) {
+  return [=](Config& c, const std::string& k, const std::string& v) {
+    (void)k;
+    c.*group.*field = v;
+  };
+}
+
+// auto.register.schemas, use.latest.version, latest.compatibility.strict:
+// walrelay has no schema of its own (the application writes JSON), so it
+// always encodes by a registered one, the subject's latest or the row's
+// table.field.event.schema.version: as use.latest.version=true and
+// auto.register.schemas=false do. Either value is taken, so that a pasted
+// converter configuration works; what it means here is in the docs.
+Setter registry_flag_field() {
+  return [](Config& c, const std::string& k, const std::string& v) {
+    (void)c;
+    if (v != "true" && v != "false") throw ConfigError(k, "expected true or false, got \"" + v + "\"");
+  };
+}
+
 // JsonConverter's schemas.enable: only false exists here (walrelay writes no
 // schema envelope); Connect's default is true, so it must be said.
 Setter schemas_enable_field() {
@@ -232,6 +254,7 @@ const std::vector<KeySpec>& key_specs() {
       {"table.field.event.payload", column_field(&Config::field_event_payload, false)},
       {"table.field.event.timestamp", column_field(&Config::field_event_timestamp, true)},
       {"table.field.event.headers", column_field(&Config::field_event_headers, true)},
+      {"table.field.event.schema.version", column_field(&Config::field_event_schema_version, true)},
       {"route.by.field", column_field(&Config::route_by_field, true)},
       {"route.topic.regex",
        [](Config& c, const std::string& k, const std::string& v) {
@@ -292,8 +315,87 @@ const std::vector<KeySpec>& key_specs() {
            c.cloudevents = CloudEventsMode::structured;
            return;
          }
+         // Schema-registry converters: Confluent's, as Connect names them.
+         static const std::map<std::string, RegistryFormat> registry = {
+             {"io.confluent.connect.avro.AvroConverter", RegistryFormat::avro},
+             {"io.confluent.connect.json.JsonSchemaConverter", RegistryFormat::json_schema},
+             {"io.confluent.connect.protobuf.ProtobufConverter", RegistryFormat::protobuf},
+         };
+         if (auto it = registry.find(v); it != registry.end()) {
+           c.registry.format = it->second;
+           return;
+         }
+         if (v.starts_with("io.apicurio.registry.utils.converter."))
+           throw ConfigError(k, "Apicurio's own converters frame records with Apicurio's ids (8 bytes, or in "
+                                "headers), which walrelay does not write: name Confluent's converter "
+                                "(io.confluent.connect.avro.AvroConverter, ...JsonSchemaConverter or "
+                                "...ProtobufConverter) with value.converter.schema.registry.url set to Apicurio's "
+                                "Confluent-compatible API (http://<registry>/apis/ccompat/v7)");
          converter_field(&Config::value_converter)(c, k, v);
        }},
+      {"value.converter.schema.registry.url",
+       [](Config& c, const std::string& k, const std::string& v) {
+         c.registry.urls = split_list(v);
+         for (auto& url : c.registry.urls) {
+           if (!url.starts_with("http://") && !url.starts_with("https://"))
+             throw ConfigError(k, "\"" + url + "\" is not an http:// or https:// URL");
+           while (url.size() > 8 && url.back() == '/') url.pop_back();
+         }
+       }},
+      {"value.converter.basic.auth.credentials.source",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         // URL: the user info is in the URL itself, which libcurl reads.
+         if (v != "USER_INFO" && v != "URL")
+           throw ConfigError(k, "expected USER_INFO (value.converter.basic.auth.user.info) or URL (user:password@ in "
+                                "the registry's URL); SASL_INHERIT needs Kafka's SASL/PLAIN credentials, which walrelay "
+                                "does not lend to the registry: set basic.auth.user.info instead");
+       }},
+      {"value.converter.basic.auth.user.info",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (!v.empty() && v.find(':') == std::string::npos) throw ConfigError(k, "expected user:password");
+         c.registry.basic_auth_user_info = v;
+       }},
+      {"value.converter.bearer.auth.credentials.source",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         if (!v.empty() && v != "STATIC_TOKEN")
+           throw ConfigError(k, "only STATIC_TOKEN (value.converter.bearer.auth.token) is offered; fetch an OAuth "
+                                "token outside walrelay and pass it in WALRELAY_VALUE_CONVERTER_BEARER_AUTH_TOKEN");
+       }},
+      {"value.converter.bearer.auth.token", member_string_field(&Config::registry, &SchemaRegistryConfig::bearer_token)},
+      {"value.converter.schema.registry.ssl.ca.location",
+       member_string_field(&Config::registry, &SchemaRegistryConfig::ssl_ca_location)},
+      {"value.converter.schema.registry.ssl.certificate.location",
+       member_string_field(&Config::registry, &SchemaRegistryConfig::ssl_certificate_location)},
+      {"value.converter.schema.registry.ssl.key.location",
+       member_string_field(&Config::registry, &SchemaRegistryConfig::ssl_key_location)},
+      {"value.converter.schema.registry.ssl.key.password",
+       member_string_field(&Config::registry, &SchemaRegistryConfig::ssl_key_password)},
+      {"value.converter.schema.registry.ssl.endpoint.identification.algorithm",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "https") c.registry.ssl_verify = true;
+         else if (v.empty() || v == "none") c.registry.ssl_verify = false;
+         else throw ConfigError(k, "expected https (check the registry's host name) or none");
+       }},
+      {"value.converter.schema.registry.request.timeout.ms",
+       [](Config& c, const std::string& k, const std::string& v) {
+         c.registry.request_timeout_ms = parse_int(k, v, 100, 600000);
+       }},
+      {"value.converter.value.subject.name.strategy",
+       [](Config& c, const std::string& k, const std::string& v) {
+         // Confluent's class names, or their last part.
+         const auto name = v.substr(v.rfind('.') == std::string::npos ? 0 : v.rfind('.') + 1);
+         if (name == "TopicNameStrategy") c.registry.subject_strategy = SubjectNameStrategy::topic;
+         else if (name == "RecordNameStrategy") c.registry.subject_strategy = SubjectNameStrategy::record;
+         else if (name == "TopicRecordNameStrategy") c.registry.subject_strategy = SubjectNameStrategy::topic_record;
+         else
+           throw ConfigError(k, "expected io.confluent.kafka.serializers.subject.TopicNameStrategy, "
+                                "RecordNameStrategy or TopicRecordNameStrategy, got \"" + v + "\"");
+       }},
+      {"value.converter.auto.register.schemas", registry_flag_field()},
+      {"value.converter.use.latest.version", registry_flag_field()},
+      {"value.converter.latest.compatibility.strict", registry_flag_field()},
       {"cloudevents.mode",
        enum_field(&Config::cloudevents, {{"none", CloudEventsMode::none},
                                          {"binary", CloudEventsMode::binary},
@@ -462,6 +564,32 @@ void validate(Config& c) {
                                      ".converter=org.apache.kafka.connect.json.JsonConverter (Kafka Connect's default "
                                      "is true, a schema envelope walrelay does not write)");
   }
+  {
+    const bool registry = c.registry.format != RegistryFormat::none;
+    if (!registry) {
+      // (The other registry keys are harmless without one: --print-config
+      // lists them all, and its output must load again.)
+      for (const char* key : {"value.converter.schema.registry.url", "table.field.event.schema.version"})
+        if ((key[0] == 'v' ? !c.registry.urls.empty() : !c.field_event_schema_version.empty()))
+          throw ConfigError(key, "applies to a schema-registry converter only: set value.converter to "
+                                 "io.confluent.connect.avro.AvroConverter, ...json.JsonSchemaConverter or "
+                                 "...protobuf.ProtobufConverter");
+    } else {
+      if (c.registry.urls.empty())
+        throw ConfigError("value.converter.schema.registry.url", "is required with value.converter=" +
+                                                                     std::string(registry_converter_name(c.registry.format)));
+      if (c.cloudevents == CloudEventsMode::structured)
+        throw ConfigError("value.converter", "CloudEvents' structured mode writes the event as JSON; with a schema "
+                                             "registry use cloudevents.mode=binary (the attributes in headers, the "
+                                             "value encoded by its schema)");
+      if (c.registry.subject_strategy != SubjectNameStrategy::topic && c.field_event_type.empty())
+        throw ConfigError("table.field.event.type", "must name a column: the record name strategies take the "
+                                                    "record's name from the event's type");
+      if (!c.registry.basic_auth_user_info.empty() && !c.registry.bearer_token.empty())
+        throw ConfigError("value.converter.bearer.auth.token", "and value.converter.basic.auth.user.info both set: "
+                                                               "the registry takes one kind of credentials");
+    }
+  }
   if (c.routes_by_value() && c.route_by_field.empty())
     throw ConfigError("route.by.field", "must name a column while route.topic.replacement refers to the route value");
   if (c.cloudevents != CloudEventsMode::none) {
@@ -531,6 +659,26 @@ std::string quote_conninfo(const std::string& v) {
 
 }  // namespace
 
+const char* registry_converter_name(RegistryFormat format) {
+  switch (format) {
+    case RegistryFormat::avro: return "io.confluent.connect.avro.AvroConverter";
+    case RegistryFormat::json_schema: return "io.confluent.connect.json.JsonSchemaConverter";
+    case RegistryFormat::protobuf: return "io.confluent.connect.protobuf.ProtobufConverter";
+    case RegistryFormat::none: break;
+  }
+  return "";
+}
+
+std::string redact_url(const std::string& url) {
+  // scheme://user:password@host...: the user info goes.
+  const auto scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const auto host_end = url.find('/', scheme + 3);
+  const auto at = url.rfind('@', host_end == std::string::npos ? std::string::npos : host_end);
+  if (at == std::string::npos || at < scheme) return url;
+  return url.substr(0, scheme + 3) + "********@" + url.substr(at + 1);
+}
+
 const char* placement_name(Placement placement) {
   switch (placement) {
     case Placement::header: return "header";
@@ -599,6 +747,7 @@ std::vector<std::string> config_warnings(const Config& c) {
 bool is_secret_key(const std::string& key) {
   auto has = [&](const char* s) { return key.find(s) != std::string::npos; };
   return has("password") || has("token") || has("secret") || has("sasl.jaas") || has("ssl.key.pem") ||
+         has("user.info") ||
          has("ssl_key") || has("oauthbearer.config");
 }
 
@@ -783,13 +932,41 @@ std::string Config::describe() const {
   };
   line("key.converter", converter(key_converter));
   line("key.converter.schemas.enable", "false");
-  line("value.converter", cloudevents == CloudEventsMode::structured ? "io.debezium.converters.CloudEventsConverter"
-                                                                      : converter(value_converter));
+  line("value.converter", cloudevents == CloudEventsMode::structured     ? "io.debezium.converters.CloudEventsConverter"
+                          : registry.format != RegistryFormat::none ? registry_converter_name(registry.format)
+                                                                    : converter(value_converter));
   line("cloudevents.mode", cloudevents == CloudEventsMode::none     ? "none"
                            : cloudevents == CloudEventsMode::binary ? "binary"
                                                                     : "structured");
   line("cloudevents.source", cloudevents_source_or_default());
   line("value.converter.schemas.enable", "false");
+  {
+    // The schema registry's keys: what walrelay does, whatever was set
+    // (it has no schema of its own: auto.register.schemas=false and
+    // use.latest.version=true are what it does).
+    std::string urls;
+    for (auto& u : registry.urls) urls += (urls.empty() ? "" : ",") + redact_url(u);
+    line("value.converter.schema.registry.url", urls);
+    line("value.converter.basic.auth.credentials.source", registry.basic_auth_user_info.empty() ? "URL" : "USER_INFO");
+    line("value.converter.basic.auth.user.info", registry.basic_auth_user_info);
+    line("value.converter.bearer.auth.credentials.source", registry.bearer_token.empty() ? "" : "STATIC_TOKEN");
+    line("value.converter.bearer.auth.token", registry.bearer_token);
+    line("value.converter.schema.registry.ssl.ca.location", registry.ssl_ca_location);
+    line("value.converter.schema.registry.ssl.certificate.location", registry.ssl_certificate_location);
+    line("value.converter.schema.registry.ssl.key.location", registry.ssl_key_location);
+    line("value.converter.schema.registry.ssl.key.password", registry.ssl_key_password);
+    line("value.converter.schema.registry.ssl.endpoint.identification.algorithm", registry.ssl_verify ? "https" : "none");
+    line("value.converter.schema.registry.request.timeout.ms", std::to_string(registry.request_timeout_ms));
+    line("value.converter.value.subject.name.strategy",
+         std::string("io.confluent.kafka.serializers.subject.") +
+             (registry.subject_strategy == SubjectNameStrategy::topic    ? "TopicNameStrategy"
+              : registry.subject_strategy == SubjectNameStrategy::record ? "RecordNameStrategy"
+                                                                         : "TopicRecordNameStrategy"));
+    line("value.converter.auto.register.schemas", "false");
+    line("value.converter.use.latest.version", "true");
+    line("value.converter.latest.compatibility.strict", "false");
+    line("table.field.event.schema.version", field_event_schema_version);
+  }
   std::string prefixes;
   for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;
   line("message.prefix.include.list", prefixes);

@@ -89,11 +89,17 @@ const std::map<std::string, std::string>& ignored_keys() {
       {"table.json.payload.empty.array.behavior",
        "it shapes the Connect schema Debezium infers for an expanded payload; walrelay writes the payload's JSON as "
        "it is, empty arrays included, with no schema"},
-      {"table.field.event.schema.version",
-       "selects a Connect schema's version; walrelay writes no Connect schema (schema-registry converters are not "
-       "offered yet)"},
   };
   return keys;
+}
+
+// Whether walrelay's configuration has the key.
+bool known_key(const std::string& key) {
+  static const std::set<std::string> keys = [] {
+    auto list = config_keys();
+    return std::set<std::string>(list.begin(), list.end());
+  }();
+  return keys.count(key) > 0;
 }
 
 // Keys walrelay does not do, and what to do instead.
@@ -430,6 +436,32 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
               "which walrelay does not write");
       continue;
     }
+    const bool registry_converter = value_converter && (value_converter->value.starts_with("io.confluent.connect.") &&
+                                                        value_converter->value != "io.confluent.connect.json.JsonConverter");
+    if (k == "table.field.event.schema.version" && !registry_converter) {
+      note(s, "it selects a schema's version for a schema-registry converter, and value.converter is not one");
+      continue;
+    }
+    // A schema-registry converter's keys that shape the schema Connect
+    // derives from its data: walrelay encodes by the registered schema.
+    if (registry_converter && k.starts_with("value.converter.") && !known_key(k)) {
+      static const std::vector<std::string> schema_shaping = {
+          "enhanced.avro.schema.support", "connect.meta.data", "schemas.cache.config", "scrub.invalid.names",
+          "avro.", "json.", "protobuf.", "generalized.sum.type.support", "normalize.schemas", "ignore.default.for.nullables",
+          "decimal.format", "enhanced.protobuf.schema.support", "optional.for.nullables", "wrapper.for.nullables",
+          "int.for.enums", "schemas.cache.size", "object.additional.properties", "use.optional.for.nonrequired"};
+      const auto sub = k.substr(16);
+      if (std::any_of(schema_shaping.begin(), schema_shaping.end(), [&](auto& p) { return sub.starts_with(p); })) {
+        note(s, "it shapes the schema Kafka Connect derives from a record; walrelay encodes the payload by the "
+                "subject's registered schema");
+        continue;
+      }
+      if (sub.starts_with("schema.registry.ssl.truststore.") || sub.starts_with("schema.registry.ssl.keystore."))
+        refuse_value(s, "Java key stores are not read: give PEM files in value.converter.schema.registry.ssl.ca.location, "
+                        "...ssl.certificate.location and ...ssl.key.location");
+      if (sub == "key.subject.name.strategy")
+        refuse_value(s, "the key is the aggregate id as a string (key.converter=StringConverter); it has no subject");
+    }
     if (k == "schema.include.list") {
       schemas = &s;
       continue;
@@ -441,8 +473,9 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
       const auto sub = k.substr(16);
       if (sub == "serializer.type" || sub == "data.serializer.type") {
         if (s.value != "json")
-          refuse_value(s, "walrelay writes CloudEvents and their data as JSON; Avro through a schema registry is not "
-                          "offered yet");
+          refuse_value(s, "walrelay writes structured CloudEvents and their data as JSON; for a schema registry use "
+                          "cloudevents.mode=binary (the attributes in headers) with value.converter="
+                          "io.confluent.connect.avro.AvroConverter");
         note(s, "walrelay writes CloudEvents as JSON");
         continue;
       }

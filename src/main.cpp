@@ -20,6 +20,7 @@
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay.hpp"
+#include "walrelay/schema_registry.hpp"
 
 extern char** environ;
 
@@ -114,6 +115,15 @@ int main(int argc, char** argv) {
           std::rethrow_exception(e);
         } catch (const std::exception& ex) {
           report.problems.push_back(ex.what());
+        }
+      }
+      if (config.registry.format != RegistryFormat::none) {
+        try {
+          SchemaEncoder::check(config, "");
+          report.notes.push_back("the schema registry answers (" + redact_url(config.registry.urls.front()) +
+                                 "); each subject's schema is fetched at its first record");
+        } catch (const std::exception& ex) {
+          report.problems.push_back(std::string("value.converter.schema.registry.url: ") + ex.what());
         }
       }
       for (auto& n : report.notes) std::cout << "note: " << n << "\n";

@@ -293,6 +293,10 @@ Metrics::Metrics()
       kafka_transactions_family_(add_counter_family(
           *registry_, "walrelay_kafka_transactions_total",
           "Exactly once: Kafka transactions ended, by outcome (committed, aborted).")),
+      schema_registry_family_(add_counter_family(
+          *registry_, "walrelay_schema_registry_requests_total",
+          "Schema lookups in the schema registry, by outcome (ok, unreachable, not_found, unauthorized, "
+          "bad_response, bad_schema); any but ok holds the records of that subject back.")),
       safe_wal_size_family_(&prometheus::BuildGauge()
                                  .Name("walrelay_slot_safe_wal_size_bytes")
                                  .Help("WAL that can still be written before max_slot_wal_keep_size invalidates the "
@@ -329,6 +333,10 @@ void Metrics::set_safe_wal_size(std::optional<double> bytes) {
     safe_wal_size_family_->Remove(safe_wal_size_);
     safe_wal_size_ = nullptr;
   }
+}
+
+prometheus::Counter& Metrics::schema_registry_requests(std::string_view outcome) {
+  return schema_registry_family_->Add({{"outcome", std::string(outcome)}});
 }
 
 prometheus::Counter& Metrics::kafka_transactions(std::string_view outcome) {

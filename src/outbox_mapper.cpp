@@ -195,7 +195,11 @@ bool OutboxMapper::on_relation(const pgoutput::Relation& relation) {
   info.tracing = find(config_.tracing_span_context_field, false);  // used where the table has it
   info.headers = find(config_.field_event_headers, true);
   // The CloudEvents type is required; otherwise the column is not read.
-  info.type = find(config_.field_event_type, config_.cloudevents != CloudEventsMode::none);
+  info.type = find(config_.field_event_type,
+                   config_.cloudevents != CloudEventsMode::none ||
+                       (config_.registry.format != RegistryFormat::none &&
+                        config_.registry.subject_strategy != SubjectNameStrategy::topic));
+  info.schema_version = find(config_.field_event_schema_version, true);
   for (auto& name : route_column_names_) info.route_columns.push_back(find(name, true));
   // A placed column the table lacks is its mapping error, or with
   // table.fields.additional.error.on.missing=false a field left out.
@@ -426,6 +430,26 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     }
   }
   convert(out, rel.payload.type_oid == pgtype::bytea);
+  out.event_type.reset();
+  out.schema_version.reset();
+  if (config_.registry.format != RegistryFormat::none) {
+    if (rel.type && config_.registry.subject_strategy != SubjectNameStrategy::topic && !col(rel.type).is_null()) {
+      std::string_view type;
+      if (auto e = text_of(rel, rel.type, col(rel.type), event_type_buf_, type, "type")) return e;
+      out.event_type = type;
+    }
+    if (rel.schema_version && !col(rel.schema_version).is_null()) {
+      std::string_view text;
+      if (auto e = text_of(rel, rel.schema_version, col(rel.schema_version), schema_version_buf_, text, "schema version"))
+        return e;
+      int version = 0;
+      auto r = std::from_chars(text.data(), text.data() + text.size(), version);
+      if (r.ec != std::errc{} || r.ptr != text.data() + text.size() || version < 1)
+        return MapError{"bad_value", "schema version column \"" + config_.field_event_schema_version + "\" holds \"" +
+                                         std::string(text.substr(0, 40)) + "\", not a version number (1, 2, ...)"};
+      out.schema_version = version;
+    }
+  }
   if (config_.cloudevents != CloudEventsMode::none) {
     const pgoutput::Column& c = col(rel.type);
     if (c.is_null())
@@ -563,7 +587,9 @@ void OutboxMapper::convert(OutboxRecord& out, bool payload_bytes) {
     expanded_buf_ += '"';
     payload = expanded_buf_;
     payload_json = true;
-  } else if (config_.expand_json_payload) {
+  } else if (config_.expand_json_payload || config_.registry.format != RegistryFormat::none) {
+    // (A schema registry's converter encodes the payload's JSON: it is read
+    // as JSON whatever table.expand.json.payload says.)
     // Debezium parses the payload and writes it back compact; text that is
     // not JSON stays a string.
     static thread_local simdjson::dom::parser parser;
@@ -895,6 +921,9 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
   if (headers.present && !headers.null)
     if (auto e = add_row_headers(headers.text, out)) return e;
   convert(out, false);
+  out.event_type.reset();
+  out.schema_version.reset();
+  if (config_.registry.format != RegistryFormat::none && type.present && !type.null) out.event_type = type.text;
   if (config_.cloudevents != CloudEventsMode::none) {
     if (auto e = required(type, config_.field_event_type, "CloudEvents type")) return e;
     cloudevent(id.text, type.text, key.text, payload.present && !payload.string, false, out);

@@ -64,6 +64,8 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       slot_monitor_(io, config),
       wake_(io),
       tick_(io) {
+  if (config.registry.format != RegistryFormat::none)
+    schema_encoder_ = std::make_unique<SchemaEncoder>(io, config, metrics);
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
   sink_.on_committed([this](Lsn end) {
     committed_lsn_ = end;

@@ -126,7 +126,28 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
     metrics_.mapping_errors(error->reason).Increment();
     return dead_letter_row(insert, *error, lsn);
   }
+  Step pending = Step::done;
+  if (auto error = encode_value(pending)) {
+    metrics_.mapping_errors(error->reason).Increment();
+    return dead_letter_row(insert, *error, lsn);
+  }
+  if (pending == Step::retry) return pending;
   return submit_record();
+}
+
+std::optional<MapError> Relay::encode_value(Step& pending) {
+  if (!schema_encoder_) return std::nullopt;
+  MapError error;
+  switch (schema_encoder_->encode(record_, error)) {
+    case SchemaEncoder::Status::encoded: break;
+    case SchemaEncoder::Status::pending:
+      // The schema is being fetched, or the registry does not answer: the
+      // row is offered again (the stream waits; nothing is dead-lettered).
+      pending = Step::retry;
+      break;
+    case SchemaEncoder::Status::failed: return error;
+  }
+  return std::nullopt;
 }
 
 Relay::Step Relay::submit_record() {
@@ -303,6 +324,12 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
     metrics_.mapping_errors(error->reason).Increment();
     return dead_letter_message(message, *error);
   }
+  Step pending = Step::done;
+  if (auto error = encode_value(pending)) {
+    metrics_.mapping_errors(error->reason).Increment();
+    return dead_letter_message(message, *error);
+  }
+  if (pending == Step::retry) return pending;
   return submit_record();
 }
 

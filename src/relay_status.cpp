@@ -44,7 +44,10 @@ void Relay::update_gauges() const {
   metrics_.lag_seconds.Set(l.seconds);
   metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
   metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
-  metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() ? 1 : 0);
+  metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() &&
+                             (!schema_encoder_ || schema_encoder_->problem().empty())
+                         ? 1
+                         : 0);
 }
 
 // /slot's and /readyz's view, built on the loop thread.
@@ -66,6 +69,7 @@ StatusSnapshot Relay::status() const {
   s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
   s.producer_error = sink_.fatal_error().value_or(sink_.health_reason());
   s.server = slot_monitor_.last();
+  if (schema_encoder_) s.schema_registry_error = schema_encoder_->problem();
   if (sink_.transactional()) s.exactly_once = StatusSnapshot::ExactlyOnce{config_.transactional_id(), committed_lsn_};
   return s;
 }

@@ -55,6 +55,36 @@ enum class Converter { string, json };
 // payload as data (or data_base64).
 enum class CloudEventsMode { none, binary, structured };
 
+// value.converter naming a schema-registry converter (Confluent's class
+// names): the payload, JSON as the application wrote it, is encoded by the
+// subject's registered schema and framed in Confluent's wire format (magic
+// byte 0, the schema id as 4 bytes big-endian, then the encoded value).
+enum class RegistryFormat { none, avro, json_schema, protobuf };
+// value.converter.value.subject.name.strategy: the subject a record's schema
+// is registered under. topic: <topic>-value; record: the record name;
+// topic_record: <topic>-<record name>. The record name is the event's type
+// (table.field.event.type), as the schema's full name.
+enum class SubjectNameStrategy { topic, record, topic_record };
+
+// The converter's class name, as value.converter spells it.
+const char* registry_converter_name(RegistryFormat format);
+// A URL with its user info (user:password@) masked, for logs.
+std::string redact_url(const std::string& url);
+
+struct SchemaRegistryConfig {
+  RegistryFormat format = RegistryFormat::none;
+  std::vector<std::string> urls;          // value.converter.schema.registry.url (one or several)
+  std::string basic_auth_user_info;       // value.converter.basic.auth.user.info (user:password)
+  std::string bearer_token;               // value.converter.bearer.auth.token
+  std::string ssl_ca_location;            // value.converter.schema.registry.ssl.ca.location (PEM)
+  std::string ssl_certificate_location;   // ... .ssl.certificate.location (PEM, a client certificate)
+  std::string ssl_key_location;           // ... .ssl.key.location (PEM)
+  std::string ssl_key_password;           // ... .ssl.key.password
+  bool ssl_verify = true;                 // ... .ssl.endpoint.identification.algorithm (https; "" turns it off)
+  SubjectNameStrategy subject_strategy = SubjectNameStrategy::topic;
+  int request_timeout_ms = 10000;         // value.converter.schema.registry.request.timeout.ms
+};
+
 struct TableName {
   std::string schema;
   std::string name;
@@ -102,6 +132,10 @@ struct Config {
   // table.field.event.headers: a column (json, jsonb or text) holding a JSON
   // object whose members become Kafka headers. Empty: none.
   std::string field_event_headers;
+  // table.field.event.schema.version: a column holding the version of the
+  // subject's schema that encodes the row (a schema registry). Empty, or
+  // NULL in the row: the subject's latest version.
+  std::string field_event_schema_version;
   std::string route_by_field = "aggregatetype";
   std::string route_topic_replacement = "outbox.event.${routedByValue}";
   // route.topic.regex: matched against the whole route value; the
@@ -124,6 +158,7 @@ struct Config {
   Converter key_converter = Converter::string;
   Converter value_converter = Converter::string;
   CloudEventsMode cloudevents = CloudEventsMode::none;  // cloudevents.mode
+  SchemaRegistryConfig registry;          // value.converter=<a schema-registry converter> and its keys
   std::string cloudevents_source;         // cloudevents.source; empty: /walrelay/<database.dbname>
   std::string cloudevents_source_or_default() const {
     return cloudevents_source.empty() ? "/walrelay/" + database_dbname : cloudevents_source;

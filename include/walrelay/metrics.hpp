@@ -39,6 +39,7 @@ class Metrics {
   prometheus::Counter& skipped_messages(std::string_view prefix);
   prometheus::Counter& invalid_operations(std::string_view table);  // outbox updates (table.op.invalid.behavior)
   prometheus::Counter& kafka_transactions(std::string_view outcome);  // committed, aborted
+  prometheus::Counter& schema_registry_requests(std::string_view outcome);  // ok, unreachable, not_found, ...
 
   prometheus::Counter& bytes_relayed;         // walrelay_bytes_relayed_total (key + value)
   prometheus::Counter& transactions;          // walrelay_transactions_total (commits seen)
@@ -87,6 +88,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* skipped_messages_family_;
   prometheus::Family<prometheus::Counter>* invalid_operations_family_;
   prometheus::Family<prometheus::Counter>* kafka_transactions_family_;
+  prometheus::Family<prometheus::Counter>* schema_registry_family_;
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;
 };

@@ -34,6 +34,11 @@ struct OutboxRecord {
   // Where it came from: a position in table.include.list, or past its end
   // the position of a message prefix pattern in message.prefix.include.list.
   std::uint16_t table_index = 0;
+  // With a schema registry (value.converter): the event's type, for the
+  // record name strategies, and the schema version the row asks for
+  // (table.field.event.schema.version); nullopt when not set or NULL.
+  std::optional<std::string_view> event_type;
+  std::optional<int> schema_version;
 
   std::size_t size_bytes() const {
     return (key ? key->size() : 0) + (value ? value->size() : 0);
@@ -106,7 +111,7 @@ class OutboxMapper {
     std::uint16_t table_index = 0;      // position in table.include.list
     std::vector<std::string> column_names;
     std::vector<std::uint32_t> column_types;
-    ColumnRef id, key, payload, timestamp, route, tracing, headers, type;
+    ColumnRef id, key, payload, timestamp, route, tracing, headers, type, schema_version;
     std::vector<ColumnRef> route_columns;  // one per route_column_names_
     std::vector<PlacedColumn> placements;
     std::string missing;                // required columns absent, named; empty if none
@@ -182,7 +187,7 @@ class OutboxMapper {
   // (NUL-terminated) and unescaped string values, reserved before filling so
   // that the header views into it stay put.
   std::string headers_text_buf_, headers_json_buf_, headers_store_;
-  std::string ce_source_, ce_type_buf_, ce_time_buf_, ce_value_buf_;
+  std::string ce_source_, ce_type_buf_, ce_time_buf_, ce_value_buf_, schema_version_buf_, event_type_buf_;
   struct EnvelopeMember {
     std::size_t index;  // in config_.additional_placement
     std::optional<std::string_view> value;

@@ -25,6 +25,7 @@
 #include "walrelay/metrics.hpp"
 #include "walrelay/outbox_mapper.hpp"
 #include "walrelay/pg_connection.hpp"
+#include "walrelay/schema_registry.hpp"
 #include "walrelay/sink.hpp"
 #include "walrelay/slot_monitor.hpp"
 #include "walrelay/status.hpp"
@@ -130,6 +131,9 @@ class Relay final : public StatusSource {
   // A logical message: an outbox event if its prefix is included.
   Step on_logical_message(const pgoutput::LogicalMessage& message);
   Step dead_letter_message(const pgoutput::LogicalMessage& message, const MapError& error);
+  // record_'s value by its registered schema: nullopt when encoded (or no
+  // registry), Step::retry while the schema is not here, or the mapping error.
+  std::optional<MapError> encode_value(Step& pending);
   // errors.tolerance: halts (false) or logs where the dead-letter copy goes.
   bool tolerate(const std::string& what, std::string_view subject, const MapError& error);
   // Hands a dead-letter copy to the sink inside the open transaction.
@@ -177,6 +181,8 @@ class Relay final : public StatusSource {
   Metrics& metrics_;
   Sink& sink_;
   OutboxMapper mapper_;
+  // value.converter naming a schema registry's converter: encodes record_'s value.
+  std::unique_ptr<SchemaEncoder> schema_encoder_;
   OutboxRecord record_;                   // reused for every row
   LsnLedger ledger_;
   pgoutput::Decoder decoder_{1};

@@ -51,6 +51,7 @@ struct StatusSnapshot {
   std::uint64_t inflight_bytes = 0;
   bool producer_healthy = true;
   std::string producer_error;           // last broker-level error while unhealthy
+  std::string schema_registry_error;    // why records wait on the schema registry, or empty
   // exactly.once.support=required: the transactional.id and the position
   // the last committed Kafka transaction holds.
   struct ExactlyOnce {
