@@ -4,9 +4,13 @@
 # only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|all]   stop what start started (idempotent; pg: the standby too)
+#   scripts/services.sh stop  [pg|kafka|registry|all]   stop what start started (idempotent; pg: the
+#                                              standby too; all: the registry too)
+#   scripts/services.sh start registry         an Apicurio Registry (not part of `all`), below
 #   scripts/services.sh env                    print the env file (source it)
 #   scripts/services.sh kafka-stop|kafka-start broker only, keeping its data (fault tests)
+#   scripts/services.sh registry-stop|registry-start   the registry only, back on its port (its
+#                                              schemas are lost: it keeps them in memory)
 #   scripts/services.sh pg-restart [fast|immediate]
 #   scripts/services.sh standby start|promote|stop [fast|immediate]   a streaming physical standby
 #   scripts/services.sh primary stop [fast|immediate]   the primary only (failover tests); `start pg`
@@ -17,6 +21,14 @@
 # One cluster runs at a time; each major keeps its own data directory, and
 # starting another major stops the running one first. PG_BIN overrides the
 # server's bin directory (PG_MAJOR then defaults to its version).
+#
+# `start registry` runs Apicurio Registry $APICURIO_VERSION (3.3.3 by default;
+# in-memory storage) on loopback and a free port, with the Java 21+ of
+# WALRELAY_REGISTRY_JAVA (default Temurin 25's). Its all-in-one tar.gz comes
+# from Maven Central on first use and is unpacked once into
+# $CACHE_ROOT/apicurio-registry-<version>. `env` then adds
+# WALRELAY_TEST_REGISTRY, the base URL; its Confluent-compatible API is
+# $WALRELAY_TEST_REGISTRY/apis/ccompat/v7. Log: $RUN_DIR/registry/registry.log.
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
 # that the postgres user can reach it even when the checkout is under /root.
@@ -338,6 +350,95 @@ transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"
 
 kafka_stop() { kafka_kill "$RUN_DIR/kafka"; }
 
+# Apicurio Registry: the unpacked app of APICURIO_VERSION, fetched and
+# unpacked on first use; prints the folder that holds quarkus-run.jar.
+APICURIO_VERSION="${APICURIO_VERSION:-3.3.3}"
+REGISTRY_JAVA="${WALRELAY_REGISTRY_JAVA:-/usr/lib/jvm/temurin-25-jdk-amd64/bin/java}"
+registry_home() {
+  local dir="$CACHE_ROOT/apicurio-registry-$APICURIO_VERSION" tgz jar
+  if [[ ! -f "$dir/app/.complete" ]]; then
+    # The tar.gz alone: the app's POM lists its build's dependencies, all
+    # inside the archive already.
+    maven_fetch "$dir" apicurio-registry "    <dependency><groupId>io.apicurio</groupId>
+      <artifactId>apicurio-registry-app</artifactId><version>$APICURIO_VERSION</version>
+      <classifier>all</classifier><type>tar.gz</type>
+      <exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>
+    </dependency>" || return 1
+    tgz="$dir/libs/apicurio-registry-app-$APICURIO_VERSION-all.tar.gz"
+    [[ -f $tgz ]] || { echo "services: $tgz missing; fetching again" >&2; rm -rf "$dir"; registry_home; return; }
+    rm -rf "$dir/app"; mkdir -p "$dir/app"
+    tar -xzf "$tgz" -C "$dir/app" || return 1
+    # The unpacked app is what runs; a lost app fetches the archive again.
+    rm -rf "$dir/libs" "$dir/.complete"
+    touch "$dir/app/.complete"
+  fi
+  jar=$(find "$dir/app" -name quarkus-run.jar -print -quit)
+  [[ -n $jar ]] || { echo "services: no quarkus-run.jar in $dir/app" >&2; return 1; }
+  dirname "$jar"
+}
+
+registry_running() { [[ -f "$RUN_DIR/registry/pid" ]] && kill -0 "$(cat "$RUN_DIR/registry/pid")" 2>/dev/null; }
+
+# registry_start [keep-port]: keep-port comes back on the port of the
+# registry stopped by `registry-stop` (an outage, for the fault tests; its
+# in-memory schemas are gone).
+registry_start() {
+  local d="$RUN_DIR/registry" home port mport kept=""
+  registry_running && return 0
+  [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
+  registry_stop
+  [[ -x $REGISTRY_JAVA ]] || { echo "services: no Java 21+ at $REGISTRY_JAVA (set WALRELAY_REGISTRY_JAVA)" >&2; return 1; }
+  home=$(registry_home)
+  mkdir -p "$d"
+  port=${kept:-$(free_port)}; mport=$(free_port)
+  # From its run directory, so that nothing lands in the caller's. The
+  # management interface (health, metrics) would listen on 0.0.0.0:9000.
+  (
+    cd "$d" || exit 1
+    nohup "$REGISTRY_JAVA" -Xms32m -Xmx384m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+      -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$port" \
+      -Dquarkus.management.host=127.0.0.1 -Dquarkus.management.port="$mport" \
+      -jar "$home/quarkus-run.jar" </dev/null >"$d/registry.log" 2>&1 &
+    echo $! > "$d/pid"
+  )
+  echo "$port" > "$d/port"
+  local url="http://127.0.0.1:$port/apis/ccompat/v7/subjects"
+  for _ in $(seq 1 240); do
+    if [[ $(curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null) == 200 ]]; then return 0; fi
+    if ! registry_running; then
+      tail -50 "$d/registry.log" >&2; echo "services: the registry died; see $d/registry.log" >&2
+      registry_stop; return 1
+    fi
+    sleep 0.5
+  done
+  tail -50 "$d/registry.log" >&2
+  echo "services: the registry did not answer $url in 120 s; see $d/registry.log" >&2
+  registry_stop
+  return 1
+}
+
+# SIGTERM, up to 20 s to finish, then SIGKILL. `registry_stop keep-port`
+# keeps its port and env line for registry_start keep-port.
+registry_stop() {
+  local d="$RUN_DIR/registry" pid
+  if [[ -f "$d/pid" ]]; then
+    pid=$(cat "$d/pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$d/pid"
+  [[ ${1:-} == keep-port ]] && return 0
+  rm -f "$d/port"
+  # Its own line in the env file only: `stop` leaves the others' as they were.
+  if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_REGISTRY=' "$RUN_DIR/env"; then
+    grep -v '^export WALRELAY_TEST_REGISTRY=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp" || true
+    mv "$RUN_DIR/env.tmp" "$RUN_DIR/env"
+  fi
+}
+
 write_env() {
   local env="$RUN_DIR/env"
   {
@@ -358,25 +459,35 @@ write_env() {
     if [[ -f "$RUN_DIR/kafka/port" ]]; then
       echo "export WALRELAY_TEST_KAFKA=127.0.0.1:$(cat "$RUN_DIR/kafka/port")"
     fi
+    if [[ -f "$RUN_DIR/registry/port" ]]; then
+      echo "export WALRELAY_TEST_REGISTRY=http://127.0.0.1:$(cat "$RUN_DIR/registry/port")"
+    fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
   } > "$env.tmp"
   mv "$env.tmp" "$env"
 }
 
 what="${2:-all}"
+if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry)$ ]]; then
+  echo "usage: $0 $1 [pg|kafka|registry|all]" >&2; exit 2
+fi
 case "${1:-}" in
   start)
     mkdir -p "$RUN_DIR"
     [[ $what == all || $what == pg ]] && pg_start
     [[ $what == all || $what == kafka ]] && kafka_start
+    [[ $what == registry ]] && registry_start
     write_env
     sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
+    [[ $what == all || $what == registry ]] && registry_stop
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
   kafka-stop) kafka_stop ;;
   kafka-start) kafka_up ;;
+  registry-stop) registry_stop keep-port ;;
+  registry-start) registry_start keep-port ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
   standby)
@@ -394,6 +505,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;
-  *) echo "usage: $0 start|stop [pg|kafka|all] | env | status | kafka-stop | kafka-start | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

@@ -3,7 +3,9 @@
 # walrelay, builds librdkafka 2.8.0 into the cache (scripts/librdkafka.sh;
 # CMake builds against it when it is there), then fetches the Kafka broker
 # jars. Idempotent: a second run installs and builds nothing and reuses the
-# caches.
+# caches. Also the Python virtualenv of the tests' independent readers
+# (scripts/py-venv.sh: confluent-kafka and its schema-registry extras, from
+# PyPI).
 #
 #   WALRELAY_PG_MAJORS="14 16 17 18" scripts/setup.sh   also the PostgreSQL
 #       servers of these majors (scripts/pg-install.sh; 15 is Debian's, always)
@@ -14,9 +16,10 @@ pg_majors="${WALRELAY_PG_MAJORS:-}"
 # (postgresql-15 provides postgresql-contrib-15, a virtual package that
 # dpkg-query never reports as installed.)
 packages=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 python3-venv
   libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev libboost-regex-dev
   libsimdjson-dev nlohmann-json3-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
+  libavro-dev libprotobuf-dev libprotoc-dev libcurl4-openssl-dev rapidjson-dev
   clang-14 libclang-rt-14-dev
   postgresql-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl
@@ -38,6 +41,7 @@ if ((${#missing[@]})); then
 fi
 "$here/librdkafka.sh" >/dev/null
 "$here/kafka-jars.sh" >/dev/null
+"$here/py-venv.sh" >/dev/null
 # shellcheck disable=SC2086  # a list of majors
 [[ -z $pg_majors ]] || "$here/pg-install.sh" $pg_majors
 echo "setup: ok" >&2

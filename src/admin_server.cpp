@@ -532,12 +532,14 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
       std::string line = to_string(status.state);
       if (!status.state_reason.empty()) line += ": " + one_line(status.state_reason);
       reply(http::status::service_unavailable, text_plain, line + "\n");
+    } else if (!status.schema_registry_error.empty()) {
+      // First: records wait on it, so the producer may not even have
+      // connected yet.
+      reply(http::status::service_unavailable, text_plain,
+            fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
     } else if (!status.producer_healthy) {
       reply(http::status::service_unavailable, text_plain,
             fmt::format("broker unreachable: {}\n", one_line(status.producer_error)));
-    } else if (!status.schema_registry_error.empty()) {
-      reply(http::status::service_unavailable, text_plain,
-            fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
     } else {
       reply(http::status::ok, text_plain, "ready\n");
     }

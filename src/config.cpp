@@ -125,6 +125,10 @@ Setter converter_field(Converter Config::*field) {
       c.*field = Converter::string;
     else if (v == "org.apache.kafka.connect.json.JsonConverter")
       c.*field = Converter::json;
+    else if (k == "key.converter" && (v.starts_with("io.confluent.connect.") || v.starts_with("io.apicurio.")))
+      throw ConfigError(k, "the key is the aggregate id as text, which needs no schema: use "
+                           "org.apache.kafka.connect.storage.StringConverter (a schema-registry converter applies "
+                           "to value.converter)");
     else
       throw ConfigError(k, "\"" + v + "\" is not a converter walrelay writes: StringConverter, ByteArrayConverter "
                            "or JsonConverter (with schemas.enable=false)");

@@ -1,0 +1,289 @@
+// Schema-registry encoding against a real registry (Apicurio, through its
+// Confluent-compatible API, started by scripts/services.sh), read back by
+// confluent-kafka's own deserializers (tests/integration/registry/read.py),
+// never by walrelay's code.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+using namespace it;
+using nlohmann::json;
+
+namespace {
+
+// The registry's base URL (started on first use; `services.sh stop` ends it).
+std::string registry() {
+  auto url = Services::current("WALRELAY_TEST_REGISTRY");
+  if (url.empty()) {
+    Services::control("start registry");
+    url = Services::current("WALRELAY_TEST_REGISTRY");
+  }
+  REQUIRE_FALSE(url.empty());
+  return url;
+}
+
+std::string ccompat() { return registry() + "/apis/ccompat/v7"; }
+
+std::string python() {
+  static const std::string path = [] {
+    auto r = run_command(std::string(WALRELAY_SOURCE_DIR) + "/scripts/py-venv.sh");
+    if (r.status != 0) throw std::runtime_error("scripts/py-venv.sh failed");
+    auto p = r.output;
+    while (!p.empty() && (p.back() == '\n' || p.back() == ' ')) p.pop_back();
+    return p;
+  }();
+  return path;
+}
+
+// Registers `schema` under `subject`; returns its id.
+int register_schema(const std::string& subject, const std::string& type, const std::string& schema) {
+  json body = {{"schema", schema}};
+  if (type != "AVRO") body["schemaType"] = type;
+  const std::string file = "/tmp/" + unique_name("schema") + ".json";
+  {
+    std::ofstream out(file);
+    out << body.dump();
+  }
+  auto r = run_command("curl -s -X POST -H 'Content-Type: application/vnd.schemaregistry.v1+json' --data @" + file +
+                       " '" + ccompat() + "/subjects/" + subject + "/versions'");
+  std::remove(file.c_str());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  auto answer = json::parse(r.output, nullptr, false);
+  REQUIRE(answer.contains("id"));
+  return answer["id"].get<int>();
+}
+
+// What confluent-kafka's deserializers make of `count` records of `topic`:
+// one JSON object per record ({"key", "value", "schema_id", "headers"}).
+std::vector<json> read_registry(const std::string& topic, const std::string& format, std::size_t count) {
+  auto r = run_command(python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/registry/read.py --bootstrap " +
+                       Services::get().kafka + " --registry " + ccompat() + " --topic '" + topic + "' --format " +
+                       format + " --count " + std::to_string(count) + " --timeout 60 --from-beginning 2>&1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  std::vector<json> out;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("value")) out.push_back(j);
+  }
+  REQUIRE(out.size() == count);
+  return out;
+}
+
+std::map<std::string, json> by_key(const std::vector<json>& records) {
+  std::map<std::string, json> out;
+  for (auto& r : records) out[r["key"].is_string() ? r["key"].get<std::string>() : "?"] = r;
+  return out;
+}
+
+const char* order_avsc = R"({"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
+  {"name": "id", "type": "long"}, {"name": "customer", "type": "string"},
+  {"name": "note", "type": ["null", "string"], "default": null},
+  {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line",
+     "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}}, "default": []}]})";
+
+}  // namespace
+
+TEST_CASE("schema registry: Avro records from JSON rows decode with confluent-kafka's AvroDeserializer, and a row "
+          "that does not fit goes to the dead-letter topic naming the field",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  const int id = register_schema(topic + "-value", "AVRO", order_avsc);
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() + "\n"
+                          "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'OrderCreated', '{\"id\": 1, \"customer\": \"ann\", \"lines\": [{\"sku\": \"s-1\", \"qty\": 2}]}'),"
+              "('Order', 'o-2', 'OrderCreated', '{\"id\": 2, \"customer\": \"bob\", \"note\": \"gift\"}'),"
+              "('Order', 'o-3', 'OrderCreated', '{\"id\": 3, \"customer\": \"cy\", \"lines\": [{\"sku\": \"s-2\", \"qty\": \"two\"}]}')");
+  auto records = by_key(read_registry(topic, "avro", 2));
+  CHECK(records["o-1"]["schema_id"] == id);
+  CHECK(records["o-1"]["value"] ==
+        json::parse(R"({"id": 1, "customer": "ann", "note": null, "lines": [{"sku": "s-1", "qty": 2}]})"));
+  CHECK(records["o-2"]["value"] == json::parse(R"({"id": 2, "customer": "bob", "note": "gift", "lines": []})"));
+  CHECK(records["o-2"]["headers"].contains("id"));
+  auto dead = read_topic(dlq, 1);
+  REQUIRE(dead.size() == 1);
+  // The row's image, as for any row that cannot be mapped.
+  CHECK_THAT(dead[0].value.value_or(""), Catch::Contains("\"aggregateid\":\"o-3\""));
+  const auto why = dead[0].header("__connect.errors.exception.message").value_or("");
+  CHECK_THAT(why, Catch::Contains("/lines/0/qty") && Catch::Contains("expected an integer (int), got a string"));
+  CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"schema_mismatch\"}") == std::optional<double>(1));
+  CHECK(relay.metric("walrelay_schema_registry_requests_total{outcome=\"ok\"}") == std::optional<double>(1));
+}
+
+TEST_CASE("schema registry: JSON Schema and Protobuf records decode with confluent-kafka's JSONDeserializer and "
+          "ProtobufDeserializer",
+          "[relay][registry]") {
+  struct Format {
+    std::string converter, type, reader, schema;
+  };
+  const std::vector<Format> formats = {
+      {"io.confluent.connect.json.JsonSchemaConverter", "JSON", "json",
+       R"({"type": "object", "required": ["id"], "additionalProperties": false,
+           "properties": {"id": {"type": "integer"}, "customer": {"type": "string"}}})"},
+      {"io.confluent.connect.protobuf.ProtobufConverter", "PROTOBUF", "protobuf",
+       "syntax = \"proto3\";\npackage acme;\nmessage Order { int64 id = 1; string customer = 2; }\n"},
+  };
+  for (auto& format : formats) {
+    DYNAMIC_SECTION(format.reader) {
+      Fixture f;
+      create_outbox(f.db(), f.table);
+      const std::string topic = f.topic("Order");
+      const int id = register_schema(topic + "-value", format.type, format.schema);
+      Walrelay relay(f.config("value.converter=" + format.converter + "\nvalue.converter.schema.registry.url=" +
+                              ccompat() + "\n"));
+      relay.start();
+      relay.wait_streaming();
+      f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+                  "('Order', 'o-1', 'OrderCreated', '{\"id\": 1, \"customer\": \"ann\"}'),"
+                  "('Order', 'o-2', 'OrderCreated', '{\"id\": 2}')");
+      auto records = by_key(read_registry(topic, format.reader, 2));
+      CHECK(records["o-1"]["schema_id"] == id);
+      if (format.reader == "json") {
+        CHECK(records["o-1"]["value"] == json::parse(R"({"id": 1, "customer": "ann"})"));
+        CHECK(records["o-2"]["value"] == json::parse(R"({"id": 2})"));
+      } else {
+        // Protobuf's JSON mapping: int64 as a string, proto3 defaults left out.
+        CHECK(records["o-1"]["value"]["customer"] == "ann");
+        CHECK(records["o-1"]["value"]["id"].dump() == "\"1\"");
+        CHECK(records["o-2"]["value"]["id"].dump() == "\"2\"");
+      }
+    }
+  }
+}
+
+TEST_CASE("schema registry: a subject with no schema holds the stream (the slot stays behind, /readyz says why) "
+          "until the schema is registered; nothing is dead-lettered",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() + "\n"
+                          "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'OrderCreated', '{\"id\": 1, \"customer\": \"ann\"}')");
+  const auto written = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return relay.metric("walrelay_schema_registry_requests_total{outcome=\"not_found\"}").value_or(0) >= 2; },
+                     std::chrono::seconds(30)));
+  auto ready = relay.get("/readyz");
+  CHECK(ready.status == 503);
+  CHECK_THAT(ready.body, Catch::Contains("schema registry") && Catch::Contains(topic + "-value"));
+  // Status updates go on, but the slot is not confirmed past the held row.
+  CHECK(f.db().confirmed_flush(f.slot) < written);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+  register_schema(topic + "-value", "AVRO", order_avsc);
+  auto records = read_registry(topic, "avro", 1);
+  CHECK(records[0]["value"]["customer"] == "ann");
+  REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, std::chrono::seconds(30)));
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, std::chrono::seconds(30)));
+}
+
+TEST_CASE("schema registry: table.field.event.schema.version picks the version per row; the record name strategy "
+          "takes the subject from the event type",
+          "[relay][registry]") {
+  SECTION("version column") {
+    Fixture f;
+    f.db().exec("CREATE TABLE " + f.table + " (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
+                "aggregateid text, type text, payload jsonb, schema_version int)");
+    const std::string topic = f.topic("Order");
+    const std::string subject = topic + "-value";
+    const int v1 = register_schema(subject, "AVRO",
+                                   R"({"type":"record","name":"Order","fields":[{"name":"id","type":"long"}]})");
+    const int v2 = register_schema(subject, "AVRO",
+                                   R"({"type":"record","name":"Order","fields":[{"name":"id","type":"long"},
+                                      {"name":"customer","type":"string","default":"?"}]})");
+    REQUIRE(v1 != v2);
+    Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
+                            "value.converter.schema.registry.url=" + ccompat() + "\n"
+                            "table.field.event.schema.version=schema_version\n"));
+    relay.start();
+    relay.wait_streaming();
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, schema_version) VALUES "
+                "('Order', 'o-1', 'T', '{\"id\": 1}', 1), ('Order', 'o-2', 'T', '{\"id\": 2}', NULL)");
+    auto records = by_key(read_registry(topic, "avro", 2));
+    CHECK(records["o-1"]["schema_id"] == v1);
+    CHECK(records["o-1"]["value"] == json::parse(R"({"id": 1})"));
+    CHECK(records["o-2"]["schema_id"] == v2);
+    CHECK(records["o-2"]["value"] == json::parse(R"({"id": 2, "customer": "?"})"));
+  }
+  SECTION("record name strategy") {
+    Fixture f;
+    create_outbox(f.db(), f.table);
+    const std::string topic = f.topic("Order");
+    const std::string name = "com.acme." + unique_name("Created");
+    const int id = register_schema(name, "AVRO",
+                                   R"({"type":"record","name":")" + name + R"(","fields":[{"name":"id","type":"long"}]})");
+    Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
+                            "value.converter.schema.registry.url=" + ccompat() + "\n"
+                            "value.converter.value.subject.name.strategy="
+                            "io.confluent.kafka.serializers.subject.RecordNameStrategy\n"));
+    relay.start();
+    relay.wait_streaming();
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+                "('Order', 'o-1', '" + name + "', '{\"id\": 7}')");
+    auto records = read_registry(topic, "avro", 1);
+    CHECK(records[0]["schema_id"] == id);
+    CHECK(records[0]["value"] == json::parse(R"({"id": 7})"));
+  }
+}
+
+TEST_CASE("schema registry: an outage holds the stream at the first record whose schema is not cached, loses "
+          "nothing and dead-letters nothing; the registry back, every record arrives in order",
+          "[fault][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string orders = f.topic("Order"), invoices = f.topic("Invoice");
+  const char* invoice_avsc = R"({"type":"record","name":"Invoice","fields":[{"name":"n","type":"int"}]})";
+  register_schema(orders + "-value", "AVRO", order_avsc);
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() + "\n"
+                          "value.converter.schema.registry.request.timeout.ms=2000\n"
+                          "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  auto insert = [&](const std::string& type, const std::string& key, const std::string& payload) {
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES ('" + type + "', '" +
+                key + "', 'E', '" + payload + "')");
+  };
+  insert("Order", "o-1", R"({"id": 1, "customer": "ann"})");
+  REQUIRE(read_registry(orders, "avro", 1).size() == 1);  // Order's schema is cached now
+
+  Services::control("registry-stop");
+  insert("Invoice", "i-1", R"({"n": 1})");  // its schema was never fetched: the stream waits here
+  insert("Order", "o-2", R"({"id": 2, "customer": "bob"})");
+  const auto written = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return relay.metric("walrelay_schema_registry_requests_total{outcome=\"unreachable\"}")
+                                      .value_or(0) >= 2; },
+                     60s));
+  auto ready = relay.get("/readyz");
+  CHECK(ready.status == 503);
+  CHECK_THAT(ready.body, Catch::Contains("schema registry") && Catch::Contains("did not answer"));
+  CHECK(f.db().confirmed_flush(f.slot) < written);
+  CHECK(count_records(orders) == 1);  // o-2 waits behind i-1
+
+  Services::control("registry-start");  // on its port, its schemas gone
+  register_schema(orders + "-value", "AVRO", order_avsc);
+  register_schema(invoices + "-value", "AVRO", invoice_avsc);
+  auto order_records = by_key(read_registry(orders, "avro", 2));
+  CHECK(order_records["o-2"]["value"]["customer"] == "bob");
+  auto invoice_records = read_registry(invoices, "avro", 1);
+  CHECK(invoice_records[0]["value"] == json::parse(R"({"n": 1})"));
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 60s));
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+  CHECK(relay.running());
+}
