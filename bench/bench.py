@@ -424,6 +424,39 @@ def prepare_round(env, n, tx, names, topic_prefixes):
     return env.fill(n, tx)
 
 
+# The bench payload's schema in each registry format (bench_fill's JSON:
+# eventNo, aggregate, amount, currency, pad).
+FORMAT_SCHEMAS = {
+    "avro": ("io.confluent.connect.avro.AvroConverter", "AVRO", json.dumps({
+        "type": "record", "name": "BenchEvent", "namespace": "walrelay.bench", "fields": [
+            {"name": "eventNo", "type": "long"}, {"name": "aggregate", "type": "string"},
+            {"name": "amount", "type": "int"}, {"name": "currency", "type": "string"},
+            {"name": "pad", "type": "string"}]})),
+    "json-schema": ("io.confluent.connect.json.JsonSchemaConverter", "JSON", json.dumps({
+        "type": "object", "required": ["eventNo", "aggregate", "amount", "currency"],
+        "properties": {"eventNo": {"type": "integer"}, "aggregate": {"type": "string"},
+                       "amount": {"type": "integer", "minimum": 0}, "currency": {"type": "string"},
+                       "pad": {"type": "string"}}})),
+    "protobuf": ("io.confluent.connect.protobuf.ProtobufConverter", "PROTOBUF",
+                 'syntax = "proto3";\npackage walrelay.bench;\nmessage BenchEvent { int64 eventNo = 1; '
+                 'string aggregate = 2; int32 amount = 3; string currency = 4; string pad = 5; }\n'),
+}
+
+
+def register_schemas(registry, prefix, fmt):
+    """Registers the payload's schema under every topic's <topic>-value subject."""
+    import urllib.request
+    _, schema_type, schema = FORMAT_SCHEMAS[fmt]
+    for topic in [f"{prefix}.{t}" for t in TYPES]:
+        body = {"schema": schema}
+        if schema_type != "AVRO":
+            body["schemaType"] = schema_type
+        req = urllib.request.Request(f"{registry}/subjects/{topic}-value/versions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
+
+
 def recvlogical_cmd(env, slot, publication, options):
     """pg_recvlogical streaming a slot to /dev/null with pgoutput `options`
     (e.g. proto_version=1); with nothing added, as an operator runs it (its
@@ -894,6 +927,16 @@ def versions(env, args, variants):
             v["java"] = java.splitlines()[0] if java else "?"
         except OSError:
             v["java"] = "?"
+    if args.registry:
+        import urllib.request
+        try:
+            # Apicurio's own API, beside its Confluent-compatible one
+            base = args.registry.split("/apis/")[0]
+            with urllib.request.urlopen(f"{base}/apis/registry/v3/system/info", timeout=10) as r:
+                info = json.loads(r.read())
+            v["schema_registry"] = f"{info.get('name', '?')} {info.get('version', '?')}"
+        except Exception:  # noqa: BLE001 - another registry: recorded by its URL
+            v["schema_registry"] = args.registry
     try:
         v["compiler"] = subprocess.run(["c++", "--version"], capture_output=True, text=True,
                                        timeout=10).stdout.splitlines()[0]
@@ -964,17 +1007,22 @@ def main():
     ap.add_argument("--floor-boundary-ms", type=float, default=10,
                     help="txn-floor: transaction length, as walrelay's transaction.boundary.interval.ms")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
+    ap.add_argument("--registry", default="",
+                    help="formats: a schema registry's Confluent-compatible API (scripts/services.sh start registry)")
     args = ap.parse_args()
     args.bench_dir = os.path.dirname(os.path.abspath(__file__))
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
-    sections = set(args.only.split(",")) if args.only else {"librdkafka", "throughput", "options", "latency",
-                                                             "sidecar", "tableless"}
-    default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3, "eos-throughput": 3}
+    sections = set(args.only.split(",")) if args.only else {"librdkafka", "throughput", "options", "formats",
+                                                             "latency", "sidecar", "tableless"}
+    default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3, "eos-throughput": 3,
+                       "formats": 3}
     variants = [tuple(v.split("=", 1)) for v in args.variant]
     if not variants:
         sections.discard("librdkafka")
+    if not args.registry:
+        sections.discard("formats")
     contenders = sorted(args.contenders.split(","), key=lambda c: c == "polling")  # polling last
     if args.quick:
         workloads = [("20k_tx100", 20000, 100)]
@@ -992,7 +1040,8 @@ def main():
     result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
               "argv": sys.argv[1:],
               "versions": versions(env, args, variants),
-              "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": []}
+              "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": [],
+              "formats": []}
     seq = 0
 
     def save():
@@ -1003,7 +1052,7 @@ def main():
             write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
             result["summary"] = summarize(result["runs"] + result["option_runs"])
             write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
-        for section in ("latency", "sidecar", "librdkafka"):
+        for section in ("latency", "sidecar", "librdkafka", "formats"):
             if result[section]:
                 name = tag if tag == section else f"{tag}_{section}"
                 write_csv(os.path.join(args.out, f"{name}.csv"), result[section])
@@ -1134,6 +1183,29 @@ def main():
                 record(run_pg_recvlogical(env, n, names[i], end_lsn, opts), "option_runs", wname, rep)
             record(run_walrelay(env, n, names[-2], end_lsn), "option_runs", wname, rep)
             record(run_walrelay(env, n, names[-1], end_lsn, {"pgoutput.binary": "true"}), "option_runs", wname, rep)
+
+    if "formats" in sections:
+        # What encoding by a registered schema costs: one WAL of 200,000
+        # events in 100-row transactions, relayed as text (the payload as
+        # stored) and encoded by each registry format, rounds interleaved.
+        wname, n, tx = ("200k_tx100", 200000, 100)
+        repeats = reps("formats")
+        formats = ["string", "avro", "json-schema", "protobuf"]
+        for rep in range(repeats):
+            seq += 1
+            names = {fmt: f"bench_fmt{i}_{seq}" for i, fmt in enumerate(formats)}
+            log(f"formats {wname} repeat {rep + 1}/{repeats}")
+            end_lsn = prepare_round(env, n, tx, list(names.values()), list(names.values()))
+            for fmt, slot in names.items():
+                extra = None
+                if fmt != "string":
+                    register_schemas(args.registry, slot, fmt)
+                    extra = {"value.converter": FORMAT_SCHEMAS[fmt][0],
+                             "value.converter.schema.registry.url": args.registry}
+                r = run_walrelay(env, n, slot, end_lsn, extra=extra)
+                r.update(kind="format", format=fmt)
+                r.pop("pg_load", None)
+                record(r, "formats", wname, rep)
 
     if "latency" in sections:
         # The issue's two fixed rates, or the given ones (20 s each; e.g. a ladder

@@ -321,6 +321,36 @@ def eos_throughput(folder):
     return "\n".join(out)
 
 
+def formats(data, folder):
+    """Text against each schema-registry format, one WAL per round: the full run's
+    section, or an explicit `--only formats` run's file (formats.json) beside it."""
+    rows = data.get("formats", [])
+    source = "full.json"
+    if not rows and os.path.exists(os.path.join(folder, "formats.json")):
+        d = json.load(open(os.path.join(folder, "formats.json")))
+        rows, source = d.get("formats", []), "formats.json"
+        data = d
+    if not rows:
+        return "_No formats run in this folder._"
+    g = by(rows, "format")
+    base = med(g.get(("string",), []), "events_per_s")[0]
+    reg = data.get("versions", {}).get("schema_registry", "?")
+    out = [f"From `{source}` (registry: {reg}); 200,000 events in 100-row transactions, ~220-byte JSON payloads, "
+           "medians of the rounds.", "",
+           "| value | events/s | share of text | CPU µs/event | peak RSS MiB |", "|---|---|---|---|---|"]
+    names = {"string": "text (`StringConverter`)", "avro": "Avro", "json-schema": "JSON Schema (validated)",
+             "protobuf": "Protobuf"}
+    for fmt in ("string", "avro", "json-schema", "protobuf"):
+        rs = g.get((fmt,), [])
+        if not rs:
+            continue
+        rate = med(rs, "events_per_s")[0]
+        share = f"{rate / base:.2f}" if rate and base else "–"
+        out.append(f"| {names[fmt]} | {med(rs, 'events_per_s')[1]} | {share} | {med(rs, 'cpu_us_per_event')[1]} | "
+                   f"{med(rs, 'peak_rss_mib')[1]} |")
+    return "\n".join(out)
+
+
 def idle_threads(folder):
     """bench/idle_threads.py's files in the folder (idle-threads*.json): CPU per thread of an idle walrelay."""
     import glob
@@ -394,6 +424,7 @@ def sections(data, folder_path):
         "headline": readme_headline(data, folder),
         "eos-throughput": eos_throughput(folder_path),
         "idle-threads": idle_threads(folder_path),
+        "formats": formats(data, folder_path),
     }
 
 

@@ -16,6 +16,7 @@ std::string_view name(Break b) {
     case Break::skip_dlq_wait: return "skip_dlq_wait";
     case Break::sigterm_no_wait: return "sigterm_no_wait";
     case Break::confirm_past_abort: return "confirm_past_abort";
+    case Break::registry_dead_letters: return "registry_dead_letters";
   }
   return "?";
 }
@@ -26,7 +27,8 @@ Break selected() {
     const char* env = std::getenv("WALRELAY_MUTATION");
     if (!env || !*env) return Break::none;
     for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
-                    Break::sigterm_no_wait, Break::confirm_past_abort})
+                    Break::sigterm_no_wait, Break::confirm_past_abort,
+                    Break::registry_dead_letters})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

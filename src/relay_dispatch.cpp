@@ -141,6 +141,8 @@ std::optional<MapError> Relay::encode_value(Step& pending) {
   switch (schema_encoder_->encode(record_, error)) {
     case SchemaEncoder::Status::encoded: break;
     case SchemaEncoder::Status::pending:
+      if (mutation::active(mutation::Break::registry_dead_letters) && !schema_encoder_->problem().empty())
+        return MapError{"schema_unavailable", schema_encoder_->problem()};
       // The schema is being fetched, or the registry does not answer: the
       // row is offered again (the stream waits; nothing is dead-lettered).
       pending = Step::retry;

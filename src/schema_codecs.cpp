@@ -408,16 +408,27 @@ class JsonSchemaCodec final : public SchemaCodec {
                                             std::to_string(registered.id) + " is not JSON: " +
                                             rapidjson::GetParseError_En(d.GetParseError()));
     schema_ = std::make_unique<rapidjson::SchemaDocument>(d);
+    validator_.emplace(*schema_);
   }
 
   std::optional<MapError> encode(std::string_view json, std::string& out) override {
-    document_.Parse(json.data(), json.size());
-    if (document_.HasParseError())
+    // RapidJSON's pool allocator never frees what a parse took: each record
+    // gets a document over the same pool, emptied after it, so that memory
+    // stays the size of the largest payload rather than of all of them.
+    struct ClearPool {
+      rapidjson::MemoryPoolAllocator<>& pool;
+      ~ClearPool() { pool.Clear(); }
+    } clear{pool_};
+    rapidjson::Document document(&pool_);
+    document.Parse(json.data(), json.size());
+    if (document.HasParseError())
       return MapError{"bad_content", std::string("the payload is not JSON: ") +
-                                         rapidjson::GetParseError_En(document_.GetParseError()) + " at byte " +
-                                         std::to_string(document_.GetErrorOffset())};
-    rapidjson::SchemaValidator validator(*schema_);
-    if (!document_.Accept(validator)) {
+                                         rapidjson::GetParseError_En(document.GetParseError()) + " at byte " +
+                                         std::to_string(document.GetErrorOffset())};
+    // (The validator's state is malloc'd and freed: one validator serves all.)
+    auto& validator = *validator_;
+    validator.Reset();
+    if (!document.Accept(validator)) {
       rapidjson::StringBuffer where, rule;
       validator.GetInvalidDocumentPointer().StringifyUriFragment(where);
       validator.GetInvalidSchemaPointer().StringifyUriFragment(rule);
@@ -432,7 +443,8 @@ class JsonSchemaCodec final : public SchemaCodec {
 
  private:
   std::unique_ptr<rapidjson::SchemaDocument> schema_;
-  rapidjson::Document document_;
+  std::optional<rapidjson::SchemaValidator> validator_;
+  rapidjson::MemoryPoolAllocator<> pool_;  // the documents' memory
 };
 
 // ---------------------------------------------------------------- Protobuf

@@ -16,6 +16,7 @@ enum class Break {
   skip_dlq_wait,       // a record settled as soon as its dead-letter copy is queued
   sigterm_no_wait,     // SIGTERM confirms the newest Commit received at once, without draining
   confirm_past_abort,  // exactly once: with no Kafka transaction open, everything acknowledged is confirmable (0.2)
+  registry_dead_letters,  // a record whose schema the registry does not give now is dead-lettered, not held
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

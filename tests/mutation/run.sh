@@ -27,9 +27,12 @@ relay with a fake sink: a record the broker refuses for its own reason*'
 catchers[sigterm_no_wait]='fault: SIGTERM with records in flight*
 relay with a fake sink: a record never acknowledged holds the slot*'
 catchers[confirm_past_abort]='fault: exactly once - a record the broker refuses aborts*'
+catchers[registry_dead_letters]='schema registry: a subject with no schema holds the stream*
+schema registry: an outage holds the stream*'
 
 breaks=("$@")
-((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort)
+((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
+                             registry_dead_letters)
 
 report=()
 survived=0

@@ -227,3 +227,64 @@ TEST_CASE("connect config: JSON that is not a configuration is a clear error", "
   CHECK(refusal(R"({"config": {"slot.name": ["a"]}})").first == "slot.name");
   CHECK(refusal(R"({"config": {"nonsense.key": "1"}})").first == "nonsense.key");
 }
+
+// Debezium's outbox with Confluent's Avro converter, as its docs and users
+// write it: the converter's keys carried over, the schema-shaping ones noted.
+TEST_CASE("connect config: a Debezium outbox with Confluent's AvroConverter and its keys", "[config]") {
+  auto c = parse(R"({
+    "name": "outbox-avro",
+    "config": {
+      "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+      "topic.prefix": "app",
+      "table.include.list": "public.outbox",
+      "transforms": "outbox",
+      "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+      "transforms.outbox.table.expand.json.payload": "true",
+      "transforms.outbox.table.field.event.schema.version": "schema_version",
+      "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+      "value.converter": "io.confluent.connect.avro.AvroConverter",
+      "value.converter.schema.registry.url": "https://registry-a:8081,https://registry-b:8081",
+      "value.converter.basic.auth.credentials.source": "USER_INFO",
+      "value.converter.basic.auth.user.info": "svc:pa55",
+      "value.converter.auto.register.schemas": "false",
+      "value.converter.use.latest.version": "true",
+      "value.converter.enhanced.avro.schema.support": "true",
+      "value.converter.connect.meta.data": "false",
+      "value.converter.value.subject.name.strategy": "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy"
+    }
+  })");
+  CHECK(c.registry.format == RegistryFormat::avro);
+  CHECK(c.registry.urls == std::vector<std::string>{"https://registry-a:8081", "https://registry-b:8081"});
+  CHECK(c.registry.basic_auth_user_info == "svc:pa55");
+  CHECK(c.registry.subject_strategy == SubjectNameStrategy::topic_record);
+  CHECK(c.field_event_schema_version == "schema_version");
+  CHECK(noted(c, "value.converter.enhanced.avro.schema.support"));
+  CHECK(noted(c, "value.converter.connect.meta.data"));
+  // The credentials are a secret: masked in --print-config, never in a note.
+  CHECK(c.describe().find("pa55") == std::string::npos);
+  for (auto& n : c.notes) CHECK(n.find("pa55") == std::string::npos);
+
+  // Java stores, another subject for the key, the key through a registry,
+  // Apicurio's own converter: each refused with its reason.
+  auto with = [](const std::string& extra) {
+    return refusal(R"({"config": {"value.converter": "io.confluent.connect.avro.AvroConverter",
+      "value.converter.schema.registry.url": "http://r:8081")" + extra + "}}");
+  };
+  auto truststore = with(R"(, "value.converter.schema.registry.ssl.truststore.location": "/etc/ts.jks")");
+  CHECK(truststore.first == "value.converter.schema.registry.ssl.truststore.location");
+  CHECK_THAT(truststore.second, Catch::Contains("PEM"));
+  auto key = with(R"(, "key.converter": "io.confluent.connect.avro.AvroConverter")");
+  CHECK(key.first == "key.converter");
+  CHECK_THAT(key.second, Catch::Contains("StringConverter"));
+  auto apicurio = refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.AvroConverter"}})");
+  CHECK(apicurio.first == "value.converter");
+  CHECK_THAT(apicurio.second, Catch::Contains("ccompat"));
+  CHECK(refusal(R"({"config": {"value.converter": "io.confluent.connect.avro.AvroConverter"}})").first ==
+        "value.converter.schema.registry.url");
+  // Without a registry converter, Debezium's schema.version key is noted (it
+  // shaped a Connect schema there), and a registry URL alone is refused.
+  CHECK(noted(parse(R"({"config": {"transforms": "o", "transforms.o.type": "io.debezium.transforms.outbox.EventRouter",
+                        "transforms.o.table.field.event.schema.version": "v"}})"),
+              "table.field.event.schema.version"));
+  CHECK(refusal("value.converter.schema.registry.url=http://r:8081\n").first == "value.converter.schema.registry.url");
+}
