@@ -386,7 +386,7 @@ registry_start() {
   local d="$RUN_DIR/registry" home port mport kept=""
   registry_running && return 0
   [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
-  registry_stop
+  registry_stop "${1:-}"
   [[ -x $REGISTRY_JAVA ]] || { echo "services: no Java 21+ at $REGISTRY_JAVA (set WALRELAY_REGISTRY_JAVA)" >&2; return 1; }
   home=$(registry_home)
   mkdir -p "$d"
@@ -487,7 +487,7 @@ case "${1:-}" in
   kafka-stop) kafka_stop ;;
   kafka-start) kafka_up ;;
   registry-stop) registry_stop keep-port ;;
-  registry-start) registry_start keep-port ;;
+  registry-start) registry_start keep-port && write_env ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
   standby)

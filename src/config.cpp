@@ -150,10 +150,10 @@ Setter member_string_field(S Config::*group, std::string S::*field) {
 // table.field.event.schema.version: as use.latest.version=true and
 // auto.register.schemas=false do. Either value is taken, so that a pasted
 // converter configuration works; what it means here is in the docs.
-Setter registry_flag_field() {
-  return [](Config& c, const std::string& k, const std::string& v) {
+Setter registry_flag_field(bool any_value = false) {
+  return [=](Config& c, const std::string& k, const std::string& v) {
     (void)c;
-    if (v != "true" && v != "false") throw ConfigError(k, "expected true or false, got \"" + v + "\"");
+    if (!any_value && v != "true" && v != "false") throw ConfigError(k, "expected true or false, got \"" + v + "\"");
   };
 }
 
@@ -329,12 +329,23 @@ const std::vector<KeySpec>& key_specs() {
            c.registry.format = it->second;
            return;
          }
+         // Apicurio's converters: Apicurio 3's serdes frame records as
+         // Confluent's do (magic byte, 4-byte content id: Default4ByteIdHandler,
+         // use-id=contentId, no headers), and the content id is the id of
+         // Apicurio's Confluent-compatible API, which walrelay asks.
+         if (v == "io.apicurio.registry.utils.converter.AvroConverter") {
+           c.registry.format = RegistryFormat::avro;
+           c.registry.apicurio = true;
+           return;
+         }
+         if (v == "io.apicurio.registry.utils.converter.SerdeBasedConverter") {
+           c.registry.apicurio = true;  // the format: apicurio.registry.converter.serializer
+           return;
+         }
          if (v.starts_with("io.apicurio.registry.utils.converter."))
-           throw ConfigError(k, "Apicurio's own converters frame records with Apicurio's ids (8 bytes, or in "
-                                "headers), which walrelay does not write: name Confluent's converter "
-                                "(io.confluent.connect.avro.AvroConverter, ...JsonSchemaConverter or "
-                                "...ProtobufConverter) with value.converter.schema.registry.url set to Apicurio's "
-                                "Confluent-compatible API (http://<registry>/apis/ccompat/v7)");
+           throw ConfigError(k, "\"" + v + "\" writes JSON with its schema inside (ExtJsonConverter) or is not a "
+                                "converter walrelay knows: use io.apicurio.registry.utils.converter.AvroConverter, "
+                                "or SerdeBasedConverter with the JSON Schema or Protobuf serializer");
          converter_field(&Config::value_converter)(c, k, v);
        }},
       {"value.converter.schema.registry.url",
@@ -346,6 +357,72 @@ const std::vector<KeySpec>& key_specs() {
            while (url.size() > 8 && url.back() == '/') url.pop_back();
          }
        }},
+      {"value.converter.apicurio.registry.url",
+       [](Config& c, const std::string& k, const std::string& v) {
+         // Apicurio's own API (/apis/registry/v2 or v3): walrelay asks its
+         // Confluent-compatible one beside it.
+         c.registry.urls.clear();
+         for (auto url : split_list(v)) {
+           if (!url.starts_with("http://") && !url.starts_with("https://"))
+             throw ConfigError(k, "\"" + url + "\" is not an http:// or https:// URL");
+           while (url.size() > 8 && url.back() == '/') url.pop_back();
+           if (auto at = url.find("/apis/"); at != std::string::npos) url.erase(at);
+           c.registry.urls.push_back(url + "/apis/ccompat/v7");
+         }
+       }},
+      {"value.converter.apicurio.registry.converter.serializer",
+       [](Config& c, const std::string& k, const std::string& v) {
+         static const std::map<std::string, RegistryFormat> serializers = {
+             {"io.apicurio.registry.serde.avro.AvroKafkaSerializer", RegistryFormat::avro},
+             {"io.apicurio.registry.serde.jsonschema.JsonSchemaKafkaSerializer", RegistryFormat::json_schema},
+             {"io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer", RegistryFormat::protobuf},
+         };
+         auto it = serializers.find(v);
+         if (it == serializers.end())
+           throw ConfigError(k, "expected io.apicurio.registry.serde.avro.AvroKafkaSerializer, "
+                                "...jsonschema.JsonSchemaKafkaSerializer or ...protobuf.ProtobufKafkaSerializer");
+         c.registry.format = it->second;
+       }},
+      {"value.converter.apicurio.registry.converter.deserializer", registry_flag_field(true)},
+      {"value.converter.apicurio.registry.headers.enabled",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         if (v != "false")
+           throw ConfigError(k, "ids in headers (Apicurio 2's default) are not written: walrelay frames records as "
+                                "Apicurio 3's serdes do by default (magic byte, 4-byte content id in the value), "
+                                "which Apicurio 2 and 3 deserializers and Confluent's read; set it to false");
+       }},
+      {"value.converter.apicurio.registry.use-id",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         if (v != "contentId")
+           throw ConfigError(k, "only contentId (Apicurio 3's default, the id of its Confluent-compatible API) is "
+                                "written");
+       }},
+      {"value.converter.apicurio.registry.id-handler",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         if (v != "io.apicurio.registry.serde.Default4ByteIdHandler")
+           throw ConfigError(k, "only io.apicurio.registry.serde.Default4ByteIdHandler (Apicurio 3's default: a "
+                                "4-byte id after the magic byte) is written");
+       }},
+      {"value.converter.apicurio.registry.artifact.group-id",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         if (v != "default")
+           throw ConfigError(k, "only the default group is looked up (Apicurio's Confluent-compatible API maps "
+                                "subjects to it)");
+       }},
+      {"value.converter.apicurio.registry.avro.encoding",
+       [](Config& c, const std::string& k, const std::string& v) {
+         (void)c;
+         if (v != "BINARY") throw ConfigError(k, "only BINARY (Avro's binary encoding, the default) is written");
+       }},
+      {"value.converter.apicurio.registry.as-confluent", registry_flag_field()},
+      {"value.converter.apicurio.registry.auto-register", registry_flag_field()},
+      {"value.converter.apicurio.registry.find-latest", registry_flag_field()},
+      {"value.converter.apicurio.auth.username", member_string_field(&Config::registry, &SchemaRegistryConfig::apicurio_username)},
+      {"value.converter.apicurio.auth.password", member_string_field(&Config::registry, &SchemaRegistryConfig::apicurio_password)},
       {"value.converter.basic.auth.credentials.source",
        [](Config& c, const std::string& k, const std::string& v) {
          (void)c;
@@ -570,7 +647,10 @@ void validate(Config& c) {
   }
   {
     const bool registry = c.registry.format != RegistryFormat::none;
-    if (!registry) {
+    if (c.registry.apicurio && !registry) {
+      throw ConfigError("value.converter.apicurio.registry.converter.serializer",
+                        "is required with SerdeBasedConverter: it names the format");
+    } else if (!registry) {
       // (The other registry keys are harmless without one: --print-config
       // lists them all, and its output must load again.)
       for (const char* key : {"value.converter.schema.registry.url", "table.field.event.schema.version"})
@@ -579,6 +659,14 @@ void validate(Config& c) {
                                  "io.confluent.connect.avro.AvroConverter, ...json.JsonSchemaConverter or "
                                  "...protobuf.ProtobufConverter");
     } else {
+      if (!c.registry.apicurio_username.empty() || !c.registry.apicurio_password.empty()) {
+        if (!c.registry.basic_auth_user_info.empty())
+          throw ConfigError("value.converter.apicurio.auth.username",
+                            "and value.converter.basic.auth.user.info both set: give one");
+        c.registry.basic_auth_user_info = c.registry.apicurio_username + ":" + c.registry.apicurio_password;
+      }
+      if (c.registry.urls.empty() && c.registry.apicurio)
+        throw ConfigError("value.converter.apicurio.registry.url", "is required with Apicurio's converter");
       if (c.registry.urls.empty())
         throw ConfigError("value.converter.schema.registry.url", "is required with value.converter=" +
                                                                      std::string(registry_converter_name(c.registry.format)));
@@ -970,6 +1058,20 @@ std::string Config::describe() const {
     line("value.converter.use.latest.version", "true");
     line("value.converter.latest.compatibility.strict", "false");
     line("table.field.event.schema.version", field_event_schema_version);
+    // Apicurio's converter keys: what walrelay writes with them.
+    line("value.converter.apicurio.registry.url", "");
+    line("value.converter.apicurio.registry.converter.serializer", "");
+    line("value.converter.apicurio.registry.converter.deserializer", "");
+    line("value.converter.apicurio.registry.headers.enabled", "false");
+    line("value.converter.apicurio.registry.use-id", "contentId");
+    line("value.converter.apicurio.registry.id-handler", "io.apicurio.registry.serde.Default4ByteIdHandler");
+    line("value.converter.apicurio.registry.artifact.group-id", "default");
+    line("value.converter.apicurio.registry.avro.encoding", "BINARY");
+    line("value.converter.apicurio.registry.as-confluent", "true");
+    line("value.converter.apicurio.registry.auto-register", "false");
+    line("value.converter.apicurio.registry.find-latest", "true");
+    line("value.converter.apicurio.auth.username", registry.apicurio_username);
+    line("value.converter.apicurio.auth.password", registry.apicurio_password);
   }
   std::string prefixes;
   for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;

@@ -436,8 +436,10 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
               "which walrelay does not write");
       continue;
     }
-    const bool registry_converter = value_converter && (value_converter->value.starts_with("io.confluent.connect.") &&
-                                                        value_converter->value != "io.confluent.connect.json.JsonConverter");
+    const bool registry_converter =
+        value_converter && ((value_converter->value.starts_with("io.confluent.connect.") &&
+                             value_converter->value != "io.confluent.connect.json.JsonConverter") ||
+                            value_converter->value.starts_with("io.apicurio.registry.utils.converter."));
     if (k == "table.field.event.schema.version" && !registry_converter) {
       note(s, "it selects a schema's version for a schema-registry converter, and value.converter is not one");
       continue;
@@ -459,6 +461,15 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
       if (sub.starts_with("schema.registry.ssl.truststore.") || sub.starts_with("schema.registry.ssl.keystore."))
         refuse_value(s, "Java key stores are not read: give PEM files in value.converter.schema.registry.ssl.ca.location, "
                         "...ssl.certificate.location and ...ssl.key.location");
+      if (sub.starts_with("apicurio.registry.request.") || sub.starts_with("apicurio.registry.check-period") ||
+          sub.starts_with("apicurio.registry.cache-latest") || sub.starts_with("apicurio.registry.retry") ||
+          sub == "apicurio.registry.dereference-schema") {
+        note(s, "it tunes Apicurio's Java client; walrelay fetches a subject's schema once and retries with backoff");
+        continue;
+      }
+      if (sub.starts_with("apicurio."))
+        refuse_value(s, "a key of Apicurio's serdes that walrelay does not read; what it writes is Apicurio 3's "
+                        "default framing (docs/configuration.md, schema registry)");
       if (sub == "key.subject.name.strategy")
         refuse_value(s, "the key is the aggregate id as a string (key.converter=StringConverter); it has no subject");
     }

@@ -82,6 +82,10 @@ struct SchemaRegistryConfig {
   std::string ssl_key_password;           // ... .ssl.key.password
   bool ssl_verify = true;                 // ... .ssl.endpoint.identification.algorithm (https; "" turns it off)
   SubjectNameStrategy subject_strategy = SubjectNameStrategy::topic;
+  // value.converter named Apicurio's converter (its framing is Apicurio 3's
+  // default, the same bytes); its credentials, as Apicurio's keys name them.
+  bool apicurio = false;
+  std::string apicurio_username, apicurio_password;
   int request_timeout_ms = 10000;         // value.converter.schema.registry.request.timeout.ms
 };
 

@@ -13,13 +13,16 @@ using nlohmann::json;
 
 namespace {
 
-// The registry's base URL (started on first use; `services.sh stop` ends it).
+// The registry's base URL. `start registry` once per test process (it
+// returns at once when the registry runs, and starts one when an earlier
+// process left it stopped); `services.sh stop` ends it.
 std::string registry() {
-  auto url = Services::current("WALRELAY_TEST_REGISTRY");
-  if (url.empty()) {
+  static const bool started = [] {
     Services::control("start registry");
-    url = Services::current("WALRELAY_TEST_REGISTRY");
-  }
+    return true;
+  }();
+  (void)started;
+  auto url = Services::current("WALRELAY_TEST_REGISTRY");
   REQUIRE_FALSE(url.empty());
   return url;
 }
@@ -163,7 +166,7 @@ TEST_CASE("schema registry: JSON Schema and Protobuf records decode with conflue
 }
 
 TEST_CASE("schema registry: a subject with no schema holds the stream (the slot stays behind, /readyz says why) "
-          "until the schema is registered; nothing is dead-lettered",
+          "until the schema is registered, and nothing is dead-lettered",
           "[relay][registry]") {
   Fixture f;
   create_outbox(f.db(), f.table);
@@ -192,8 +195,8 @@ TEST_CASE("schema registry: a subject with no schema holds the stream (the slot 
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, std::chrono::seconds(30)));
 }
 
-TEST_CASE("schema registry: table.field.event.schema.version picks the version per row; the record name strategy "
-          "takes the subject from the event type",
+TEST_CASE("schema registry: table.field.event.schema.version picks the version per row, and the record name "
+          "strategy takes the subject from the event type",
           "[relay][registry]") {
   SECTION("version column") {
     Fixture f;
@@ -242,7 +245,7 @@ TEST_CASE("schema registry: table.field.event.schema.version picks the version p
 }
 
 TEST_CASE("schema registry: an outage holds the stream at the first record whose schema is not cached, loses "
-          "nothing and dead-letters nothing; the registry back, every record arrives in order",
+          "nothing and dead-letters nothing, and with the registry back, every record arrives in order",
           "[fault][registry]") {
   Fixture f;
   create_outbox(f.db(), f.table);
@@ -264,6 +267,15 @@ TEST_CASE("schema registry: an outage holds the stream at the first record whose
   REQUIRE(read_registry(orders, "avro", 1).size() == 1);  // Order's schema is cached now
 
   Services::control("registry-stop");
+  // Back on its port whatever happens below, for the tests after this one.
+  struct RestartRegistry {
+    ~RestartRegistry() {
+      try {
+        Services::control("registry-start");
+      } catch (...) {
+      }
+    }
+  } restart_registry;
   insert("Invoice", "i-1", R"({"n": 1})");  // its schema was never fetched: the stream waits here
   insert("Order", "o-2", R"({"id": 2, "customer": "bob"})");
   const auto written = f.db().current_wal_lsn();
@@ -286,4 +298,24 @@ TEST_CASE("schema registry: an outage holds the stream at the first record whose
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 60s));
   CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
   CHECK(relay.running());
+}
+
+TEST_CASE("schema registry: Apicurio's AvroConverter with Apicurio's own URL writes Apicurio 3's framing (the content "
+          "id), which confluent-kafka's AvroDeserializer reads",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  const int id = register_schema(topic + "-value", "AVRO", order_avsc);
+  Walrelay relay(f.config("value.converter=io.apicurio.registry.utils.converter.AvroConverter\n"
+                          "value.converter.apicurio.registry.url=" + registry() + "/apis/registry/v3\n"
+                          "value.converter.apicurio.registry.auto-register=true\n"
+                          "value.converter.apicurio.registry.find-latest=true\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'OrderCreated', '{\"id\": 1, \"customer\": \"ann\"}')");
+  auto records = read_registry(topic, "avro", 1);
+  CHECK(records[0]["schema_id"] == id);
+  CHECK(records[0]["value"] == json::parse(R"({"id": 1, "customer": "ann", "note": null, "lines": []})"));
 }

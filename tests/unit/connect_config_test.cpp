@@ -276,9 +276,9 @@ TEST_CASE("connect config: a Debezium outbox with Confluent's AvroConverter and 
   auto key = with(R"(, "key.converter": "io.confluent.connect.avro.AvroConverter")");
   CHECK(key.first == "key.converter");
   CHECK_THAT(key.second, Catch::Contains("StringConverter"));
-  auto apicurio = refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.AvroConverter"}})");
-  CHECK(apicurio.first == "value.converter");
-  CHECK_THAT(apicurio.second, Catch::Contains("ccompat"));
+  auto ext_json = refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.ExtJsonConverter"}})");
+  CHECK(ext_json.first == "value.converter");
+  CHECK_THAT(ext_json.second, Catch::Contains("schema inside"));
   CHECK(refusal(R"({"config": {"value.converter": "io.confluent.connect.avro.AvroConverter"}})").first ==
         "value.converter.schema.registry.url");
   // Without a registry converter, Debezium's schema.version key is noted (it
@@ -287,4 +287,48 @@ TEST_CASE("connect config: a Debezium outbox with Confluent's AvroConverter and 
                         "transforms.o.table.field.event.schema.version": "v"}})"),
               "table.field.event.schema.version"));
   CHECK(refusal("value.converter.schema.registry.url=http://r:8081\n").first == "value.converter.schema.registry.url");
+}
+
+// Debezium's documentation pairs the outbox with Apicurio's own converter:
+// Apicurio 3's serdes write Confluent's framing with the content id, which
+// is the id of Apicurio's Confluent-compatible API.
+TEST_CASE("connect config: Apicurio's converters, as Debezium's docs configure them", "[config]") {
+  auto c = parse(R"({"config": {
+      "value.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+      "value.converter.apicurio.registry.url": "http://apicurio:8080/apis/registry/v2",
+      "value.converter.apicurio.registry.auto-register": "true",
+      "value.converter.apicurio.registry.find-latest": "true",
+      "value.converter.apicurio.auth.username": "svc",
+      "value.converter.apicurio.auth.password": "pw"}})");
+  CHECK(c.registry.format == RegistryFormat::avro);
+  CHECK(c.registry.apicurio);
+  CHECK(c.registry.urls == std::vector<std::string>{"http://apicurio:8080/apis/ccompat/v7"});
+  CHECK(c.registry.basic_auth_user_info == "svc:pw");
+  CHECK(c.describe().find("=pw") == std::string::npos);
+
+  auto serde = parse(R"({"config": {
+      "value.converter": "io.apicurio.registry.utils.converter.SerdeBasedConverter",
+      "value.converter.apicurio.registry.converter.serializer": "io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer",
+      "value.converter.apicurio.registry.url": "https://registry.example/apis/registry/v3"}})");
+  CHECK(serde.registry.format == RegistryFormat::protobuf);
+  CHECK(serde.registry.urls == std::vector<std::string>{"https://registry.example/apis/ccompat/v7"});
+
+  auto with = [](const std::string& extra) {
+    return refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+      "value.converter.apicurio.registry.url": "http://r:8080/apis/registry/v3")" + extra + "}}");
+  };
+  // Framings walrelay does not write, each named.
+  CHECK(with(R"(, "value.converter.apicurio.registry.headers.enabled": "true")").first ==
+        "value.converter.apicurio.registry.headers.enabled");
+  CHECK(with(R"(, "value.converter.apicurio.registry.use-id": "globalId")").first ==
+        "value.converter.apicurio.registry.use-id");
+  CHECK(with(R"(, "value.converter.apicurio.registry.avro.encoding": "JSON")").first ==
+        "value.converter.apicurio.registry.avro.encoding");
+  CHECK(with(R"(, "value.converter.apicurio.registry.artifact-resolver-strategy": "x.RecordIdStrategy")").first ==
+        "value.converter.apicurio.registry.artifact-resolver-strategy");
+  CHECK(refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.SerdeBasedConverter",
+                   "value.converter.apicurio.registry.url": "http://r:8080"}})").first ==
+        "value.converter.apicurio.registry.converter.serializer");
+  CHECK(refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.AvroConverter"}})").first ==
+        "value.converter.apicurio.registry.url");
 }

@@ -130,7 +130,7 @@ TEST_CASE("JSON Schema: a valid payload goes as written, an invalid one names wh
   CHECK_THAT(e->message, Catch::Contains("required"));
 }
 
-TEST_CASE("Protobuf: JSON becomes the first message's wire format; unknown fields are errors", "[schema_registry]") {
+TEST_CASE("Protobuf: JSON becomes the first message's wire format, and unknown fields are errors", "[schema_registry]") {
   auto codec = make_schema_codec(RegistryFormat::protobuf, schema("PROTOBUF", R"(
     syntax = "proto3";
     package acme;
