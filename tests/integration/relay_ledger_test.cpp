@@ -227,14 +227,16 @@ TEST_CASE("relay with a fake sink: a record the broker refuses for its own reaso
   auto dead = p.sink->wait_for(1, [](auto& r) { return r.dead_letter; });
   CHECK(dead[0].reason == "msg_size_too_large");
   CHECK(dead[0].id == recs[0].id);
-  auto after_good = event(f, "good");
+  event(f, "good");
   auto good = p.sink->wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
   p.sink->acknowledge(good[0]);
   p.wait_status_updates(3);
   CHECK(f.db().confirmed_flush(f.slot) < in_big);
   p.sink->acknowledge(dead[0]);
+  // Settled: the slot passes the refused record. (No upper bound here: with
+  // nothing in flight it may follow the server past WAL without events, a
+  // RUNNING_XACTS record say, as a `<= after_good` once found in CI.)
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_big; }, 10s, 20ms));
-  CHECK(f.db().confirmed_flush(f.slot) <= after_good);
 }
 
 TEST_CASE("relay with a fake sink: a transient failure sends the record again from the slot, never dead-lettered, nothing confirmed "

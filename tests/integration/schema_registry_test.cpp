@@ -319,3 +319,88 @@ TEST_CASE("schema registry: Apicurio's AvroConverter with Apicurio's own URL wri
   CHECK(records[0]["schema_id"] == id);
   CHECK(records[0]["value"] == json::parse(R"({"id": 1, "customer": "ann", "note": null, "lines": []})"));
 }
+
+namespace {
+
+// tests/integration/registry/proxy.py in front of the registry: HTTPS with a
+// certificate made here for 127.0.0.1, and 401 unless the request carries
+// `auth` (--basic user:password or --bearer TOKEN).
+struct SecureRegistry {
+  std::string dir = "/tmp/" + unique_name("regtls");
+  std::string port;
+  explicit SecureRegistry(const std::string& auth) {
+    REQUIRE(run_command("mkdir -p " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout " + dir +
+                        "/key.pem -out " + dir + "/cert.pem -days 1 -subj /CN=127.0.0.1 -addext "
+                        "subjectAltName=IP:127.0.0.1 >/dev/null 2>&1")
+                .status == 0);
+    REQUIRE(run_command("nohup python3 " + std::string(WALRELAY_SOURCE_DIR) +
+                        "/tests/integration/registry/proxy.py --upstream " + registry() + " --cert " + dir +
+                        "/cert.pem --key " + dir + "/key.pem " + auth + " --port-file " + dir + "/port </dev/null >" +
+                        dir + "/log 2>&1 & echo $! > " + dir + "/pid")
+                .status == 0);
+    REQUIRE(eventually([&] { return run_command("test -s " + dir + "/port").status == 0; }, 20s));
+    port = run_command("cat " + dir + "/port").output;
+  }
+  ~SecureRegistry() { run_command("kill $(cat " + dir + "/pid) 2>/dev/null; rm -rf " + dir); }
+  std::string url() const { return "https://127.0.0.1:" + port + "/apis/ccompat/v7"; }
+  std::string ca() const { return dir + "/cert.pem"; }
+};
+
+}  // namespace
+
+TEST_CASE("schema registry: HTTPS with a CA file and basic or bearer credentials reaches the registry, while a "
+          "wrong password or an unknown certificate holds the stream with the reason",
+          "[relay][registry]") {
+  struct Case {
+    std::string name, proxy_auth, walrelay_auth;
+    bool with_ca, works;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {"basic", "--basic svc:s3cret",
+       "value.converter.basic.auth.credentials.source=USER_INFO\nvalue.converter.basic.auth.user.info=svc:s3cret\n", true,
+       true, ""},
+      {"bearer", "--bearer tok-123",
+       "value.converter.bearer.auth.credentials.source=STATIC_TOKEN\nvalue.converter.bearer.auth.token=tok-123\n", true,
+       true, ""},
+      {"wrong password", "--basic svc:s3cret",
+       "value.converter.basic.auth.credentials.source=USER_INFO\nvalue.converter.basic.auth.user.info=svc:wrong\n", true,
+       false, "unauthorized"},
+      {"unknown certificate", "--basic svc:s3cret",
+       "value.converter.basic.auth.credentials.source=USER_INFO\nvalue.converter.basic.auth.user.info=svc:s3cret\n",
+       false, false, "unreachable"},
+  };
+  for (auto& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      SecureRegistry secure(c.proxy_auth);
+      Fixture f;
+      create_outbox(f.db(), f.table);
+      const std::string topic = f.topic("Order");
+      register_schema(topic + "-value", "AVRO", order_avsc);
+      Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
+                              "value.converter.schema.registry.url=" + secure.url() + "\n" + c.walrelay_auth +
+                              (c.with_ca ? "value.converter.schema.registry.ssl.ca.location=" + secure.ca() + "\n"
+                                         : std::string())));
+      relay.start();
+      relay.wait_streaming();
+      f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+                  "('Order', 'o-1', 'E', '{\"id\": 1, \"customer\": \"ann\"}')");
+      if (c.works) {
+        auto records = read_registry(topic, "avro", 1);
+        CHECK(records[0]["value"]["customer"] == "ann");
+      } else {
+        REQUIRE(eventually([&] { return relay.metric("walrelay_schema_registry_requests_total{outcome=\"" + c.reason +
+                                                     "\"}").value_or(0) >= 1; },
+                           30s));
+        auto ready = relay.get("/readyz");
+        CHECK(ready.status == 503);
+        CHECK_THAT(ready.body, Catch::Contains(c.reason == "unauthorized" ? "credentials" : "certificate"));
+        CHECK(count_records(topic) == 0);
+        CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+      }
+      // The credentials never reach the log.
+      CHECK(relay.log().find("s3cret") == std::string::npos);
+      CHECK(relay.log().find("tok-123") == std::string::npos);
+    }
+  }
+}
