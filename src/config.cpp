@@ -144,6 +144,26 @@ Setter member_string_field(S Config::*group, std::string S::*field) {
   };
 }
 
+// A key of another tool's that walrelay takes with one value only: what it
+// writes. Any other value is refused with `reason`.
+Setter only_value_field(std::string accepted, std::string reason) {
+  return [=](Config& c, const std::string& k, const std::string& v) {
+    (void)c;
+    if (v != accepted) throw ConfigError(k, reason);
+  };
+}
+
+// A schema registry's URLs, comma-separated: http or https, no trailing '/'.
+std::vector<std::string> registry_urls(const std::string& k, const std::string& v) {
+  auto urls = split_list(v);
+  for (auto& url : urls) {
+    if (!url.starts_with("http://") && !url.starts_with("https://"))
+      throw ConfigError(k, "\"" + url + "\" is not an http:// or https:// URL");
+    while (url.size() > 8 && url.back() == '/') url.pop_back();
+  }
+  return urls;
+}
+
 // auto.register.schemas, use.latest.version, latest.compatibility.strict:
 // walrelay has no schema of its own (the application writes JSON), so it
 // always encodes by a registered one, the subject's latest or the row's
@@ -349,25 +369,15 @@ const std::vector<KeySpec>& key_specs() {
          converter_field(&Config::value_converter)(c, k, v);
        }},
       {"value.converter.schema.registry.url",
-       [](Config& c, const std::string& k, const std::string& v) {
-         c.registry.urls = split_list(v);
-         for (auto& url : c.registry.urls) {
-           if (!url.starts_with("http://") && !url.starts_with("https://"))
-             throw ConfigError(k, "\"" + url + "\" is not an http:// or https:// URL");
-           while (url.size() > 8 && url.back() == '/') url.pop_back();
-         }
-       }},
+       [](Config& c, const std::string& k, const std::string& v) { c.registry.urls = registry_urls(k, v); }},
       {"value.converter.apicurio.registry.url",
        [](Config& c, const std::string& k, const std::string& v) {
          // Apicurio's own API (/apis/registry/v2 or v3): walrelay asks its
          // Confluent-compatible one beside it.
-         c.registry.urls.clear();
-         for (auto url : split_list(v)) {
-           if (!url.starts_with("http://") && !url.starts_with("https://"))
-             throw ConfigError(k, "\"" + url + "\" is not an http:// or https:// URL");
-           while (url.size() > 8 && url.back() == '/') url.pop_back();
+         c.registry.urls = registry_urls(k, v);
+         for (auto& url : c.registry.urls) {
            if (auto at = url.find("/apis/"); at != std::string::npos) url.erase(at);
-           c.registry.urls.push_back(url + "/apis/ccompat/v7");
+           url += "/apis/ccompat/v7";
          }
        }},
       {"value.converter.apicurio.registry.converter.serializer",
@@ -385,39 +395,21 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"value.converter.apicurio.registry.converter.deserializer", registry_flag_field(true)},
       {"value.converter.apicurio.registry.headers.enabled",
-       [](Config& c, const std::string& k, const std::string& v) {
-         (void)c;
-         if (v != "false")
-           throw ConfigError(k, "ids in headers (Apicurio 2's default) are not written: walrelay frames records as "
-                                "Apicurio 3's serdes do by default (magic byte, 4-byte content id in the value), "
-                                "which Apicurio 2 and 3 deserializers and Confluent's read; set it to false");
-       }},
+       only_value_field("false", "ids in headers (Apicurio 2's default) are not written: walrelay frames records as "
+                                 "Apicurio 3's serdes do by default (magic byte, 4-byte content id in the value), "
+                                 "which Apicurio 2 and 3 deserializers and Confluent's read; set it to false")},
       {"value.converter.apicurio.registry.use-id",
-       [](Config& c, const std::string& k, const std::string& v) {
-         (void)c;
-         if (v != "contentId")
-           throw ConfigError(k, "only contentId (Apicurio 3's default, the id of its Confluent-compatible API) is "
-                                "written");
-       }},
+       only_value_field("contentId", "only contentId (Apicurio 3's default, the id of its Confluent-compatible API) "
+                                     "is written")},
       {"value.converter.apicurio.registry.id-handler",
-       [](Config& c, const std::string& k, const std::string& v) {
-         (void)c;
-         if (v != "io.apicurio.registry.serde.Default4ByteIdHandler")
-           throw ConfigError(k, "only io.apicurio.registry.serde.Default4ByteIdHandler (Apicurio 3's default: a "
-                                "4-byte id after the magic byte) is written");
-       }},
+       only_value_field("io.apicurio.registry.serde.Default4ByteIdHandler",
+                        "only io.apicurio.registry.serde.Default4ByteIdHandler (Apicurio 3's default: a 4-byte id "
+                        "after the magic byte) is written")},
       {"value.converter.apicurio.registry.artifact.group-id",
-       [](Config& c, const std::string& k, const std::string& v) {
-         (void)c;
-         if (v != "default")
-           throw ConfigError(k, "only the default group is looked up (Apicurio's Confluent-compatible API maps "
-                                "subjects to it)");
-       }},
+       only_value_field("default", "only the default group is looked up (Apicurio's Confluent-compatible API "
+                                   "maps subjects to it)")},
       {"value.converter.apicurio.registry.avro.encoding",
-       [](Config& c, const std::string& k, const std::string& v) {
-         (void)c;
-         if (v != "BINARY") throw ConfigError(k, "only BINARY (Avro's binary encoding, the default) is written");
-       }},
+       only_value_field("BINARY", "only BINARY (Avro's binary encoding, the default) is written")},
       {"value.converter.apicurio.registry.as-confluent", registry_flag_field()},
       {"value.converter.apicurio.registry.auto-register", registry_flag_field()},
       {"value.converter.apicurio.registry.find-latest", registry_flag_field()},

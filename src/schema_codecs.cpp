@@ -294,7 +294,8 @@ class AvroCodec final : public SchemaCodec {
         for (auto item : a) {
           avro_value_t child;
           avro_value_append(&v, &child, nullptr);
-          path_ += "/" + std::to_string(i++);
+          path_ += '/';
+          path_ += std::to_string(i++);
           if (auto e = fill(child, items, item)) return e;
           path_.resize(depth);
         }
@@ -309,7 +310,8 @@ class AvroCodec final : public SchemaCodec {
           avro_value_t child;
           scratch_.assign(field.key);
           avro_value_add(&v, scratch_.c_str(), &child, nullptr, nullptr);
-          path_ += "/" + scratch_;
+          path_ += '/';
+          path_ += scratch_;
           if (auto e = fill(child, values, field.value)) return e;
           path_.resize(depth);
         }

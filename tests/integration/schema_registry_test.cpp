@@ -29,6 +29,11 @@ std::string registry() {
 
 std::string ccompat() { return registry() + "/apis/ccompat/v7"; }
 
+// walrelay's keys for Avro through the registry at `url` (the test registry's by default).
+std::string avro_config(const std::string& url = ccompat()) {
+  return "value.converter=io.confluent.connect.avro.AvroConverter\nvalue.converter.schema.registry.url=" + url + "\n";
+}
+
 std::string python() {
   static const std::string path = [] {
     auto r = run_command(std::string(WALRELAY_SOURCE_DIR) + "/scripts/py-venv.sh");
@@ -99,8 +104,7 @@ TEST_CASE("schema registry: Avro records from JSON rows decode with confluent-ka
   const std::string topic = f.topic("Order");
   const int id = register_schema(topic + "-value", "AVRO", order_avsc);
   const std::string dlq = unique_name("dlq");
-  Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
-                          "value.converter.schema.registry.url=" + ccompat() + "\n"
+  Walrelay relay(f.config(avro_config() +
                           "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
   relay.start();
   relay.wait_streaming();
@@ -172,8 +176,7 @@ TEST_CASE("schema registry: a subject with no schema holds the stream (the slot 
   create_outbox(f.db(), f.table);
   const std::string topic = f.topic("Order");
   const std::string dlq = unique_name("dlq");
-  Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
-                          "value.converter.schema.registry.url=" + ccompat() + "\n"
+  Walrelay relay(f.config(avro_config() +
                           "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
   relay.start();
   relay.wait_streaming();
@@ -210,8 +213,7 @@ TEST_CASE("schema registry: table.field.event.schema.version picks the version p
                                    R"({"type":"record","name":"Order","fields":[{"name":"id","type":"long"},
                                       {"name":"customer","type":"string","default":"?"}]})");
     REQUIRE(v1 != v2);
-    Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
-                            "value.converter.schema.registry.url=" + ccompat() + "\n"
+    Walrelay relay(f.config(avro_config() +
                             "table.field.event.schema.version=schema_version\n"));
     relay.start();
     relay.wait_streaming();
@@ -230,8 +232,7 @@ TEST_CASE("schema registry: table.field.event.schema.version picks the version p
     const std::string name = "com.acme." + unique_name("Created");
     const int id = register_schema(name, "AVRO",
                                    R"({"type":"record","name":")" + name + R"(","fields":[{"name":"id","type":"long"}]})");
-    Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
-                            "value.converter.schema.registry.url=" + ccompat() + "\n"
+    Walrelay relay(f.config(avro_config() +
                             "value.converter.value.subject.name.strategy="
                             "io.confluent.kafka.serializers.subject.RecordNameStrategy\n"));
     relay.start();
@@ -253,8 +254,7 @@ TEST_CASE("schema registry: an outage holds the stream at the first record whose
   const char* invoice_avsc = R"({"type":"record","name":"Invoice","fields":[{"name":"n","type":"int"}]})";
   register_schema(orders + "-value", "AVRO", order_avsc);
   const std::string dlq = unique_name("dlq");
-  Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
-                          "value.converter.schema.registry.url=" + ccompat() + "\n"
+  Walrelay relay(f.config(avro_config() +
                           "value.converter.schema.registry.request.timeout.ms=2000\n"
                           "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
   relay.start();
@@ -377,8 +377,7 @@ TEST_CASE("schema registry: HTTPS with a CA file and basic or bearer credentials
       create_outbox(f.db(), f.table);
       const std::string topic = f.topic("Order");
       register_schema(topic + "-value", "AVRO", order_avsc);
-      Walrelay relay(f.config("value.converter=io.confluent.connect.avro.AvroConverter\n"
-                              "value.converter.schema.registry.url=" + secure.url() + "\n" + c.walrelay_auth +
+      Walrelay relay(f.config(avro_config(secure.url()) + c.walrelay_auth +
                               (c.with_ca ? "value.converter.schema.registry.ssl.ca.location=" + secure.ca() + "\n"
                                          : std::string())));
       relay.start();
