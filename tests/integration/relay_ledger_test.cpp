@@ -184,15 +184,15 @@ TEST_CASE("relay with a fake sink: acknowledgements out of order move the slot o
                                       insert_event(f.table, "Ledger", "a2", "'{}'") +
                                       "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
   auto in_b = inside(f, "b");
-  auto after_b = f.db().current_wal_lsn();
   auto recs = p.sink->wait_for(3);
   p.sink->acknowledge(recs[2]);  // b first: another partition was faster
   p.sink->acknowledge(recs[1]);  // then half of a
   p.wait_status_updates(3);
   CHECK(f.db().confirmed_flush(f.slot) < in_a);
   p.sink->acknowledge(recs[0]);  // a complete: a and b are confirmable at once
+  // Settled: the slot passes b. (No upper bound: with nothing in flight it may
+  // follow the server past WAL without events, as the CI run of b32b17e found.)
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_b; }, 10s, 20ms));
-  CHECK(f.db().confirmed_flush(f.slot) <= after_b);
 }
 
 TEST_CASE("relay with a fake sink: the dead-letter copy of a row that cannot be mapped holds the slot until it is acknowledged",
