@@ -15,7 +15,7 @@
 #include "walrelay/admin_server.hpp"
 #include "walrelay/catalog.hpp"
 #include "walrelay/config.hpp"
-#include "walrelay/kafka_sink.hpp"
+#include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/logging.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"

@@ -20,7 +20,7 @@
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/exit_codes.hpp"
-#include "walrelay/kafka_sink.hpp"
+#include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/relay.hpp"
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "walrelay/config.hpp"
-#include "walrelay/kafka_sink.hpp"
+#include "walrelay/sinks/kafka/kafka_sink.hpp"
 
 using namespace walrelay;
 using namespace std::chrono_literals;

@@ -1,4 +1,4 @@
-#include "walrelay/kafka_sink.hpp"
+#include "walrelay/sinks/kafka/kafka_sink.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -30,7 +30,7 @@
 #include <utility>
 
 #include "walrelay/json.hpp"
-#include "walrelay/kafka_sink.hpp"
+#include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/mutation.hpp"
 
 namespace walrelay {
