@@ -59,6 +59,7 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       config_(config),
       metrics_(metrics),
       sink_(sink),
+      transactional_(sink.transactions()),
       mapper_(config),
       conn_(io),
       slot_monitor_(io, config),
@@ -67,17 +68,19 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
   if (config.registry.format != RegistryFormat::none)
     schema_encoder_ = std::make_unique<SchemaEncoder>(io, config, metrics);
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
-  sink_.on_committed([this](Lsn end) {
-    committed_lsn_ = end;
-    metrics_.kafka_transactions("committed").Increment();
-    metrics_.committed_lsn.Set(static_cast<double>(end.value));
-    wake_.cancel();  // reads held back for the commit go on
-    status_soon();   // the commit made a position confirmable
-  });
-  sink_.on_aborted([this](std::string reason) {
-    metrics_.kafka_transactions("aborted").Increment();
-    replay("the Kafka transaction was aborted (" + reason + ")");
-  });
+  if (transactional_) {
+    transactional_->on_committed([this](Lsn end) {
+      committed_lsn_ = end;
+      metrics_.kafka_transactions("committed").Increment();
+      metrics_.committed_lsn.Set(static_cast<double>(end.value));
+      wake_.cancel();  // reads held back for the commit go on
+      status_soon();   // the commit made a position confirmable
+    });
+    transactional_->on_aborted([this](std::string reason) {
+      metrics_.kafka_transactions("aborted").Increment();
+      replay("the Kafka transaction was aborted (" + reason + ")");
+    });
+  }
   sink_.on_fatal([this] {
     wake_.cancel();  // the read loop's next turn runs check_producer()
     conn_.cancel_wait();
@@ -97,8 +100,10 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
 Relay::~Relay() {
   // The sink may outlive the relay (tests reuse one): nothing of it calls back here.
   sink_.on_delivery(nullptr);
-  sink_.on_committed(nullptr);
-  sink_.on_aborted(nullptr);
+  if (transactional_) {
+    transactional_->on_committed(nullptr);
+    transactional_->on_aborted(nullptr);
+  }
   sink_.on_fatal(nullptr);
 }
 
@@ -131,7 +136,7 @@ void Relay::request_stop() {
   stop_requested_ = true;
   // One deadline for the whole shutdown, however many places wait on it.
   drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
-  sink_.stop_by(*drain_deadline_);
+  if (transactional_) transactional_->stop_by(*drain_deadline_);
   slot_monitor_.stop();
   wake_.cancel();
   conn_.cancel_wait();
@@ -161,7 +166,7 @@ void Relay::halt(std::string reason, int exit_code) {
   halt_exit_code_ = exit_code;
   if (!drain_deadline_)
     drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
-  sink_.stop_by(*drain_deadline_);
+  if (transactional_) transactional_->stop_by(*drain_deadline_);
   set_state(RelayState::halted, std::move(reason));
   metrics_.halted.Set(1);
   slot_monitor_.stop();
@@ -178,7 +183,7 @@ void Relay::replay(std::string reason) {
                 "have settled",
                 context(), reason);
   replay_reason_ = std::move(reason);
-  sink_.abandon_transaction();
+  if (transactional_) transactional_->abandon_transaction();
   set_state(RelayState::reconnecting, "sending again after a delivery failure: " + *replay_reason_);
   wake_.cancel();
   conn_.cancel_wait();
@@ -192,12 +197,12 @@ void Relay::replay(std::string reason) {
 void Relay::check_producer() {
   auto fatal = sink_.fatal_error();
   if (!fatal || halt_reason_) return;
-  if (sink_.transactional() && !sink_.fenced() && !sink_.timed_out()) {
+  if (transactional_ && !transactional_->fenced() && !transactional_->timed_out()) {
     renew_producer_ = true;
     replay("the Kafka producer failed: " + *fatal);
     return;
   }
-  halt(*fatal, sink_.fenced() ? exit_failure : exit_halted);
+  halt(*fatal, transactional_ && transactional_->fenced() ? exit_failure : exit_halted);
 }
 
 // Whether another record may be handed to the sink (max.inflight.*).
@@ -253,10 +258,10 @@ asio::awaitable<void> Relay::run() {
     // Exactly once: the server sends again from the slot. What is whole in
     // the open Kafka transaction commits; a source transaction cut in the
     // middle is aborted, and the relay resumes from what committed.
-    if (sink_.transactional() && sessions_streamed_ > streamed_before && !replay_reason_) {
+    if (transactional_ && sessions_streamed_ > streamed_before && !replay_reason_) {
       replay_reason_ = "the replication connection ended";
-      sink_.commit_now();
-      sink_.abandon_transaction();
+      transactional_->commit_now();
+      transactional_->abandon_transaction();
     }
     if (replay_reason_) {
       // Every record still in flight must settle first: a late report must
@@ -265,7 +270,7 @@ asio::awaitable<void> Relay::run() {
       if (stop_requested_ || halt_reason_) break;
       if (renew_producer_) {
         renew_producer_ = false;
-        if (!co_await sink_.renew()) {
+        if (!transactional_ || !co_await transactional_->renew()) {
           halt(sink_.fatal_error().value_or("the Kafka producer failed"), exit_halted);
           break;
         }
@@ -273,7 +278,7 @@ asio::awaitable<void> Relay::run() {
       }
       // Exactly once: what was acknowledged into an aborted Kafka transaction
       // vouches for nothing; only the committed position does.
-      if (sink_.transactional()) ledger_.reset(committed_lsn_.value_or(Lsn{}));
+      if (transactional_) ledger_.reset(committed_lsn_.value_or(Lsn{}));
       else ledger_.reset();
       failed_records_ = 0;
       replay_reason_.reset();
@@ -359,7 +364,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   // other command).
   std::string history;
   const std::string timeline = ident.at(0, "timeline").value_or("");
-  if (sink_.transactional() && !timeline.empty() && timeline != "1") {
+  if (transactional_ && !timeline.empty() && timeline != "1") {
     auto h = co_await conn.query("TIMELINE_HISTORY " + timeline);
     history = h.at(0, "content").value_or("");
   }
@@ -388,7 +393,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
     }
     throw;
   }
-  if (sink_.transactional()) {
+  if (transactional_) {
     // The slot is ours now: take over the transactional producer (a zombie
     // holding it is fenced) and start after what the output already holds.
     SourceIdentity source{ident.at(0, "systemid").value_or(""), timeline, config_.database_dbname,
@@ -430,7 +435,7 @@ asio::awaitable<std::optional<CommittedPosition>> Relay::recover_position(PgConn
   };
   auto outcome = std::make_shared<Outcome>();
   auto wake = std::make_shared<asio::steady_timer>(io_);
-  asio::co_spawn(io_, sink_.recover(source),
+  asio::co_spawn(io_, transactional_->recover(source),
                  [outcome, wake](std::exception_ptr e, std::optional<CommittedPosition> p) {
                    outcome->done = true;
                    outcome->failure = e;
@@ -489,7 +494,7 @@ void Relay::commit_position_if_behind(std::chrono::steady_clock::time_point now)
   if (ledger_.flushed() <= committed_lsn_.value_or(Lsn{})) return;
   const auto spacing = std::max(std::chrono::milliseconds(config_.status_update_interval_ms), 1000ms);
   if (now - last_position_commit_ < spacing) return;
-  if (sink_.commit_position(ledger_.flushed())) last_position_commit_ = now;
+  if (transactional_->commit_position(ledger_.flushed())) last_position_commit_ = now;
 }
 
 // The slot marker (catalog.cpp). A role that may not write it (not the
@@ -532,7 +537,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
     // refused, stop reading. The walsender then blocks on a full socket, so
     // memory stays bounded and the WAL waits on the server.
     if (held) state = ReadState::await_queue;
-    else if (!has_room() || !sink_.accepting()) state = ReadState::await_acks;
+    else if (!has_room() || !sink_accepting()) state = ReadState::await_acks;
     else if (state == ReadState::await_queue || state == ReadState::await_acks) state = ReadState::buffered;
     note_backpressure(state == ReadState::await_queue || state == ReadState::await_acks);
 
@@ -572,7 +577,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       case ReadState::await_acks:
         sink_.poll();
         // Woken early by a delivery that makes room, or a commit.
-        if (!has_room() || !sink_.accepting()) co_await hold_back(200ms);
+        if (!has_room() || !sink_accepting()) co_await hold_back(200ms);
         break;
       case ReadState::await_queue: {
         sink_.poll();
@@ -600,7 +605,7 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn) {
   if (now >= clock.next_status || reply_requested_) {
     // Asks for a reply once per silence: a reply (any message) starts a new one.
     bool ask = now - last_received_ > timeout / 3 && clock.pinged_at <= last_received_;
-    if (sink_.transactional()) commit_position_if_behind(now);
+    if (transactional_) commit_position_if_behind(now);
     // Idle (nothing in flight, nothing open) with the position already
     // reported: the update would repeat the last one and is skipped, but one
     // goes at least every 10 s (pg_recvlogical's interval). An idle walrelay
@@ -711,7 +716,7 @@ Lsn Relay::confirmable() const {
   Lsn flushed = ledger_.flushed();
   // Exactly once: records in an open Kafka transaction are acknowledged but
   // not yet visible; the slot waits for the commit. Never backwards.
-  if (auto limit = sink_.confirm_limit()) flushed = std::max(sent_flushed_lsn_, std::min(flushed, *limit));
+  if (auto limit = transactional_ ? transactional_->confirm_limit() : std::nullopt) flushed = std::max(sent_flushed_lsn_, std::min(flushed, *limit));
   if (mutation::active(mutation::Break::confirm_before_ack)) flushed = std::max(flushed, last_commit_end_);
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_)
     flushed = std::max(flushed, last_commit_end_);
@@ -750,7 +755,7 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
   // Nothing queued behind a failed record may land before it is sent again.
   // (Exactly once: the aborted transaction takes its queue with it, and a
   // purge would break a commit of what is whole.)
-  if (settle_all && !sink_.transactional()) sink_.abort_queued();
+  if (settle_all && !transactional_) sink_.abort_queued();
   if (mutation::active(mutation::Break::sigterm_no_wait) && stop_requested_ && !halt_reason_)
     drain_deadline_ = std::chrono::steady_clock::now();
   // A record whose delivery failed for good is never acknowledged: waiting
@@ -759,8 +764,8 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
     // Exactly once: what is whole in the open Kafka transaction becomes
     // visible; each turn, for what waited for a commit under way goes into a
     // next transaction when that returns.
-    if (!settle_all) sink_.commit_now();
-    if (!(ledger_.inflight_records() > failed_records_ || sink_.settling()) || past_deadline() || sink_.fatal_error())
+    if (!settle_all && transactional_) transactional_->commit_now();
+    if (!(ledger_.inflight_records() > failed_records_ || (transactional_ && transactional_->settling())) || past_deadline() || sink_.fatal_error())
       break;
     sink_.poll();
     co_await sleep(20ms);

@@ -70,7 +70,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           const bool had_records = txn_ && ledger_.had_records(*txn_);
           if (had_records) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
           if (txn_) ledger_.commit(*txn_, m.end_lsn);
-          if (had_records) sink_.source_transaction_ended(m.end_lsn);
+          if (had_records && transactional_) transactional_->source_transaction_ended(m.end_lsn);
           skipping_txn_ = false;
           txn_.reset();
           last_commit_end_ = m.end_lsn;
@@ -353,7 +353,7 @@ Relay::Step Relay::dead_letter_message(const pgoutput::LogicalMessage& message, 
   if (step == Step::retry) return step;
   if (own_txn) {
     ledger_.commit(*txn_, message.lsn);
-    sink_.source_transaction_ended(message.lsn);
+    if (transactional_) transactional_->source_transaction_ended(message.lsn);
     txn_.reset();
     message_txn_ = false;
   }
@@ -429,7 +429,7 @@ void Relay::on_delivery(const Delivery& d) {
     replay("could not deliver the " + where + ": " + d.error_message + " (" + d.error_code + ", transient)");
     return;
   }
-  if (sink_.transactional() && !d.at_submit) {
+  if (transactional_ && !d.at_submit) {
     // The broker refused it inside a Kafka transaction, which can no longer
     // commit; its dead-letter copy would go down with it, and a replay would
     // meet the same refusal.
@@ -458,7 +458,7 @@ void Relay::halt_on_record(std::string reason) {
   // could still commit, with the source transactions queued behind it and a
   // position past the record. Aborting takes them all back; the committed
   // position is where a restart resumes.
-  if (sink_.transactional()) sink_.abandon_transaction();
+  if (transactional_) transactional_->abandon_transaction();
 }
 
 // A record the broker refused for its own reason, under errors.tolerance=all:

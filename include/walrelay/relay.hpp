@@ -117,6 +117,8 @@ class Relay final : public StatusSource {
   void replay(std::string reason);
   void set_state(RelayState state, std::string reason = {});
   bool has_room() const;
+  // Whether the sink takes records now: a transactional one not while it aborts.
+  bool sink_accepting() const { return !transactional_ || transactional_->accepting(); }
   std::string context() const;
 
   // relay_dispatch.cpp
@@ -180,6 +182,7 @@ class Relay final : public StatusSource {
   const Config& config_;
   Metrics& metrics_;
   Sink& sink_;
+  TransactionalSink* transactional_;  // sink_'s exactly-once side, or null
   OutboxMapper mapper_;
   // value.converter naming a schema registry's converter: encodes record_'s value.
   std::unique_ptr<SchemaEncoder> schema_encoder_;

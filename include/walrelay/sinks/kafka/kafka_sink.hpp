@@ -42,7 +42,7 @@ struct KafkaTransactions {
 // Delivery::error_code's form (topic_authorization_failed ...).
 std::string kafka_permission_hint(std::string_view code, std::string_view topic, std::string_view transactional_id);
 
-class KafkaSink final : public Sink {
+class KafkaSink final : public Sink, public TransactionalSink {
  public:
   // settings: librdkafka properties (kafka.* without the prefix). Throws
   // ConfigError naming the kafka.* key librdkafka rejects.
@@ -66,12 +66,12 @@ class KafkaSink final : public Sink {
   bool healthy() const override { return brokers_up_ > 0; }
   std::string health_reason() const override { return last_error_; }
   std::optional<std::string> fatal_error() const override { return fatal_; }
-  bool fenced() const override { return fenced_; }
-  bool timed_out() const override { return timed_out_; }
   void check_connectivity(int timeout_ms) override;
+  TransactionalSink* transactions() override { return transactions_ ? this : nullptr; }
 
   // Exactly-once (kafka_transactions.cpp).
-  bool transactional() const override { return transactions_.has_value(); }
+  bool fenced() const override { return fenced_; }
+  bool timed_out() const override { return timed_out_; }
   boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) override;
   // Also while a transaction commits: what comes meanwhile waits in the
   // sink (within the relay's in-flight limits) for the next one.
