@@ -3,7 +3,8 @@
 # (tests/integration/registry/read.py): confluent-kafka with the extras of
 # its schema-registry serializers (Avro, JSON Schema, Protobuf) and
 # grpcio-tools, whose grpc_tools.protoc compiles a registry's .proto at run
-# time. From PyPI into $CACHE_ROOT/test-venv (WALRELAY_TEST_VENV overrides);
+# time; nats-py, the NATS JetStream sink's reader (tests/integration/nats/read.py).
+# From PyPI into $CACHE_ROOT/test-venv (WALRELAY_TEST_VENV overrides);
 # prints the venv's python. Idempotent: a venv that has these requirements
 # is reused without touching the network.
 set -euo pipefail
@@ -13,6 +14,7 @@ venv="${WALRELAY_TEST_VENV:-$CACHE_ROOT/test-venv}"
 requirements=(
   "confluent-kafka[avro,json,protobuf]==2.16.1"
   "grpcio-tools==1.85.1"
+  "nats-py==2.16.0"
 )
 stamp="$venv/.walrelay-requirements"
 if [[ -x $venv/bin/python && -f $stamp && $(cat "$stamp") == "${requirements[*]}" ]]; then
@@ -22,6 +24,6 @@ fi
 echo "py-venv: installing ${requirements[*]} into $venv" >&2
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv" >&2
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}" >&2
-"$venv/bin/python" -c 'import confluent_kafka, fastavro, jsonschema, google.protobuf, grpc_tools.protoc' >&2
+"$venv/bin/python" -c 'import confluent_kafka, fastavro, jsonschema, google.protobuf, grpc_tools.protoc, nats' >&2
 echo "${requirements[*]}" > "$stamp"
 echo "$venv/bin/python"

@@ -4,9 +4,12 @@
 # only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|registry|all]   stop what start started (idempotent; pg: the
-#                                              standby too; all: the registry too)
+#   scripts/services.sh stop  [pg|kafka|registry|nats|all]   stop what start started (idempotent; pg: the
+#                                              standby too; all: the registry and NATS too)
 #   scripts/services.sh start registry         an Apicurio Registry (not part of `all`), below
+#   scripts/services.sh start nats             a nats-server with JetStream (not part of `all`), below
+#   scripts/services.sh nats-stop|nats-start   NATS only, back on its port with its streams
+#                                              (kept on disk: a broker restart or outage)
 #   scripts/services.sh env                    print the env file (source it)
 #   scripts/services.sh kafka-stop|kafka-start broker only, keeping its data (fault tests)
 #   scripts/services.sh registry-stop|registry-start   the registry only, back on its port (its
@@ -29,6 +32,10 @@
 # $CACHE_ROOT/apicurio-registry-<version>. `env` then adds
 # WALRELAY_TEST_REGISTRY, the base URL; its Confluent-compatible API is
 # $WALRELAY_TEST_REGISTRY/apis/ccompat/v7. Log: $RUN_DIR/registry/registry.log.
+#
+# `start nats` runs Debian's nats-server (2.9) with JetStream, its store in
+# $RUN_DIR/nats/store, on loopback and a free port; `env` then adds
+# WALRELAY_TEST_NATS (nats://127.0.0.1:<port>). Log: $RUN_DIR/nats/nats.log.
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
 # that the postgres user can reach it even when the checkout is under /root.
@@ -439,6 +446,52 @@ registry_stop() {
   fi
 }
 
+nats_running() { [[ -f "$RUN_DIR/nats/pid" ]] && kill -0 "$(cat "$RUN_DIR/nats/pid")" 2>/dev/null; }
+
+# nats_start [keep-port]: keep-port comes back on the port of the server
+# stopped by `nats-stop`, with the streams it had.
+nats_start() {
+  local d="$RUN_DIR/nats" port kept=""
+  nats_running && return 0
+  command -v nats-server >/dev/null || { echo "services: no nats-server (scripts/setup.sh installs it)" >&2; return 1; }
+  [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
+  mkdir -p "$d/store"
+  port=${kept:-$(free_port)}
+  nohup nats-server -a 127.0.0.1 -p "$port" -js -sd "$d/store" -l "$d/nats.log" </dev/null >/dev/null 2>&1 &
+  echo $! > "$d/pid"
+  echo "$port" > "$d/port"
+  for _ in $(seq 1 100); do
+    # JetStream is up when the log says so (the port opens before).
+    if grep -q "Server is ready" "$d/nats.log" 2>/dev/null && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      return 0
+    fi
+    nats_running || { tail -20 "$d/nats.log" >&2; echo "services: nats-server died; see $d/nats.log" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "services: nats-server did not start in 10 s; see $d/nats.log" >&2
+  return 1
+}
+
+# nats_stop [keep-port]: SIGTERM (a clean shutdown), then SIGKILL.
+nats_stop() {
+  local d="$RUN_DIR/nats" pid
+  if [[ -f "$d/pid" ]]; then
+    pid=$(cat "$d/pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$d/pid" "$d/nats.log"
+  [[ ${1:-} == keep-port ]] && return 0
+  rm -rf "$d"
+  if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env"; then
+    grep -v '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp" || true
+    mv "$RUN_DIR/env.tmp" "$RUN_DIR/env"
+  fi
+}
+
 write_env() {
   local env="$RUN_DIR/env"
   {
@@ -462,14 +515,17 @@ write_env() {
     if [[ -f "$RUN_DIR/registry/port" ]]; then
       echo "export WALRELAY_TEST_REGISTRY=http://127.0.0.1:$(cat "$RUN_DIR/registry/port")"
     fi
+    if [[ -f "$RUN_DIR/nats/port" ]]; then
+      echo "export WALRELAY_TEST_NATS=nats://127.0.0.1:$(cat "$RUN_DIR/nats/port")"
+    fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
   } > "$env.tmp"
   mv "$env.tmp" "$env"
 }
 
 what="${2:-all}"
-if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry)$ ]]; then
-  echo "usage: $0 $1 [pg|kafka|registry|all]" >&2; exit 2
+if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats)$ ]]; then
+  echo "usage: $0 $1 [pg|kafka|registry|nats|all]" >&2; exit 2
 fi
 case "${1:-}" in
   start)
@@ -477,10 +533,12 @@ case "${1:-}" in
     [[ $what == all || $what == pg ]] && pg_start
     [[ $what == all || $what == kafka ]] && kafka_start
     [[ $what == registry ]] && registry_start
+    [[ $what == nats ]] && nats_start
     write_env
     sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
     [[ $what == all || $what == registry ]] && registry_stop
+    [[ $what == all || $what == nats ]] && nats_stop
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
@@ -488,6 +546,8 @@ case "${1:-}" in
   kafka-start) kafka_up ;;
   registry-stop) registry_stop keep-port ;;
   registry-start) registry_start keep-port && write_env ;;
+  nats-stop) nats_stop keep-port ;;
+  nats-start) nats_start keep-port && write_env ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
   standby)
@@ -505,6 +565,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;
-  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

@@ -156,6 +156,7 @@ std::string slot_json(const StatusSnapshot& s) {
   doc["lag_seconds"] = s.lag_seconds;
   doc["inflight_records"] = s.inflight_records;
   doc["inflight_bytes"] = s.inflight_bytes;
+  doc["sink"] = s.sink;
   doc["producer_healthy"] = s.producer_healthy;
   Json& server = doc["server"];  // null unless the poller has answered
   if (s.server) {
@@ -539,7 +540,7 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
             fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
     } else if (!status.producer_healthy) {
       reply(http::status::service_unavailable, text_plain,
-            fmt::format("broker unreachable: {}\n", one_line(status.producer_error)));
+            fmt::format("broker unreachable ({}): {}\n", status.sink, one_line(status.producer_error)));
     } else {
       reply(http::status::ok, text_plain, "ready\n");
     }

@@ -4,6 +4,7 @@
 #include "walrelay/config.hpp"
 
 #include "walrelay/connect_config.hpp"
+#include "walrelay/sinks/sink_table.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -211,6 +212,15 @@ std::vector<std::string> config_keys() {
 }
 
 namespace {
+
+// "kafka or nats-jetstream", for messages.
+std::string sink_type_names() {
+  std::string s;
+  auto kinds = sink_kinds();
+  for (std::size_t i = 0; i < kinds.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ") + std::string(kinds[i].name);
+  return s;
+}
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
@@ -492,6 +502,11 @@ const std::vector<KeySpec>& key_specs() {
            c.message_prefix_include_list.push_back(item);
          }
        }},
+      {"sink.type",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (!find_sink_kind(v)) throw ConfigError(k, "expected " + sink_type_names() + ", got \"" + v + "\"");
+         c.sink_type = v;
+       }},
       {"exactly.once.support",
        [](Config& c, const std::string& k, const std::string& v) {
          if (v == "required" || v == "requested") c.exactly_once = true;
@@ -726,7 +741,23 @@ void validate(Config& c) {
       throw ConfigError("route.topic.replacement",
                         "\"" + c.route_topic_replacement + "\" cannot make a legal Kafka topic name: " + *why);
   }
-  apply_kafka_policy(c);
+  if (c.sink_type == "kafka") {
+    apply_kafka_policy(c);
+  } else {
+    // What only Kafka has, set for another broker, would silently mean nothing.
+    if (!c.kafka.empty())
+      throw ConfigError("kafka." + c.kafka.begin()->first,
+                        "sink.type is " + c.sink_type + ": kafka.* keys configure the Kafka sink only");
+    if (c.exactly_once)
+      throw ConfigError("exactly.once.support", "required needs Kafka transactions: sink.type=" + c.sink_type +
+                                                    " is at least once (its broker drops repeats by the event id)");
+  }
+  for (auto& [key, value] : c.sink_settings) {
+    const std::string own = "sink." + c.sink_type + ".";
+    if (!key.starts_with(own))
+      throw ConfigError(key, "sink.type is " + c.sink_type + ": this key of another sink would be ignored");
+  }
+  find_sink_kind(c.sink_type)->validate(c);
 }
 
 // A byte as two lowercase hex digits, for a message that names it.
@@ -872,11 +903,18 @@ Config parse_config(const std::string& text, const std::string& source_name, con
   // Environment: WALRELAY_DATABASE_PASSWORD -> database.password. Known keys
   // are matched by their environment spelling; WALRELAY_KAFKA_* become kafka.*
   std::map<std::string, std::string> env_names;
-  for (auto& spec : key_specs()) {
+  auto env_name = [](std::string_view key) {
     std::string e = "WALRELAY_";
-    for (const char* p = spec.name; *p; ++p) e += (*p == '.') ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
-    env_names[e] = spec.name;
-  }
+    for (char ch : key) e += (ch == '.' || ch == '-') ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    return e;
+  };
+  for (auto& spec : key_specs()) env_names[env_name(spec.name)] = spec.name;
+  // WALRELAY_SINK_NATS_JETSTREAM_AUTH_PASSWORD -> sink.nats-jetstream.auth.password
+  for (auto& kind : sink_kinds())
+    for (auto k : kind.keys) {
+      const std::string key = "sink." + std::string(kind.name) + "." + std::string(k);
+      env_names[env_name(key)] = key;
+    }
   for (auto& kv : environ) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || kv.rfind("WALRELAY_", 0) != 0) continue;
@@ -897,6 +935,18 @@ Config parse_config(const std::string& text, const std::string& source_name, con
   for (auto& [key, vo] : values) {
     auto& [value, origin] = vo;
     c.origin[key] = origin;
+    if (key.starts_with("sink.") && key != "sink.type") {
+      const SinkKind* kind = nullptr;
+      for (auto& k : sink_kinds())
+        if (key.size() > k.name.size() + 6 && key.compare(5, k.name.size(), k.name) == 0 && key[5 + k.name.size()] == '.')
+          kind = &k;
+      if (!kind) throw ConfigError(key, "unknown sink (sink.type takes " + sink_type_names() + ") (" + origin + ")");
+      auto rest = std::string_view(key).substr(6 + kind->name.size());
+      if (std::find(kind->keys.begin(), kind->keys.end(), rest) == kind->keys.end())
+        throw ConfigError(key, "unknown key of the " + std::string(kind->name) + " sink (" + origin + ")");
+      c.sink_settings[key] = value;
+      continue;
+    }
     if (key.rfind("kafka.", 0) == 0) {
       auto k = key.substr(6);
       if (k.empty()) throw ConfigError(key, "empty librdkafka property name");
@@ -1074,6 +1124,8 @@ std::string Config::describe() const {
   line("errors.deadletterqueue.topic.name", dlq_topic);
   line("errors.deadletterqueue.context.headers.enable", dlq_context_headers ? "true" : "false");
   line("shutdown.timeout.ms", std::to_string(shutdown_timeout_ms));
+  line("sink.type", sink_type);
+  for (auto& [k, v] : sink_settings) line(k, v);
   line("exactly.once.support", exactly_once ? "required" : "disabled");
   line("transaction.boundary", transaction_boundary_interval_ms == 0 ? "poll" : "interval");
   line("transaction.boundary.interval.ms", std::to_string(transaction_boundary_interval_ms));

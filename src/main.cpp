@@ -16,6 +16,7 @@
 #include "walrelay/catalog.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
+#include "walrelay/sinks/sink_table.hpp"
 #include "walrelay/logging.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
@@ -94,14 +95,9 @@ int main(int argc, char** argv) {
 
   asio::io_context io(1);
   Metrics metrics;
-  std::unique_ptr<KafkaSink> sink;
+  std::unique_ptr<Sink> sink;
   try {
-    std::optional<KafkaTransactions> transactions;
-    if (config.exactly_once)
-      transactions = KafkaTransactions{config.transactional_id(), config.offsets_topic,
-                                       config.transaction_boundary_interval_ms,
-                                       config.transaction_boundary_max_records};
-    sink = std::make_unique<KafkaSink>(io, config.kafka, std::move(transactions));
+    sink = make_sink(io, config);
   } catch (const ConfigError& e) {
     spdlog::critical("configuration error: {}", e.what());
     return exit_config;
@@ -141,7 +137,8 @@ int main(int argc, char** argv) {
       return exit_config;
     }
     int code = exit_failure;
-    asio::co_spawn(io, sink->forget_position(), [&](std::exception_ptr e, std::optional<CommittedPosition> p) {
+    // exactly.once.support=required holds only with the Kafka sink (config.cpp).
+    asio::co_spawn(io, static_cast<KafkaSink&>(*sink).forget_position(), [&](std::exception_ptr e, std::optional<CommittedPosition> p) {
       if (e) {
         try {
           std::rethrow_exception(e);

@@ -301,9 +301,15 @@ Metrics::Metrics()
                                  .Name("walrelay_slot_safe_wal_size_bytes")
                                  .Help("WAL that can still be written before max_slot_wal_keep_size invalidates the "
                                        "slot; absent while the server sets no limit.")
-                                 .Register(*registry_)) {
+                                 .Register(*registry_)),
+      sink_info_family_(&prometheus::BuildGauge()
+                             .Name("walrelay_sink_info")
+                             .Help("1, labelled with the broker records go to (sink.type: kafka, nats-jetstream).")
+                             .Register(*registry_)) {
   start_time.Set(unix_now_seconds());
 }
+
+void Metrics::set_sink(std::string_view sink) { sink_info_family_->Add({{"sink", std::string(sink)}}).Set(1); }
 
 std::string Metrics::serialize() {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();

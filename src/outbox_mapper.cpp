@@ -404,6 +404,7 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
 
   out.headers.clear();
   out.headers.push_back({"id", id});
+  out.event_id = id;
   out.partition = -1;
   envelope_.clear();
   if (header_bufs_.size() < rel.placements.size()) header_bufs_.resize(rel.placements.size());
@@ -911,6 +912,7 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
 
   out.headers.clear();
   out.headers.push_back({"id", id.text});
+  out.event_id = id.text;
   out.partition = -1;
   envelope_.clear();
   for (std::size_t i = 0; i < placed.size(); ++i) {

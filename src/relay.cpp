@@ -67,6 +67,7 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       tick_(io) {
   if (config.registry.format != RegistryFormat::none)
     schema_encoder_ = std::make_unique<SchemaEncoder>(io, config, metrics);
+  metrics_.set_sink(config_.sink_type);
   sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
   if (transactional_) {
     transactional_->on_committed([this](Lsn end) {

@@ -66,6 +66,7 @@ StatusSnapshot Relay::status() const {
   s.lag_seconds = l.seconds;
   s.inflight_records = ledger_.inflight_records();
   s.inflight_bytes = ledger_.inflight_bytes();
+  s.sink = config_.sink_type;
   s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
   s.producer_error = sink_.fatal_error().value_or(sink_.health_reason());
   s.server = slot_monitor_.last();

@@ -206,6 +206,12 @@ struct Config {
   std::string log_level = "info";
   LogFormat log_format = LogFormat::text;
 
+  // sink.type: where records go (sinks/sink_table.hpp): kafka, nats-jetstream.
+  std::string sink_type = "kafka";
+  // sink.<type>.* as written, full key; the sink reads its own (e.g.
+  // sinks/nats/nats_config.hpp).
+  std::map<std::string, std::string> sink_settings;
+
   // kafka.* passed to librdkafka verbatim, prefix stripped, walrelay's defaults applied
   std::map<std::string, std::string> kafka;
 

@@ -40,6 +40,8 @@ class Metrics {
   prometheus::Counter& invalid_operations(std::string_view table);  // outbox updates (table.op.invalid.behavior)
   prometheus::Counter& kafka_transactions(std::string_view outcome);  // committed, aborted
   prometheus::Counter& schema_registry_requests(std::string_view outcome);  // ok, unreachable, not_found, ...
+  // walrelay_sink_info{sink} 1: the sink.type records go to.
+  void set_sink(std::string_view sink);
 
   prometheus::Counter& bytes_relayed;         // walrelay_bytes_relayed_total (key + value)
   prometheus::Counter& transactions;          // walrelay_transactions_total (commits seen)
@@ -90,6 +92,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* kafka_transactions_family_;
   prometheus::Family<prometheus::Counter>* schema_registry_family_;
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
+  prometheus::Family<prometheus::Gauge>* sink_info_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;
 };
 

@@ -30,6 +30,9 @@ struct OutboxRecord {
   std::optional<std::string_view> value;  // nullopt: a tombstone
   std::int64_t timestamp_ms = 0;          // unix epoch
   std::int32_t partition = -1;            // a partition placement's value; -1: by key
+  // The event's id (also the `id` header): the brokers that deduplicate by
+  // a message id (NATS JetStream's Nats-Msg-Id, AMQP's message_id) get it.
+  std::string_view event_id;
   std::vector<Header> headers;            // capacity kept between rows
   // Where it came from: a position in table.include.list, or past its end
   // the position of a message prefix pattern in message.prefix.include.list.

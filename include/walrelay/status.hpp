@@ -49,6 +49,7 @@ struct StatusSnapshot {
   double lag_seconds = 0;               // age of the oldest unacknowledged commit
   std::uint64_t inflight_records = 0;
   std::uint64_t inflight_bytes = 0;
+  std::string sink = "kafka";           // sink.type: the broker behind producer_healthy
   bool producer_healthy = true;
   std::string producer_error;           // last broker-level error while unhealthy
   std::string schema_registry_error;    // why records wait on the schema registry, or empty

@@ -34,17 +34,6 @@ std::string avro_config(const std::string& url = ccompat()) {
   return "value.converter=io.confluent.connect.avro.AvroConverter\nvalue.converter.schema.registry.url=" + url + "\n";
 }
 
-std::string python() {
-  static const std::string path = [] {
-    auto r = run_command(std::string(WALRELAY_SOURCE_DIR) + "/scripts/py-venv.sh");
-    if (r.status != 0) throw std::runtime_error("scripts/py-venv.sh failed");
-    auto p = r.output;
-    while (!p.empty() && (p.back() == '\n' || p.back() == ' ')) p.pop_back();
-    return p;
-  }();
-  return path;
-}
-
 // Registers `schema` under `subject`; returns its id.
 int register_schema(const std::string& subject, const std::string& type, const std::string& schema) {
   json body = {{"schema", schema}};
@@ -67,7 +56,7 @@ int register_schema(const std::string& subject, const std::string& type, const s
 // What confluent-kafka's deserializers make of `count` records of `topic`:
 // one JSON object per record ({"key", "value", "schema_id", "headers"}).
 std::vector<json> read_registry(const std::string& topic, const std::string& format, std::size_t count) {
-  auto r = run_command(python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/registry/read.py --bootstrap " +
+  auto r = run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/registry/read.py --bootstrap " +
                        Services::get().kafka + " --registry " + ccompat() + " --topic '" + topic + "' --format " +
                        format + " --count " + std::to_string(count) + " --timeout 60 --from-beginning 2>&1");
   INFO(r.output);

@@ -27,6 +27,19 @@ namespace it {
 
 using namespace std::chrono_literals;
 
+// The Python of the independent readers (scripts/py-venv.sh: confluent-kafka's
+// deserializers, nats-py), made on first use.
+inline std::string test_python() {
+  static const std::string path = [] {
+    auto r = run_command(std::string(WALRELAY_SOURCE_DIR) + "/scripts/py-venv.sh");
+    if (r.status != 0) throw std::runtime_error("scripts/py-venv.sh failed");
+    auto p = r.output;
+    while (!p.empty() && (p.back() == '\n' || p.back() == ' ')) p.pop_back();
+    return p;
+  }();
+  return path;
+}
+
 // True when WALRELAY_FAULT_SCALE=full: the sizes recorded in docs/reliability.md.
 inline bool full_scale() {
   const char* s = std::getenv("WALRELAY_FAULT_SCALE");

@@ -296,7 +296,7 @@ TEST_CASE("healthz and readyz follow the relay state", "[admin]") {
     auto ready = fetch(server.port(), "/readyz");
     REQUIRE_FALSE(ready.ec);
     CHECK(ready.response.result() == http::status::service_unavailable);
-    CHECK(ready.response.body() == "broker unreachable: 1/1 brokers are down\n");
+    CHECK(ready.response.body() == "broker unreachable (kafka): 1/1 brokers are down\n");
   }
 
   SECTION("halted fails both, and a multi-line reason stays on one line") {
