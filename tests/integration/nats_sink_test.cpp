@@ -237,8 +237,8 @@ TEST_CASE("nats: the server restarted, then down 30 s under load: the slot holds
   CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
 }
 
-TEST_CASE("nats: a frozen server (SIGSTOP): at most sink.nats-jetstream.max.pending publishes wait, the walsender is "
-          "held back, RSS stays flat; thawed, everything arrives once",
+TEST_CASE("nats: a frozen server (SIGSTOP) - at most sink.nats-jetstream.max.pending publishes wait, the walsender is "
+          "held back, RSS stays flat - thawed, everything arrives once",
           "[nats][fault]") {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
@@ -282,8 +282,8 @@ TEST_CASE("nats: a frozen server (SIGSTOP): at most sink.nats-jetstream.max.pend
   check_exactly_once(f, recs, rows + 1);
 }
 
-TEST_CASE("nats: no stream for the subject holds the slot with the subject named on /readyz, dead-letters nothing; "
-          "once a stream takes it, every event arrives",
+TEST_CASE("nats: no stream for the subject holds the slot with the subject named on /readyz, dead-letters nothing, "
+          "and once a stream takes it every event arrives",
           "[nats][fault]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -309,7 +309,7 @@ TEST_CASE("nats: no stream for the subject holds the slot with the subject named
 }
 
 TEST_CASE("nats: a message the stream refuses for good (over its max_msg_size) goes to the dead-letter subject with its "
-          "id and the reason; the others go on, in order",
+          "id and the reason, the others go on in order",
           "[nats][fault]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");

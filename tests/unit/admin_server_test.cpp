@@ -430,7 +430,7 @@ TEST_CASE("slot endpoint returns the snapshot as JSON", "[admin]") {
           R"({"slot_name":"walrelay_slot","state":"streaming","state_reason":"","received_lsn":"16/B374D848",)"
           R"("confirmed_flush_lsn":"16/B3740000","server_wal_end":"16/B3750000","lag_bytes":65536,)"
           R"("retained_wal_bytes":1048576,"lag_seconds":null,"inflight_records":7,"inflight_bytes":2048,)"
-          R"("producer_healthy":true,"server":{"wal_status":"reserved","safe_wal_size":4096,"active_pid":4242,)"
+          R"("sink":"kafka","producer_healthy":true,"server":{"wal_status":"reserved","safe_wal_size":4096,"active_pid":4242,)"
           R"("confirmed_flush_lsn":"16/B3740000","restart_lsn":"16/B3700000","current_wal_lsn":"16/B3750000",)"
           R"("observed_at_unix_ms":1700000000123},"exactly_once":null})"
           "\n");

@@ -22,7 +22,7 @@ std::string error_of(const std::string& text) {
 }
 }  // namespace
 
-TEST_CASE("sink config: kafka is the default; nats-jetstream takes Debezium Server's keys and needs no Kafka",
+TEST_CASE("sink config: kafka is the default, nats-jetstream takes Debezium Server's keys and needs no Kafka",
           "[config][sink]") {
   CHECK(parse_config("kafka.bootstrap.servers=x:1\n", "t", {}).sink_type == "kafka");
   auto c = nats("sink.nats-jetstream.url=nats://a:4222,nats://b:4222\nsink.nats-jetstream.create-stream=true\n"
