@@ -3,7 +3,8 @@
 # (tests/integration/registry/read.py): confluent-kafka with the extras of
 # its schema-registry serializers (Avro, JSON Schema, Protobuf) and
 # grpcio-tools, whose grpc_tools.protoc compiles a registry's .proto at run
-# time; nats-py, the NATS JetStream sink's reader (tests/integration/nats/read.py).
+# time; nats-py and pika, the NATS JetStream and RabbitMQ sinks' readers
+# (tests/integration/nats/read.py, tests/integration/rabbitmq/read.py).
 # From PyPI into $CACHE_ROOT/test-venv (WALRELAY_TEST_VENV overrides);
 # prints the venv's python. Idempotent: a venv that has these requirements
 # is reused without touching the network.
@@ -15,6 +16,7 @@ requirements=(
   "confluent-kafka[avro,json,protobuf]==2.16.1"
   "grpcio-tools==1.85.1"
   "nats-py==2.16.0"
+  "pika==1.4.4"
 )
 stamp="$venv/.walrelay-requirements"
 if [[ -x $venv/bin/python && -f $stamp && $(cat "$stamp") == "${requirements[*]}" ]]; then
@@ -24,6 +26,6 @@ fi
 echo "py-venv: installing ${requirements[*]} into $venv" >&2
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv" >&2
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}" >&2
-"$venv/bin/python" -c 'import confluent_kafka, fastavro, jsonschema, google.protobuf, grpc_tools.protoc, nats' >&2
+"$venv/bin/python" -c 'import confluent_kafka, fastavro, jsonschema, google.protobuf, grpc_tools.protoc, nats, pika' >&2
 echo "${requirements[*]}" > "$stamp"
 echo "$venv/bin/python"

@@ -4,12 +4,15 @@
 # only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|registry|nats|all]   stop what start started (idempotent; pg: the
-#                                              standby too; all: the registry and NATS too)
+#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|all]   stop what start started (idempotent; pg: the
+#                                              standby too; all: the registry, NATS and RabbitMQ too)
 #   scripts/services.sh start registry         an Apicurio Registry (not part of `all`), below
 #   scripts/services.sh start nats             a nats-server with JetStream (not part of `all`), below
 #   scripts/services.sh nats-stop|nats-start   NATS only, back on its port with its streams
 #                                              (kept on disk: a broker restart or outage)
+#   scripts/services.sh start rabbitmq         a RabbitMQ node (not part of `all`), below
+#   scripts/services.sh rabbitmq-stop|rabbitmq-start   RabbitMQ only, back on its port with its
+#                                              durable exchanges and queues
 #   scripts/services.sh env                    print the env file (source it)
 #   scripts/services.sh kafka-stop|kafka-start broker only, keeping its data (fault tests)
 #   scripts/services.sh registry-stop|registry-start   the registry only, back on its port (its
@@ -36,6 +39,12 @@
 # `start nats` runs Debian's nats-server (2.9) with JetStream, its store in
 # $RUN_DIR/nats/store, on loopback and a free port; `env` then adds
 # WALRELAY_TEST_NATS (nats://127.0.0.1:<port>). Log: $RUN_DIR/nats/nats.log.
+#
+# `start rabbitmq` runs Debian's RabbitMQ (3.10) as node walrelay-<port>@localhost,
+# its data in $RUN_DIR/rabbitmq (RABBITMQ_MNESIA_BASE, its own Erlang cookie
+# there as HOME), AMQP on loopback and a free port, epmd on loopback; `env`
+# then adds WALRELAY_TEST_RABBITMQ (host:port; user guest, password guest,
+# allowed beyond localhost by loopback_users = none only on 127.0.0.1).
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
 # that the postgres user can reach it even when the checkout is under /root.
@@ -492,6 +501,67 @@ nats_stop() {
   fi
 }
 
+RABBIT_BIN=/usr/lib/rabbitmq/bin
+rabbit_env() {
+  local d="$RUN_DIR/rabbitmq" port; port=$(cat "$d/port")
+  export HOME="$d" RABBITMQ_NODENAME="walrelay-$port@localhost" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port + 1)) RABBITMQ_MNESIA_BASE="$d/mnesia" \
+    RABBITMQ_LOG_BASE="$d/log" RABBITMQ_ENABLED_PLUGINS_FILE="$d/enabled_plugins" \
+    RABBITMQ_CONFIG_FILE="$d/rabbitmq" RABBITMQ_PID_FILE="$d/pid" ERL_EPMD_ADDRESS=127.0.0.1
+}
+rabbit_running() {
+  [[ -f "$RUN_DIR/rabbitmq/pid" ]] && kill -0 "$(cat "$RUN_DIR/rabbitmq/pid" 2>/dev/null)" 2>/dev/null
+}
+
+# rabbit_start [keep-port]: keep-port comes back on the port (and node name,
+# so with the durable exchanges and queues) of the node `rabbitmq-stop` stopped.
+rabbit_start() {
+  local d="$RUN_DIR/rabbitmq" port
+  rabbit_running && return 0
+  [[ -x $RABBIT_BIN/rabbitmq-server ]] || { echo "services: no rabbitmq-server (scripts/setup.sh installs it)" >&2; return 1; }
+  mkdir -p "$d"
+  if [[ ${1:-} != keep-port || ! -f "$d/port" ]]; then
+    # The node port and the next one (Erlang distribution) both free.
+    while :; do port=$(free_port); (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null || break; done
+    echo "$port" > "$d/port"
+  fi
+  echo "[]." > "$d/enabled_plugins"
+  echo "loopback_users = none" > "$d/rabbitmq.conf"
+  (
+    rabbit_env
+    cd "$d" || exit 1
+    nohup "$RABBIT_BIN/rabbitmq-server" </dev/null >"$d/server.log" 2>&1 &
+  )
+  for _ in $(seq 1 120); do
+    if (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" await_startup -t 1) >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  tail -30 "$d/server.log" >&2
+  echo "services: RabbitMQ did not start in 60 s; see $d/server.log" >&2
+  return 1
+}
+
+rabbit_stop() {
+  local d="$RUN_DIR/rabbitmq" pid
+  if [[ -f "$d/port" ]]; then
+    (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" stop) >/dev/null 2>&1 || true
+    if [[ -f "$d/pid" ]]; then
+      pid=$(cat "$d/pid" 2>/dev/null || true)
+      if [[ -n $pid ]]; then
+        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+    fi
+  fi
+  rm -f "$d/pid"
+  [[ ${1:-} == keep-port ]] && return 0
+  rm -rf "$d"
+  if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_RABBITMQ=' "$RUN_DIR/env"; then
+    grep -v '^export WALRELAY_TEST_RABBITMQ=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp" || true
+    mv "$RUN_DIR/env.tmp" "$RUN_DIR/env"
+  fi
+}
+
 write_env() {
   local env="$RUN_DIR/env"
   {
@@ -518,14 +588,17 @@ write_env() {
     if [[ -f "$RUN_DIR/nats/port" ]]; then
       echo "export WALRELAY_TEST_NATS=nats://127.0.0.1:$(cat "$RUN_DIR/nats/port")"
     fi
+    if [[ -f "$RUN_DIR/rabbitmq/port" ]]; then
+      echo "export WALRELAY_TEST_RABBITMQ=127.0.0.1:$(cat "$RUN_DIR/rabbitmq/port")"
+    fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
   } > "$env.tmp"
   mv "$env.tmp" "$env"
 }
 
 what="${2:-all}"
-if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats)$ ]]; then
-  echo "usage: $0 $1 [pg|kafka|registry|nats|all]" >&2; exit 2
+if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq)$ ]]; then
+  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|all]" >&2; exit 2
 fi
 case "${1:-}" in
   start)
@@ -534,11 +607,13 @@ case "${1:-}" in
     [[ $what == all || $what == kafka ]] && kafka_start
     [[ $what == registry ]] && registry_start
     [[ $what == nats ]] && nats_start
+    [[ $what == rabbitmq ]] && rabbit_start
     write_env
     sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
     [[ $what == all || $what == registry ]] && registry_stop
     [[ $what == all || $what == nats ]] && nats_stop
+    [[ $what == all || $what == rabbitmq ]] && rabbit_stop
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
@@ -548,6 +623,8 @@ case "${1:-}" in
   registry-start) registry_start keep-port && write_env ;;
   nats-stop) nats_stop keep-port ;;
   nats-start) nats_start keep-port && write_env ;;
+  rabbitmq-stop) rabbit_stop keep-port ;;
+  rabbitmq-start) rabbit_start keep-port && write_env ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
   standby)
@@ -565,6 +642,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;
-  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

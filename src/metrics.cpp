@@ -304,7 +304,7 @@ Metrics::Metrics()
                                  .Register(*registry_)),
       sink_info_family_(&prometheus::BuildGauge()
                              .Name("walrelay_sink_info")
-                             .Help("1, labelled with the broker records go to (sink.type: kafka, nats-jetstream).")
+                             .Help("1, labelled with the broker records go to (sink.type: kafka, nats-jetstream, rabbitmq).")
                              .Register(*registry_)) {
   start_time.Set(unix_now_seconds());
 }

@@ -206,7 +206,7 @@ struct Config {
   std::string log_level = "info";
   LogFormat log_format = LogFormat::text;
 
-  // sink.type: where records go (sinks/sink_table.hpp): kafka, nats-jetstream.
+  // sink.type: where records go (sinks/sink_table.hpp): kafka, nats-jetstream, rabbitmq.
   std::string sink_type = "kafka";
   // sink.<type>.* as written, full key; the sink reads its own (e.g.
   // sinks/nats/nats_config.hpp).

@@ -5,6 +5,7 @@
 #include "walrelay/config.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/sinks/nats/nats_sink.hpp"
+#include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
 
 namespace walrelay {
 
@@ -26,9 +27,16 @@ std::unique_ptr<Sink> make_nats(boost::asio::io_context& io, const Config& confi
 
 void validate_nats(const Config& config) { (void)nats_jetstream_config(config); }
 
+std::unique_ptr<Sink> make_rabbitmq(boost::asio::io_context& io, const Config& config) {
+  return std::make_unique<RabbitMqSink>(io, rabbitmq_config(config));
+}
+
+void validate_rabbitmq(const Config& config) { (void)rabbitmq_config(config); }
+
 const SinkKind kinds[] = {
     {"kafka", {}, validate_kafka, make_kafka},
     {"nats-jetstream", nats_jetstream_keys(), validate_nats, make_nats},
+    {"rabbitmq", rabbitmq_keys(), validate_rabbitmq, make_rabbitmq},
 };
 
 }  // namespace

@@ -48,7 +48,7 @@ TEST_CASE("sink config: kafka is the default, nats-jetstream takes Debezium Serv
 }
 
 TEST_CASE("sink config: what a sink does not take is refused, naming the key and why", "[config][sink]") {
-  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka or nats-jetstream") != std::string::npos);
+  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream or rabbitmq") != std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nkafka.bootstrap.servers=x:1\n")
             .find("kafka.bootstrap.servers: sink.type is nats-jetstream") != std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nexactly.once.support=required\n").find("exactly.once.support:") !=

@@ -1,0 +1,103 @@
+// sink.type=rabbitmq: each record is published persistent and `mandatory` to
+// one exchange, routed by its topic, on one channel in publisher-confirm
+// mode, with its event id as message_id, and reported delivered only when a
+// confirm covers it. A message that comes back unroutable (basic.return) is
+// the record's own failure (errors.tolerance decides); a nack, a lost
+// connection or a confirm later than ackTimeout is transient (the relay
+// sends again from the slot; consumers deduplicate by message_id).
+//
+// Threads: rabbitmq-c is blocking (amqp_basic_publish blocks on a full
+// socket, and a frame is read whole), so the connection has a thread of its
+// own, as librdkafka's brokers do: the loop hands it records through one
+// queue and it hands back outcomes through another, waking the loop once
+// per batch. Nothing of rabbitmq-c runs on the loop.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "walrelay/sink.hpp"
+#include "walrelay/sinks/rabbitmq/rabbitmq_config.hpp"
+
+namespace walrelay {
+
+class RabbitMqSink final : public Sink {
+ public:
+  RabbitMqSink(boost::asio::io_context& io, RabbitMqConfig config);
+  ~RabbitMqSink() override;
+  RabbitMqSink(const RabbitMqSink&) = delete;
+  RabbitMqSink& operator=(const RabbitMqSink&) = delete;
+
+  SubmitStatus submit(const OutboxRecord& record, std::uint64_t token) override;
+  SubmitStatus submit_dead_letter(std::string_view reason, std::string_view topic,
+                                  std::optional<std::string_view> key, std::optional<std::string_view> value,
+                                  const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
+                                  std::size_t bytes) override;
+  void poll() override;
+  // Records handed to the connection's thread are its to send: a lost
+  // connection fails them all, in order.
+  void abort_queued() override {}
+  bool healthy() const override { return connected_; }
+  std::string health_reason() const override { return last_error_; }
+  std::optional<std::string> fatal_error() const override { return std::nullopt; }
+  void check_connectivity(int timeout_ms) override;
+
+  // The header that carries the record's key (AMQP messages have none).
+  static constexpr const char* key_header = "key";
+
+  // One record on its way, owned by whichever thread holds it.
+  struct Outgoing {
+    std::string routing_key;
+    std::optional<std::string> key, body;
+    std::string message_id;
+    std::vector<std::pair<std::string, std::optional<std::string>>> headers;
+    std::int64_t timestamp_ms = 0;
+    std::uint64_t token = 0;
+    std::size_t bytes = 0;
+    bool dead_letter = false;
+    std::string reason;  // for a dead-letter copy: why
+  };
+  struct Outcome {
+    Outgoing record;
+    bool ok = false;
+    bool transient = true;
+    std::string code, message;
+  };
+  // Between the loop and the connection's thread.
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Outgoing> to_send;
+    std::vector<Outcome> done;
+    bool connected = false;
+    std::string error = "no RabbitMQ connection yet";
+    bool stop = false;
+    bool wake_posted = false;
+    int wake_fd = -1;  // an eventfd the thread polls beside its socket
+    RabbitMqSink* sink = nullptr;
+  };
+
+ private:
+  SubmitStatus hand_over(Outgoing out);
+
+  boost::asio::io_context& io_;
+  RabbitMqConfig config_;
+  std::shared_ptr<Shared> shared_;
+  std::size_t outstanding_ = 0;  // handed over, not yet reported
+  bool connected_ = false;
+  std::string last_error_ = "no RabbitMQ connection yet";
+  std::vector<Outcome> scratch_;
+  std::vector<OutboxRecord::Header> header_views_;
+  std::thread thread_;
+};
+
+}  // namespace walrelay

@@ -1,0 +1,506 @@
+// The brokers beside Kafka, each against its real server started by
+// scripts/services.sh and read back with its own Python client, never with
+// walrelay's code: NATS JetStream (nats-server, nats-py:
+// tests/integration/nats/read.py) and RabbitMQ (rabbitmq-server, pika:
+// tests/integration/rabbitmq/read.py). Each guarantee is one test template,
+// run for each broker.
+//
+// NATS JetStream drops what a restart sends again by its Nats-Msg-Id (the
+// stream's duplicate window, 2 min by default): there the stream must hold
+// every event exactly once. RabbitMQ keeps repeats (consumers deduplicate by
+// message_id): there every event at least once, each repeat within the
+// in-flight bound.
+#include <csignal>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+using namespace it;
+using nlohmann::json;
+
+namespace {
+
+// Runs a reader script; its JSON lines as records: the subject or routing
+// key as topic, the stream sequence (or arrival order) as offset on one
+// "partition", the `key` header as key.
+std::vector<KafkaRecord> records_of(const CommandResult& r) {
+  INFO(r.output.substr(0, 2000));
+  REQUIRE(r.status == 0);
+  std::vector<KafkaRecord> out;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    KafkaRecord rec;
+    rec.topic = j.contains("subject") ? j["subject"] : j["routing_key"];
+    rec.partition = 0;
+    rec.offset = j["seq"];
+    rec.value = j["data"].get<std::string>();
+    for (auto& [name, value] : j["headers"].items()) {
+      rec.headers.emplace_back(name, value.is_string() ? value.get<std::string>() : value.dump());
+      if (name == "key") rec.key = value.get<std::string>();
+    }
+    if (j.contains("message_id") && j["message_id"].is_string())
+      rec.headers.emplace_back("message_id", j["message_id"].get<std::string>());
+    if (j.contains("delivery_mode") && j["delivery_mode"].is_number())
+      rec.headers.emplace_back("delivery_mode", std::to_string(j["delivery_mode"].get<int>()));
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+// The fixture's configuration without its kafka.* line, plus `extra`.
+std::string without_kafka(Fixture& f, const std::string& extra) {
+  auto c = f.config(extra);
+  auto p = c.find("kafka.bootstrap.servers=");
+  REQUIRE(p != std::string::npos);
+  c.erase(p, c.find('\n', p) - p + 1);
+  return c;
+}
+
+struct Nats {
+  static constexpr bool deduplicates = true;
+  static constexpr const char* sink = "nats-jetstream";
+  static std::string url() {
+    static const bool started = [] {
+      Services::control("start nats");
+      return true;
+    }();
+    (void)started;
+    auto u = Services::current("WALRELAY_TEST_NATS");
+    REQUIRE_FALSE(u.empty());
+    return u;
+  }
+  static CommandResult py(const std::string& args) {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/nats/read.py --url " + url() +
+                       " " + args + " 2>&1");
+  }
+  // Where records land: a stream over `subjects` (a pattern of the
+  // fixture's topics, or the dead-letter subject); `max_bytes`: its
+  // max_msg_size (0: none).
+  class Destination {
+   public:
+    Destination(std::string name, const std::string& subjects, long max_bytes = 0) : name_(std::move(name)) {
+      auto r = py("stream-add --name " + name_ + " --subjects '" + subjects + "'" +
+                  (max_bytes ? " --max-msg-size " + std::to_string(max_bytes) : ""));
+      INFO(r.output);
+      REQUIRE(r.status == 0);
+    }
+    ~Destination() { py("stream-delete --name " + name_); }
+    Destination(const Destination&) = delete;
+    Destination& operator=(const Destination&) = delete;
+    std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
+      return records_of(py("read --name " + name_ + " --count " + std::to_string(at_least) + " --timeout " +
+                           std::to_string(timeout_s)));
+    }
+
+   private:
+    std::string name_;
+  };
+  // Every topic of the fixture, and its dead-letter destination.
+  static std::unique_ptr<Destination> topics(Fixture& f, long max_bytes = 0) {
+    return std::make_unique<Destination>(f.slot, f.topic_prefix + ">", max_bytes);
+  }
+  static std::string dead_letter_topic(Fixture& f) { return f.slot + "_dead"; }
+  static std::unique_ptr<Destination> dead_letters(Fixture& f) {
+    return std::make_unique<Destination>(f.slot + "_dlq", dead_letter_topic(f));
+  }
+  static std::string config(Fixture& f, const std::string& extra = "") {
+    return without_kafka(f, "sink.type=nats-jetstream\nsink.nats-jetstream.url=" + url() + "\n" + extra);
+  }
+  static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/nats/pid"; }
+  static void stop() { Services::control("nats-stop"); }
+  static void start() { Services::control("nats-start"); }
+};
+
+struct RabbitMq {
+  static constexpr bool deduplicates = false;
+  static constexpr const char* sink = "rabbitmq";
+  static std::string address() {
+    static const bool started = [] {
+      Services::control("start rabbitmq");
+      return true;
+    }();
+    (void)started;
+    auto a = Services::current("WALRELAY_TEST_RABBITMQ");
+    REQUIRE_FALSE(a.empty());
+    return a;
+  }
+  static CommandResult py(const std::string& args) {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/rabbitmq/read.py --url " +
+                       address() + " " + args + " 2>&1");
+  }
+  // A durable queue bound to the fixture's exchange by `binding`.
+  class Destination {
+   public:
+    Destination(std::string exchange, std::string queue, const std::string& binding)
+        : exchange_(std::move(exchange)), queue_(std::move(queue)) {
+      auto r = py("declare --exchange " + exchange_ + " --queue " + queue_ + " --binding '" + binding + "'");
+      INFO(r.output);
+      REQUIRE(r.status == 0);
+    }
+    ~Destination() { py("delete --exchange " + exchange_ + " --queue " + queue_); }
+    Destination(const Destination&) = delete;
+    Destination& operator=(const Destination&) = delete;
+    std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
+      return records_of(py("read --queue " + queue_ + " --count " + std::to_string(at_least) + " --timeout " +
+                           std::to_string(timeout_s)));
+    }
+
+   private:
+    std::string exchange_, queue_;
+  };
+  static std::string exchange(Fixture& f) { return f.slot + "_x"; }
+  // `binding`: the routing keys of the fixture's topics the queue takes
+  // (all by default: a topic exchange's pattern).
+  static std::unique_ptr<Destination> topics(Fixture& f, const std::string& binding = "") {
+    return std::make_unique<Destination>(exchange(f), f.slot + "_q", binding.empty() ? f.topic_prefix + "#" : binding);
+  }
+  static std::string dead_letter_topic(Fixture& f) { return f.slot + "_dead"; }
+  static std::unique_ptr<Destination> dead_letters(Fixture& f) {
+    return std::make_unique<Destination>(exchange(f), f.slot + "_dlq", dead_letter_topic(f));
+  }
+  static std::string config(Fixture& f, const std::string& extra = "") {
+    auto a = address();
+    auto colon = a.rfind(':');
+    return without_kafka(f, "sink.type=rabbitmq\nsink.rabbitmq.connection.host=" + a.substr(0, colon) +
+                                "\nsink.rabbitmq.connection.port=" + a.substr(colon + 1) +
+                                "\nsink.rabbitmq.exchange=" + exchange(f) + "\n" + extra);
+  }
+  static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/rabbitmq/pid"; }
+  static void stop() { Services::control("rabbitmq-stop"); }
+  static void start() { Services::control("rabbitmq-start"); }
+};
+
+// The broker down for the life of the object, back at the end or at restart().
+template <class Broker>
+class Outage {
+ public:
+  Outage() { Broker::stop(); }
+  ~Outage() {
+    if (down_) try {
+        Broker::start();
+      } catch (...) {
+      }
+  }
+  Outage(const Outage&) = delete;
+  Outage& operator=(const Outage&) = delete;
+  void restart() {
+    Broker::start();
+    down_ = false;
+  }
+
+ private:
+  bool down_ = true;
+};
+
+// Everything, once the slot is confirmed past what was written so far:
+// walrelay confirms only what the broker acknowledged.
+template <class Destination>
+std::vector<KafkaRecord> read_settled(Fixture& f, const Destination& d, std::chrono::milliseconds timeout = 120s) {
+  auto end = f.db().current_wal_lsn();
+  if (!eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, timeout, 100ms))
+    FAIL("the slot was not confirmed past " << end << " in time (confirmed " << f.db().confirmed_flush(f.slot) << ")");
+  return d.read();
+}
+
+// Every id of the table there, in order per key; exactly once where the
+// broker deduplicates, else each repeat within `repeat_bound`.
+template <class Broker>
+void check_delivered(Fixture& f, const std::vector<KafkaRecord>& recs, std::size_t rows, std::size_t repeat_bound = 0) {
+  auto seen = ids_of(recs);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(seen.count.size() == rows);
+  if (Broker::deduplicates) CHECK(seen.duplicates() == 0);
+  else CHECK(seen.duplicates() <= repeat_bound);
+  check_order_per_key(recs);
+}
+
+// The LSN inside a transaction that writes one event, before its commit.
+std::uint64_t event_inside(Fixture& f, const std::string& type, const std::string& key) {
+  return parse_lsn(f.db().scalar("BEGIN;" + insert_event(f.table, type, key, "jsonb_build_object('seq', -1)") +
+                                 "SELECT pg_current_wal_insert_lsn(); COMMIT;"));
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit order per key, with the event id as "
+                   "the message id, its key and headers, persistent - never a rolled-back one - and /slot, /readyz "
+                   "and /metrics name the sink",
+                   "[nats][rabbitmq]", Nats, RabbitMq) {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);
+  Walrelay relay(TestType::config(f));
+  relay.start();
+  relay.wait_streaming();
+  REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 20s));
+  f.db().exec("BEGIN; " + insert_event(f.table, "Order", "rolled-back", "jsonb_build_object('seq', -1)") + " ROLLBACK");
+  const long rows = 3000;
+  Writer writer(f.table, "Order", rows, 10, 0ms);
+  writer.join();
+  REQUIRE(writer.committed() == rows);
+  auto recs = read_settled(f, *to);
+  check_delivered<TestType>(f, recs, rows);
+  for (auto& r : recs) {
+    INFO(r.topic << " " << r.value.value_or(""));
+    CHECK(r.topic == f.topic("Order"));
+    if (TestType::deduplicates) CHECK(r.header("Nats-Msg-Id") == r.header("id"));
+    else CHECK((r.header("message_id") == r.header("id") && r.header("delivery_mode") == "2"));
+    CHECK(r.key.has_value());
+    CHECK(r.value->find("rolled-back") == std::string::npos);
+  }
+  CHECK(relay.get("/slot").body.find("\"sink\":\"" + std::string(TestType::sink) + "\"") != std::string::npos);
+  CHECK(relay.metric("walrelay_events_relayed_total").value_or(0) == rows);
+  CHECK(relay.metric("walrelay_sink_info{sink=\"" + std::string(TestType::sink) + "\"}") == std::optional<double>(1));
+}
+
+TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed event arrives, in order per key",
+                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+  const long total = scaled(8000, 40000);
+  const int kills = static_cast<int>(scaled(3, 8));
+  const long inflight_limit = 500;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);
+  const std::string cfg =
+      TestType::config(f, "max.inflight.records=" + std::to_string(inflight_limit) + "\nstatus.update.interval.ms=200\n");
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  relay->wait_streaming();
+  Writer writer(f.table, "Crash", total, 20, 10ms);
+  int landed_in_flight = 0;
+  const auto started = std::chrono::steady_clock::now();
+  for (int k = 0; k < kills; ++k) {
+    REQUIRE(eventually([&] { return writer.committed() >= total * (k + 1) / (kills + 1); }, 120s, 10ms));
+    bool in_flight = eventually([&] { return relay->metric("walrelay_inflight_records").value_or(0) > 0; }, 5s, 1ms);
+    auto confirmed = f.db().confirmed_flush(f.slot), wal = f.db().current_wal_lsn();
+    relay->signal(SIGKILL);
+    if (in_flight && confirmed < wal) ++landed_in_flight;
+    REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+    relay = std::make_unique<Walrelay>(cfg);
+    relay->start();
+    wait_streaming_after(*relay, 0);
+  }
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  REQUIRE(writer.committed() == total);
+  CHECK(landed_in_flight == kills);  // the premise: each kill left records unacknowledged
+  const double rate = total / std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  auto recs = read_settled(f, *to, 180s);
+  std::cout << "sinks crash (" << TestType::sink << "): events=" << total << " kills=" << kills
+            << " records=" << recs.size() << "\n";
+  // A kill sends again what was in flight and what was acknowledged since
+  // the last status update (as the Kafka crash test bounds it).
+  check_delivered<TestType>(f, recs, total, static_cast<std::size_t>(kills * (inflight_limit + 3 * rate * 0.2)));
+}
+
+TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the slot holds below an event written "
+                   "meanwhile, /readyz names the sink, and afterwards every event is there, in order",
+                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+  const long inflight_limit = 500;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);
+  Walrelay relay(TestType::config(f, "max.inflight.records=" + std::to_string(inflight_limit) + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  const long rows = 12000;
+  Writer writer(f.table, "Outage", rows, 20, 5ms);
+  REQUIRE(eventually([&] { return writer.committed() >= rows / 4; }, 60s, 10ms));
+  {
+    Outage<TestType> restart;
+    restart.restart();
+  }
+  REQUIRE(eventually([&] { return writer.committed() >= rows / 2; }, 60s, 10ms));
+  Outage<TestType> outage;
+  auto in_outage = event_inside(f, "Outage", "k-outage");
+  auto down_at = std::chrono::steady_clock::now();
+  double inflight_peak = 0;
+  bool said_unreachable = false;
+  while (std::chrono::steady_clock::now() - down_at < std::chrono::seconds(scaled(30, 60))) {
+    REQUIRE(relay.running());
+    REQUIRE(f.db().confirmed_flush(f.slot) < in_outage);
+    auto ready = relay.get("/readyz");
+    if (ready.status == 503 &&
+        ready.body.find("broker unreachable (" + std::string(TestType::sink) + ")") != std::string::npos)
+      said_unreachable = true;
+    inflight_peak = std::max(inflight_peak, relay.metric("walrelay_inflight_records").value_or(0));
+    std::this_thread::sleep_for(250ms);
+  }
+  outage.restart();
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  auto recs = read_settled(f, *to, 180s);
+  std::cout << "sinks outage (" << TestType::sink << "): rows=" << rows << " records=" << recs.size()
+            << " inflight_peak=" << inflight_peak << "\n";
+  CHECK(said_unreachable);
+  CHECK(inflight_peak <= inflight_limit);
+  check_delivered<TestType>(f, recs, rows + 1, 2 * inflight_limit);
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
+}
+
+TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait, the walsender is held "
+                   "back, RSS stays flat - thawed, everything arrives",
+                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+  const int max_pending = 200;
+  const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);
+  const std::string prefix = std::string("sink.") + TestType::sink + ".";
+  Walrelay relay(TestType::config(f, prefix + "max.pending=" + std::to_string(max_pending) + "\n" + prefix +
+                                         (TestType::deduplicates ? "ack.timeout.ms" : "ackTimeout") + "=120000\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Freeze", "k0", "jsonb_build_object('seq', -1)"));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) == 1; }, 30s));
+  long rss_before = proc_status_kb(relay.pid(), "VmRSS");
+  const std::string pid = TestType::pid_file();
+  const long rows = 20000;  // 1 KB each: 20 MB, a hundred times the bound's worth
+  REQUIRE(run_command("kill -STOP $(cat " + pid + ")").status == 0);
+  struct Thaw {
+    std::string pid;
+    ~Thaw() { run_command("kill -CONT $(cat " + pid + ")"); }
+  } thaw{pid};
+  Writer writer(f.table, "Freeze", rows, 100, 0ms, 16, pad);
+  writer.join();
+  REQUIRE(writer.committed() == rows);
+  double inflight_peak = 0;
+  long rss_peak = rss_before;
+  for (int i = 0; i < 20; ++i) {
+    inflight_peak = std::max(inflight_peak, relay.metric("walrelay_inflight_records").value_or(0));
+    rss_peak = std::max(rss_peak, proc_status_kb(relay.pid(), "VmRSS"));
+    std::this_thread::sleep_for(250ms);
+  }
+  auto sent = f.db().sent_lsn(f.slot), wal = f.db().current_wal_lsn();
+  INFO("walsender sent " << sent << " of " << wal);
+  CHECK(wal - sent > 10ull * 1024 * 1024);
+  CHECK(inflight_peak == max_pending);
+  CHECK(relay.metric("walrelay_backpressure") == std::optional<double>(1));
+  CHECK(rss_peak - rss_before < 16 * 1024);
+  REQUIRE(run_command("kill -CONT $(cat " + pid + ")").status == 0);
+  auto recs = read_settled(f, *to, 180s);
+  std::cout << "sinks freeze (" << TestType::sink << "): rows=" << rows << " inflight_peak=" << inflight_peak
+            << " rss_before=" << rss_before / 1024 << "MB rss_peak=" << rss_peak / 1024 << "MB\n";
+  check_delivered<TestType>(f, recs, rows + 1, 2 * max_pending);
+}
+
+TEMPLATE_TEST_CASE("sinks: a destination that does not exist (no stream, no exchange) holds the slot with the name on "
+                   "/readyz and dead-letters nothing, and once it exists every event arrives",
+                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto dead = TestType::dead_letters(f);  // for RabbitMQ, this makes the exchange: the queue of the topics is missing
+  std::unique_ptr<typename TestType::Destination> to;
+  std::string expect;
+  std::string extra = "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + TestType::dead_letter_topic(f) + "\n";
+  if (TestType::deduplicates) {
+    expect = "no JetStream stream takes subject \"" + f.topic("Lost") + "\"";
+  } else {
+    // No such exchange: a second one, named in the configuration, never made.
+    extra = with_key(extra, "sink.rabbitmq.exchange", f.slot + "_missing");
+    expect = "no exchange '" + f.slot + "_missing'";
+  }
+  auto cfg = TestType::config(f, extra);
+  if (!TestType::deduplicates) {  // the exchange line as the test wants it
+    auto p = cfg.find("sink.rabbitmq.exchange=" + RabbitMq::exchange(f) + "\n");
+    REQUIRE(p != std::string::npos);
+    cfg.erase(p, cfg.find('\n', p) - p + 1);
+  }
+  Walrelay relay(cfg);
+  relay.start();
+  relay.wait_streaming();
+  auto in_first = event_inside(f, "Lost", "k");
+  for (int i = 0; i < 3; ++i)
+    f.db().exec(insert_event(f.table, "Lost", "k" + std::to_string(i), "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+  HttpResponse ready;
+  REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).body.find(expect) != std::string::npos; }, 20s));
+  INFO(ready.body);
+  CHECK(ready.status == 503);
+  CHECK(relay.log().find(expect) != std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) < in_first);
+  if constexpr (TestType::deduplicates) {
+    auto to_made = TestType::topics(f);
+    auto recs = read_settled(f, *to_made);
+    check_delivered<TestType>(f, recs, 4);
+  } else {
+    // The exchange made, and a queue bound to it.
+    typename TestType::Destination made(f.slot + "_missing", f.slot + "_q2", f.topic_prefix + "#");
+    auto recs = read_settled(f, made);
+    check_delivered<TestType>(f, recs, 4, 4);
+  }
+  CHECK(dead->read().empty());
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 20s));
+}
+
+TEMPLATE_TEST_CASE("sinks: a message the broker refuses for good (over the stream's size, unroutable) goes to the "
+                   "dead-letter destination with its id and the reason, the others go on in order",
+                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // NATS: a stream with a small max_msg_size; RabbitMQ: a queue bound to
+  // Order only, so that Stray comes back unroutable.
+  std::unique_ptr<typename TestType::Destination> to;
+  if constexpr (TestType::deduplicates) to = TestType::topics(f, 600);
+  else to = TestType::topics(f, f.topic("Order"));
+  auto dead = TestType::dead_letters(f);
+  Walrelay relay(TestType::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                         TestType::dead_letter_topic(f) + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 1)"));
+  if (TestType::deduplicates)
+    f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 2, 'pad', repeat('x', 2000))"));
+  else
+    f.db().exec(insert_event(f.table, "Stray", "a", "jsonb_build_object('seq', 2)"));
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 3)"));
+  auto refused_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE payload->>'seq' = '2'");
+  auto recs = read_settled(f, *to);
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0].value->find("\"seq\": 1") != std::string::npos);
+  CHECK(recs[1].value->find("\"seq\": 3") != std::string::npos);
+  auto dead_recs = dead->read(1);
+  REQUIRE(dead_recs.size() == 1);
+  INFO("dead letter: " << dead_recs[0].value.value_or("(none)").substr(0, 300));
+  CHECK(dead_recs[0].header("id") == refused_id);
+  CHECK(dead_recs[0].key == std::optional<std::string>("a"));
+  if (TestType::deduplicates) {
+    CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("msg_size_too_large"));
+    // Too large for the stream, so too large to copy: dropped, its size named (as for Kafka).
+    CHECK(dead_recs[0].value == std::optional<std::string>(""));
+    CHECK(std::stol(dead_recs[0].header("walrelay.value.dropped.bytes").value_or("0")) > 2000);
+    CHECK(dead_recs[0].header("__connect.errors.topic") == f.topic("Order"));
+  } else {
+    CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("unroutable"));
+    CHECK(dead_recs[0].value->find("\"seq\": 2") != std::string::npos);
+    CHECK(dead_recs[0].header("__connect.errors.topic") == f.topic("Stray"));
+    CHECK(dead_recs[0].header("__connect.errors.exception.message").value_or("").find("NO_ROUTE") != std::string::npos);
+  }
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
+}
+
+TEMPLATE_TEST_CASE("sinks: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
+                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);
+  Walrelay first(TestType::config(f));
+  first.start();
+  first.wait_streaming();
+  Walrelay second(TestType::config(f));
+  second.start();
+  REQUIRE(eventually([&] { return second.get("/slot").body.find("\"standby\"") != std::string::npos; }, 20s));
+  CHECK(second.get("/readyz").status == 503);
+  const long rows = scaled(4000, 20000);
+  Writer writer(f.table, "Standby", rows, 10, 10ms);
+  REQUIRE(eventually([&] { return first.metric("walrelay_events_relayed_total").value_or(0) > 500; }, 60s, 100ms));
+  first.signal(SIGKILL);
+  REQUIRE(first.wait_exit(10s) == 128 + SIGKILL);
+  wait_streaming_after(second, 0, 30s);
+  CHECK(eventually([&] { return second.get("/readyz").status == 200; }, 10s));
+  writer.join();
+  REQUIRE(writer.committed() == rows);
+  check_delivered<TestType>(f, read_settled(f, *to), rows, 2048);
+}
