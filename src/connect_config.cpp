@@ -295,15 +295,10 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
 
   // Debezium Server's application.properties: debezium.source.* are the
   // connector's keys, debezium.transforms* the chain, debezium.sink.kafka.
-  // producer.* the producer's.
+  // producer.* the producer's, debezium.sink.type and the other sinks' keys
+  // walrelay's sink.* (checked there).
   std::vector<RawSetting> kept;
   for (auto& s : settings) {
-    if (s.key == "debezium.sink.type") {
-      if (s.value != "kafka")
-        refuse_value(s, "walrelay's sink is Kafka (NATS JetStream and RabbitMQ are planned, not offered yet)");
-      note(s, "walrelay's sink is Kafka");
-      continue;
-    }
     if (s.key.starts_with("debezium.format.")) {
       if (s.value != "json")
         refuse_value(s, "Debezium Server's format of change events; the router's records take the payload as it is");
@@ -321,6 +316,9 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
     if (s.key.starts_with("debezium.source.")) s.key = s.key.substr(16);
     else if (s.key.starts_with("debezium.transforms")) s.key = s.key.substr(9);
     else if (s.key.starts_with("debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
+    else if (s.key == "debezium.sink.type" || s.key.starts_with("debezium.sink.nats-jetstream.") ||
+             s.key.starts_with("debezium.sink.rabbitmq."))
+      s.key = s.key.substr(9);
     else if (s.key.starts_with("producer.override.")) s.key = "kafka." + s.key.substr(18);
   }
 

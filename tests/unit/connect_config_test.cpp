@@ -123,7 +123,20 @@ TEST_CASE("connect config: Debezium Server's application.properties", "[config]"
   CHECK(c.database_hostname == "db");
   CHECK(c.route_by_field == "topic");
   CHECK(noted(c, "offset.storage.file.filename"));
-  CHECK(noted(c, "debezium.sink.type"));
+  CHECK(c.sink_type == "kafka");
+  // The NATS JetStream and RabbitMQ sinks, Debezium Server's keys as they are.
+  auto n = parse_config("debezium.sink.type=nats-jetstream\ndebezium.sink.nats-jetstream.url=nats://nats:4222\n"
+                        "debezium.sink.nats-jetstream.create-stream=true\n"
+                        "debezium.sink.nats-jetstream.subjects=event.*\n"
+                        "debezium.sink.nats-jetstream.storage=memory\n",
+                        "application.properties", {});
+  CHECK(n.sink_type == "nats-jetstream");
+  CHECK(n.sink_settings.at("sink.nats-jetstream.subjects") == "event.*");
+  auto r = parse_config("debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\n"
+                        "debezium.sink.rabbitmq.exchange=outbox\n",
+                        "application.properties", {});
+  CHECK(r.sink_type == "rabbitmq");
+  CHECK(r.sink_settings.at("sink.rabbitmq.exchange") == "outbox");
 }
 
 TEST_CASE("connect config: the documentation's placeholder, other transforms and predicates are refused naming them",

@@ -1,8 +1,15 @@
 #include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
 
+// rabbitmq-c 0.12 moved its headers (Debian 13 has 0.15, Debian 12 0.11).
+#if __has_include(<rabbitmq-c/amqp.h>)
+#include <rabbitmq-c/amqp.h>
+#include <rabbitmq-c/ssl_socket.h>
+#include <rabbitmq-c/tcp_socket.h>
+#else
 #include <amqp.h>
 #include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
+#endif
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
