@@ -16,19 +16,16 @@ shift
 # its start followed by '*'; one a line).
 declare -A catchers
 catchers[confirm_before_ack]='relay with a fake sink: a record never acknowledged holds the slot*
-relay with a fake sink: acknowledgements out of order*
-relay: the slot never passes an unacknowledged record*'
+relay with a fake sink: acknowledgements out of order*'
 catchers[drop_records]='relay: every committed event arrives once*
 relay: a partitioned outbox*'
-catchers[reorder_key]='relay: per-key order holds across concurrent writers
-fault: kill -9 at random moments during a run*'
+catchers[reorder_key]='relay: per-key order holds across concurrent writers'
 catchers[skip_dlq_wait]='relay with a fake sink: the dead-letter copy of a row that cannot be mapped*
 relay with a fake sink: a record the broker refuses for its own reason*'
 catchers[sigterm_no_wait]='fault: SIGTERM with records in flight*
 relay with a fake sink: a record never acknowledged holds the slot*'
 catchers[confirm_past_abort]='fault: exactly once - a record the broker refuses aborts*'
-catchers[registry_dead_letters]='schema registry: a subject with no schema holds the stream*
-schema registry: an outage holds the stream*'
+catchers[registry_dead_letters]='schema registry: a subject with no schema holds the stream*'
 
 breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
