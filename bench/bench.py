@@ -405,6 +405,7 @@ def walrelay_props(env, name, prefix, extra=None):
     }
     props.update(extra or {})
     props.update(kv.split("=", 1) for kv in env.args.walrelay_set)
+    props = {k: v for k, v in props.items() if v is not None}  # None: a default key left out
     path = os.path.join(env.args.work, f"{name}.properties")
     with open(path, "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -475,6 +476,46 @@ def run_pg_recvlogical(env, n, slot, end_lsn, options):
     r["options"] = " ".join(options)
     r["pg_load"] = env.pg_load_end(before)
     env.drop_slot(slot)
+    return r
+
+
+def broker_tool(env, broker, args):
+    """tests/integration/{nats,rabbitmq}/read.py with the tests' venv (nats-py, pika)."""
+    py = subprocess.run([os.path.join(env.args.bench_dir, "..", "scripts", "py-venv.sh")], check=True,
+                        capture_output=True, text=True).stdout.strip()
+    script = os.path.join(env.args.bench_dir, "..", "tests", "integration", broker, "read.py")
+    url = env.args.nats if broker == "nats" else env.args.rabbitmq
+    subprocess.run([py, script, "--url", url] + args, check=True, capture_output=True, text=True)
+
+
+def run_walrelay_sink(env, n, slot, end_lsn, sink):
+    """walrelay relaying one WAL to NATS JetStream or RabbitMQ: done when the slot
+    is confirmed past the end (walrelay confirms only what the broker acknowledged)."""
+    if sink == "nats-jetstream":
+        broker_tool(env, "nats", ["stream-add", "--name", slot, "--subjects", slot + ".>"])
+        extra = {"sink.type": "nats-jetstream", "sink.nats-jetstream.url": env.args.nats}
+        broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "nats", "pid")).read().strip()
+    else:
+        broker_tool(env, "rabbitmq", ["declare", "--exchange", slot, "--queue", slot, "--binding", slot + ".#"])
+        host, port = env.args.rabbitmq.rsplit(":", 1)
+        extra = {"sink.type": "rabbitmq", "sink.rabbitmq.connection.host": host, "sink.rabbitmq.connection.port": port,
+                 "sink.rabbitmq.exchange": slot}
+        broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "rabbitmq", "pid")).read().strip()
+    props = walrelay_props(env, slot, slot, dict({"publication.name": "bench_pub", "kafka.bootstrap.servers": None},
+                                                 **extra))
+    b0 = proc_cpu_s(int(broker_pid))
+    r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, slot=slot, end_lsn=end_lsn,
+            stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
+    b1 = proc_cpu_s(int(broker_pid))
+    span = r.get("launch_to_slot_confirmed_s")
+    r["events_per_s"] = round(n / span) if span else None
+    if b0 is not None and b1 is not None:
+        r["broker_cpu_us_per_event"] = round((b1 - b0) * 1e6 / n, 2)
+    env.drop_slot(slot)
+    if sink == "nats-jetstream":
+        broker_tool(env, "nats", ["stream-delete", "--name", slot])
+    else:
+        broker_tool(env, "rabbitmq", ["delete", "--exchange", slot, "--queue", slot])
     return r
 
 
@@ -937,6 +978,15 @@ def versions(env, args, variants):
             v["schema_registry"] = f"{info.get('name', '?')} {info.get('version', '?')}"
         except Exception:  # noqa: BLE001 - another registry: recorded by its URL
             v["schema_registry"] = args.registry
+    if args.nats and args.rabbitmq:
+        for key, cmd in (("nats_server", ["nats-server", "--version"]),
+                         ("rabbitmq", ["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"]),
+                         ("nats_c", ["pkg-config", "--modversion", "libnats"]),
+                         ("rabbitmq_c", ["pkg-config", "--modversion", "librabbitmq"])):
+            try:
+                v[key] = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip() or "?"
+            except OSError:
+                v[key] = "?"
     try:
         v["compiler"] = subprocess.run(["c++", "--version"], capture_output=True, text=True,
                                        timeout=10).stdout.splitlines()[0]
@@ -1007,6 +1057,8 @@ def main():
     ap.add_argument("--floor-boundary-ms", type=float, default=10,
                     help="txn-floor: transaction length, as walrelay's transaction.boundary.interval.ms")
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
+    ap.add_argument("--nats", default="", help="sinks: a NATS server with JetStream (scripts/services.sh start nats)")
+    ap.add_argument("--rabbitmq", default="", help="sinks: a RabbitMQ node, host:port (scripts/services.sh start rabbitmq)")
     ap.add_argument("--registry", default="",
                     help="formats: a schema registry's Confluent-compatible API (scripts/services.sh start registry)")
     args = ap.parse_args()
@@ -1015,14 +1067,16 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
     sections = set(args.only.split(",")) if args.only else {"librdkafka", "throughput", "options", "formats",
-                                                             "latency", "sidecar", "tableless"}
+                                                             "latency", "sidecar", "tableless", "sinks"}
     default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3, "eos-throughput": 3,
-                       "formats": 3}
+                       "formats": 3, "sinks": 3}
     variants = [tuple(v.split("=", 1)) for v in args.variant]
     if not variants:
         sections.discard("librdkafka")
     if not args.registry:
         sections.discard("formats")
+    if not (args.nats and args.rabbitmq):
+        sections.discard("sinks")
     contenders = sorted(args.contenders.split(","), key=lambda c: c == "polling")  # polling last
     if args.quick:
         workloads = [("20k_tx100", 20000, 100)]
@@ -1041,7 +1095,7 @@ def main():
               "argv": sys.argv[1:],
               "versions": versions(env, args, variants),
               "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": [],
-              "formats": []}
+              "formats": [], "sinks": []}
     seq = 0
 
     def save():
@@ -1052,7 +1106,7 @@ def main():
             write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
             result["summary"] = summarize(result["runs"] + result["option_runs"])
             write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
-        for section in ("latency", "sidecar", "librdkafka", "formats"):
+        for section in ("latency", "sidecar", "librdkafka", "formats", "sinks"):
             if result[section]:
                 name = tag if tag == section else f"{tag}_{section}"
                 write_csv(os.path.join(args.out, f"{name}.csv"), result[section])
@@ -1206,6 +1260,27 @@ def main():
                 r.update(kind="format", format=fmt)
                 r.pop("pg_load", None)
                 record(r, "formats", wname, rep)
+
+    if "sinks" in sections:
+        # Each broker beside Kafka on one WAL: 300,000 events in 100-row
+        # transactions, relayed to Kafka, NATS JetStream and RabbitMQ by the
+        # same walrelay, rounds interleaved.
+        wname, n, tx = ("300k_tx100", 300000, 100)
+        repeats = reps("sinks")
+        sinks = ["kafka", "nats-jetstream", "rabbitmq"]
+        for rep in range(repeats):
+            seq += 1
+            names = {s: f"bench_sink{i}_{seq}" for i, s in enumerate(sinks)}
+            log(f"sinks {wname} repeat {rep + 1}/{repeats}")
+            end_lsn = prepare_round(env, n, tx, list(names.values()), [names["kafka"]])
+            for sink, slot in names.items():
+                if sink == "kafka":
+                    r = run_walrelay(env, n, slot, end_lsn)
+                else:
+                    r = run_walrelay_sink(env, n, slot, end_lsn, sink)
+                r.update(kind="sink", sink=sink)
+                r.pop("pg_load", None)
+                record(r, "sinks", wname, rep)
 
     if "latency" in sections:
         # The issue's two fixed rates, or the given ones (20 s each; e.g. a ladder

@@ -351,6 +351,38 @@ def formats(data, folder):
     return "\n".join(out)
 
 
+def sinks(data, folder):
+    """Kafka, NATS JetStream and RabbitMQ from one WAL per round: the full run's
+    section, or an explicit `--only sinks` run's file (sinks.json) beside it."""
+    rows = data.get("sinks", [])
+    source = "full.json"
+    if not rows and os.path.exists(os.path.join(folder, "sinks.json")):
+        d = json.load(open(os.path.join(folder, "sinks.json")))
+        rows, source = d.get("sinks", []), "sinks.json"
+        data = d
+    if not rows:
+        return "_No sinks run in this folder._"
+    g = by(rows, "sink")
+    base = med(g.get(("kafka",), []), "events_per_s")[0]
+    v = data.get("versions", {})
+    out = [f"From `{source}` (nats-server {v.get('nats_server', '?')}, nats.c {v.get('nats_c', '?')}; RabbitMQ "
+           f"{v.get('rabbitmq', '?')}, rabbitmq-c {v.get('rabbitmq_c', '?')}); 300,000 events in 100-row transactions "
+           "from one WAL, each broker on this machine, medians of the rounds. Kafka: until every record is in the "
+           "topic; the others: until the slot is confirmed past the last event (only acknowledged events are "
+           "confirmed).", "",
+           "| sink | events/s | share of Kafka | walrelay CPU µs/event | broker CPU µs/event | peak RSS MiB |",
+           "|---|---|---|---|---|---|"]
+    for sink in ("kafka", "nats-jetstream", "rabbitmq"):
+        rs = g.get((sink,), [])
+        if not rs:
+            continue
+        rate = med(rs, "events_per_s")[0]
+        share = f"{rate / base:.2f}" if rate and base else "–"
+        out.append(f"| {sink} | {med(rs, 'events_per_s')[1]} | {share} | {med(rs, 'cpu_us_per_event')[1]} | "
+                   f"{med(rs, 'broker_cpu_us_per_event')[1]} | {med(rs, 'peak_rss_mib')[1]} |")
+    return "\n".join(out)
+
+
 def idle_threads(folder):
     """bench/idle_threads.py's files in the folder (idle-threads*.json): CPU per thread of an idle walrelay."""
     import glob
@@ -425,6 +457,7 @@ def sections(data, folder_path):
         "eos-throughput": eos_throughput(folder_path),
         "idle-threads": idle_threads(folder_path),
         "formats": formats(data, folder_path),
+        "sinks": sinks(data, folder_path),
     }
 
 

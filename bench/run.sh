@@ -116,13 +116,22 @@ if ((!quick)) && { ((!partial)) || [[ " ${args[*]} " == *formats* ]]; }; then
   source <("$services" env)
   registry=(--registry "$WALRELAY_TEST_REGISTRY/apis/ccompat/v7")
 fi
+brokers=()
+if ((!quick)) && { ((!partial)) || [[ " ${args[*]} " == *sinks* ]]; }; then
+  # The sinks section: NATS JetStream and RabbitMQ beside Kafka.
+  "$services" start nats 2>/dev/null
+  "$services" start rabbitmq 2>/dev/null
+  # shellcheck disable=SC1090
+  source <("$services" env)
+  brokers=(--nats "$WALRELAY_TEST_NATS" --rabbitmq "$WALRELAY_TEST_RABBITMQ")
+fi
 kafka_version=$(basename "$("$repo/scripts/kafka-jars.sh")")
 mode=()
 ((quick)) && mode=(--quick)
 "$venv/bin/python" "$here/bench.py" "${mode[@]}" --pgport "$WALRELAY_TEST_PGPORT" --kafka "$WALRELAY_TEST_KAFKA" \
   --walrelay "$bin" --pg-recvlogical "${PG_BIN:-/usr/lib/postgresql/15/bin}/pg_recvlogical" \
   --kafka-pid "$(cat "$WALRELAY_RUN_DIR/kafka/pid")" --kafka-version "${kafka_version#kafka-}" \
-  --out "$out" --work "$work" "${dbz[@]}" "${variants[@]}" "${registry[@]}" "${args[@]}"
+  --out "$out" --work "$work" "${dbz[@]}" "${variants[@]}" "${registry[@]}" "${brokers[@]}" "${args[@]}"
 # Plots from what this run wrote. A full run into bench/results/<date> is the
 # published one: its plots go to docs/img, bench/results/latest points to it
 # and docs/benchmarks.md's generated part is written from it; anything else
