@@ -1276,11 +1276,34 @@ def main():
             for sink, slot in names.items():
                 if sink == "kafka":
                     r = run_walrelay(env, n, slot, end_lsn)
+                    # One measure for the three: launch to the slot confirmed past the end.
+                    span = r.get("launch_to_slot_confirmed_s")
+                    r["events_per_s"] = round(n / span) if span else None
                 else:
                     r = run_walrelay_sink(env, n, slot, end_lsn, sink)
                 r.update(kind="sink", sink=sink)
                 r.pop("pg_load", None)
                 record(r, "sinks", wname, rep)
+        # The brokers' own tools, publishing the same kind of messages the same
+        # way (persistent, acknowledged, ~220 bytes), on the same machine.
+        tools = {}
+        try:
+            out = subprocess.run([os.path.join(args.bench_dir, "rabbitmq_perftest.sh"), args.rabbitmq, str(n)],
+                                 capture_output=True, text=True, timeout=600).stdout
+            m = re.search(r"sending rate avg: (\d+) msg/s", out)
+            tools["rabbitmq_perftest_msgs_per_s"] = int(m.group(1)) if m else None
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log(f"sinks: RabbitMQ PerfTest did not run: {e}")
+        try:
+            out = subprocess.run([os.path.join(args.bench_dir, "nats_bench.sh"), args.nats, str(n)],
+                                 capture_output=True, text=True, timeout=600).stdout
+            m = re.search(r"Pub stats: ([\d,]+) msgs/sec", out)
+            tools["nats_bench_msgs_per_s"] = int(m.group(1).replace(",", "")) if m else None
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log(f"sinks: nats bench did not run: {e}")
+        log(f"sinks: the brokers' own tools: {tools}")
+        result["sinks_broker_tools"] = tools
+        save()
 
     if "latency" in sections:
         # The issue's two fixed rates, or the given ones (20 s each; e.g. a ladder

@@ -231,7 +231,6 @@ asio::awaitable<void> Relay::run() {
     bool standby = false;
     try {
       co_await session();
-      backoff.reset();
     } catch (const Fatal& e) {
       if (!halt_reason_) halt(e.what());
     } catch (const PgError& e) {
@@ -264,6 +263,7 @@ asio::awaitable<void> Relay::run() {
       transactional_->commit_now();
       transactional_->abandon_transaction();
     }
+    const bool replayed = replay_reason_.has_value();
     if (replay_reason_) {
       // Every record still in flight must settle first: a late report must
       // never meet the fresh ledger.
@@ -288,7 +288,13 @@ asio::awaitable<void> Relay::run() {
                    config_.slot_name);
     }
     metrics_.reconnects.Increment();
-    if (sessions_streamed_ > streamed_before) backoff.reset();
+    // A replay that follows another with nothing delivered in between (a
+    // missing stream or exchange, a broker refusing everything for now)
+    // backs off as a lost connection does, rather than restart the
+    // replication as fast as the server answers.
+    const bool progressed = delivered_ != delivered_at_replay_;
+    if (sessions_streamed_ > streamed_before && (!replayed || progressed)) backoff.reset();
+    if (replayed) delivered_at_replay_ = delivered_;
     auto delay = backoff.next();
     spdlog::info("slot={} reconnecting in {} ms", config_.slot_name, delay.count());
     co_await sleep(delay);

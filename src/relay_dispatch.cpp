@@ -395,6 +395,7 @@ void Relay::on_delivery(const Delivery& d) {
   if (mutation::active(mutation::Break::skip_dlq_wait) && token_table(d.token) == mutation_ignored_table) return;
   auto txn = token_txn(d.token);
   if (d.ok) {
+    ++delivered_;
     ledger_.ack(txn, d.bytes);
     check_ledger();
     if (d.dead_lettered) {

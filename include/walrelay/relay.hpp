@@ -204,6 +204,8 @@ class Relay final : public StatusSource {
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
+  std::uint64_t delivered_ = 0;           // records the broker acknowledged, ever
+  std::uint64_t delivered_at_replay_ = 0; // delivered_ at the last replay
 
   // Exactly once: source transactions ending at or before this are in Kafka
   // already (the committed position); they are read and dropped.
