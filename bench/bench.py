@@ -1297,7 +1297,7 @@ def main():
         try:
             out = subprocess.run([os.path.join(args.bench_dir, "nats_bench.sh"), args.nats, str(n)],
                                  capture_output=True, text=True, timeout=600).stdout
-            m = re.search(r"Pub stats: ([\d,]+) msgs/sec", out)
+            m = re.search(r"stats: ([\d,]+) msgs/sec", out)
             tools["nats_bench_msgs_per_s"] = int(m.group(1).replace(",", "")) if m else None
         except (OSError, subprocess.TimeoutExpired) as e:
             log(f"sinks: nats bench did not run: {e}")

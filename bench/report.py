@@ -380,6 +380,17 @@ def sinks(data, folder):
         share = f"{rate / base:.2f}" if rate and base else "–"
         out.append(f"| {sink} | {med(rs, 'events_per_s')[1]} | {share} | {med(rs, 'cpu_us_per_event')[1]} | "
                    f"{med(rs, 'broker_cpu_us_per_event')[1]} | {med(rs, 'peak_rss_mib')[1]} |")
+    tools = data.get("sinks_broker_tools", {})
+    if tools:
+        out.append("")
+        parts = []
+        for key, sink, name in (("nats_bench_msgs_per_s", "nats-jetstream", "`nats bench js pub async --dedup`"),
+                                ("rabbitmq_perftest_msgs_per_s", "rabbitmq", "RabbitMQ PerfTest (persistent, confirms)")):
+            if tools.get(key):
+                rate = med(g.get((sink,), []), "events_per_s")[0]
+                share = f", walrelay at {rate / tools[key]:.2f} of it" if rate else ""
+                parts.append(f"{name}: {tools[key]:,} messages/s{share}")
+        out.append("The brokers' own tools, alone on the machine, publishing the same way: " + "; ".join(parts) + ".")
     return "\n".join(out)
 
 

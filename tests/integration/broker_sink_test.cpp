@@ -504,3 +504,119 @@ TEMPLATE_TEST_CASE("sinks: a second walrelay on the slot waits as standby and ta
   REQUIRE(writer.committed() == rows);
   check_delivered<TestType>(f, read_settled(f, *to), rows, 2048);
 }
+
+namespace {
+
+// A free TCP port on loopback (bound, then released).
+int free_port() {
+  auto r = run_command("python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
+  REQUIRE(r.status == 0);
+  return std::stoi(r.output);
+}
+
+// A nats-server of the test's own: TLS with a CA made here (the server's
+// certificate for localhost), a user and password, JetStream.
+class SecureNats {
+ public:
+  SecureNats() {
+    char tmpl[] = "/tmp/walrelay-nats-tls-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    const std::string ssl = "cd " + dir_ + " && openssl ";
+    REQUIRE(run_command(ssl + "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=walrelay-test-ca -keyout ca.key "
+                              "-out ca.pem 2>&1").status == 0);
+    REQUIRE(run_command(ssl + "req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr "
+                              "2>&1").status == 0);
+    REQUIRE(run_command("cd " + dir_ + " && printf 'subjectAltName=DNS:localhost\\n' > san.ext && openssl x509 -req "
+                        "-in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile san.ext "
+                        "-out server.pem 2>&1").status == 0);
+    port_ = free_port();
+    REQUIRE(run_command("nats-server -a 127.0.0.1 -p " + std::to_string(port_) + " -js -sd " + dir_ +
+                        "/store --tls --tlscert " + dir_ + "/server.pem --tlskey " + dir_ + "/server.key --user " +
+                        user + " --pass " + password + " -P " + dir_ + "/pid -l " + dir_ +
+                        "/nats.log >/dev/null 2>&1 &").status == 0);
+    REQUIRE(eventually([&] { return run_command("grep -q 'Server is ready' " + dir_ + "/nats.log").status == 0; },
+                       10s, 50ms));
+  }
+  ~SecureNats() { run_command("kill $(cat " + dir_ + "/pid) 2>/dev/null; sleep 0.3; rm -rf " + dir_); }
+  SecureNats(const SecureNats&) = delete;
+  SecureNats& operator=(const SecureNats&) = delete;
+  std::string url() const { return "tls://localhost:" + std::to_string(port_); }
+  std::string ca() const { return dir_ + "/ca.pem"; }
+  CommandResult py(const std::string& args) const {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/nats/read.py --url tls://" +
+                       std::string(user) + ":" + password + "@localhost:" + std::to_string(port_) + " --ca " + ca() +
+                       " " + args + " 2>&1");
+  }
+  static constexpr const char* user = "relay";
+  static constexpr const char* password = "n4ts-s3cret";
+
+ private:
+  std::string dir_;
+  int port_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("sinks: NATS over TLS (the server checked against a CA file) with a user and a password from the "
+          "environment - events arrive, a wrong password holds the slot with the server's reason on /readyz, and "
+          "no password reaches the log",
+          "[nats][fault]") {
+  SecureNats server;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  REQUIRE(server.py("stream-add --name " + f.slot + " --subjects '" + f.topic_prefix + ">'").status == 0);
+  const std::string cfg = without_kafka(f, "sink.type=nats-jetstream\nsink.nats-jetstream.url=" + server.url() +
+                                               "\nsink.nats-jetstream.tls.ca.location=" + server.ca() +
+                                               "\nsink.nats-jetstream.auth.user=" + SecureNats::user + "\n");
+  {
+    Walrelay wrong(cfg, {{"WALRELAY_SINK_NATS_JETSTREAM_AUTH_PASSWORD", "not-the-password"}});
+    wrong.start();
+    wrong.wait_streaming();
+    auto in_first = event_inside(f, "Secure", "k");
+    HttpResponse ready;
+    REQUIRE(eventually([&] { return (ready = wrong.get("/readyz")).body.find("uthorization") != std::string::npos; },
+                       20s));
+    CHECK(ready.status == 503);
+    CHECK(f.db().confirmed_flush(f.slot) < in_first);
+    CHECK(wrong.log().find("not-the-password") == std::string::npos);
+    wrong.signal(SIGTERM);
+    CHECK(wrong.wait_exit(30s) == 0);
+  }
+  Walrelay relay(cfg, {{"WALRELAY_SINK_NATS_JETSTREAM_AUTH_PASSWORD", SecureNats::password}});
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Secure", "k", "jsonb_build_object('seq', 0)"));
+  auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 30s, 100ms));
+  auto recs = records_of(server.py("read --name " + f.slot));
+  check_delivered<Nats>(f, recs, 2);
+  CHECK(relay.log().find(SecureNats::password) == std::string::npos);
+  CHECK(relay.get("/readyz").status == 200);
+}
+
+TEST_CASE("sinks: RabbitMQ with a password from the environment - a wrong one holds the slot with the broker's "
+          "ACCESS_REFUSED on /readyz and never reaches the log, the right one relays",
+          "[rabbitmq][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f);
+  auto cfg = RabbitMq::config(f);
+  {
+    Walrelay wrong(cfg, {{"WALRELAY_SINK_RABBITMQ_CONNECTION_PASSWORD", "not-the-password"}});
+    wrong.start();
+    wrong.wait_streaming();
+    auto in_first = event_inside(f, "Secure", "k");
+    HttpResponse ready;
+    REQUIRE(eventually([&] { return (ready = wrong.get("/readyz")).body.find("ACCESS_REFUSED") != std::string::npos; },
+                       20s));
+    CHECK(ready.status == 503);
+    CHECK(f.db().confirmed_flush(f.slot) < in_first);
+    CHECK(wrong.log().find("not-the-password") == std::string::npos);
+    wrong.signal(SIGTERM);
+    CHECK(wrong.wait_exit(30s) == 0);
+  }
+  Walrelay relay(cfg, {{"WALRELAY_SINK_RABBITMQ_CONNECTION_PASSWORD", "guest"}});
+  relay.start();
+  relay.wait_streaming();
+  check_delivered<RabbitMq>(f, read_settled(f, *to), 1);
+}

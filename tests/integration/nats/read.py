@@ -23,7 +23,8 @@ from nats.js.errors import NotFoundError
 
 async def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", required=True, help="nats:// or tls://, with user:password@ when the server asks")
+    p.add_argument("--ca", default="", help="a CA file (PEM) to verify a TLS server")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("stream-add")
     a.add_argument("--name", required=True)
@@ -39,7 +40,11 @@ async def main():
     r.add_argument("--timeout", type=float, default=30.0)
     args = p.parse_args()
 
-    nc = await nats.connect(args.url, allow_reconnect=False)
+    tls = None
+    if args.ca:
+        import ssl
+        tls = ssl.create_default_context(cafile=args.ca)
+    nc = await nats.connect(args.url, allow_reconnect=False, tls=tls)
     js = nc.jetstream()
     try:
         if args.cmd == "stream-add":
