@@ -501,8 +501,9 @@ def run_walrelay_sink(env, n, slot, end_lsn, sink):
         extra = {"sink.type": "rabbitmq", "sink.rabbitmq.connection.host": host, "sink.rabbitmq.connection.port": port,
                  "sink.rabbitmq.exchange": slot}
         broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "rabbitmq", "pid")).read().strip()
-    props = walrelay_props(env, slot, slot, dict({"publication.name": "bench_pub", "kafka.bootstrap.servers": None},
-                                                 **extra))
+    # Status updates every 100 ms: the end is seen within 0.1 s of the last acknowledgement.
+    props = walrelay_props(env, slot, slot, dict({"publication.name": "bench_pub", "kafka.bootstrap.servers": None,
+                                                  "status.update.interval.ms": "100"}, **extra))
     b0 = proc_cpu_s(int(broker_pid))
     r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, slot=slot, end_lsn=end_lsn,
             stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
@@ -984,7 +985,8 @@ def versions(env, args, variants):
                          ("nats_c", ["pkg-config", "--modversion", "libnats"]),
                          ("rabbitmq_c", ["pkg-config", "--modversion", "librabbitmq"])):
             try:
-                v[key] = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip() or "?"
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+                v[key] = out.replace("nats-server: ", "") or "?"
             except OSError:
                 v[key] = "?"
     try:
@@ -1275,7 +1277,7 @@ def main():
             end_lsn = prepare_round(env, n, tx, list(names.values()), [names["kafka"]])
             for sink, slot in names.items():
                 if sink == "kafka":
-                    r = run_walrelay(env, n, slot, end_lsn)
+                    r = run_walrelay(env, n, slot, end_lsn, extra={"status.update.interval.ms": "100"})
                     # One measure for the three: launch to the slot confirmed past the end.
                     span = r.get("launch_to_slot_confirmed_s")
                     r["events_per_s"] = round(n / span) if span else None

@@ -507,7 +507,8 @@ rabbit_env() {
   export HOME="$d" RABBITMQ_NODENAME="walrelay-$port@localhost" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
     RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port + 1)) RABBITMQ_MNESIA_BASE="$d/mnesia" \
     RABBITMQ_LOG_BASE="$d/log" RABBITMQ_ENABLED_PLUGINS_FILE="$d/enabled_plugins" \
-    RABBITMQ_CONFIG_FILE="$d/rabbitmq" RABBITMQ_PID_FILE="$d/pid" ERL_EPMD_ADDRESS=127.0.0.1
+    RABBITMQ_CONFIG_FILE="$d/rabbitmq" RABBITMQ_PID_FILE="$d/pid" ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 rabbit_running() {
   [[ -f "$RUN_DIR/rabbitmq/pid" ]] && kill -0 "$(cat "$RUN_DIR/rabbitmq/pid" 2>/dev/null)" 2>/dev/null
