@@ -11,6 +11,7 @@
 #include <amqp_tcp_socket.h>
 #endif
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -178,6 +179,12 @@ class Connection {
           !e.empty())
         return e;
     }
+    // rabbitmq-c writes with blocking sends: a broker that stops reading
+    // (frozen, or its socket buffers full) would hold this thread, and a
+    // shutdown with it, for good. A send that waits longer than a confirm
+    // may is a lost connection instead.
+    timeval send_timeout{config_.ack_timeout_ms / 1000, (config_.ack_timeout_ms % 1000) * 1000};
+    ::setsockopt(amqp_get_sockfd(conn_), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
     next_tag_ = 1;
     spdlog::info("rabbitmq: connected to {} (virtual host {}), publisher confirms on", where, config_.virtual_host);
     return {};
