@@ -598,7 +598,11 @@ asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& con
   try {
     sink.check_connectivity(config.database_connect_timeout_ms);
   } catch (const std::exception& e) {
-    report.problems.push_back(std::string("kafka.bootstrap.servers: ") + e.what());
+    // The key a reader looks at first for the sink's address.
+    const std::string where = config.sink_type == "kafka"            ? "kafka.bootstrap.servers"
+                              : config.sink_type == "nats-jetstream" ? "sink.nats-jetstream.url"
+                                                                     : "sink." + config.sink_type + ".connection.host";
+    report.problems.push_back(where + ": " + e.what());
   }
   co_return report;
 }

@@ -620,3 +620,28 @@ TEST_CASE("sinks: RabbitMQ with a password from the environment - a wrong one ho
   relay.wait_streaming();
   check_delivered<RabbitMq>(f, read_settled(f, *to), 1);
 }
+
+TEMPLATE_TEST_CASE("sinks: --check connects to the broker - ok when it answers, and a broker that does not answer is a "
+                   "problem named by the sink's own key",
+                   "[nats][rabbitmq]", Nats, RabbitMq) {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);  // a stream for NATS's check
+  {
+    Walrelay check(TestType::config(f));
+    CHECK(check.run({"--check", "--config", check.config_path()}) == 0);
+    INFO(check.log());
+    CHECK(check.log().find("ok: configuration, database and broker checked") != std::string::npos);
+  }
+  // The same sink pointed at a closed port.
+  std::string cfg = TestType::config(f);
+  const std::string key = TestType::deduplicates ? "sink.nats-jetstream.url" : "sink.rabbitmq.connection.port";
+  cfg = with_key(cfg, key, TestType::deduplicates ? "nats://127.0.0.1:1" : "1");
+  Walrelay check(cfg);
+  CHECK(check.run({"--check", "--config", check.config_path()}) == 1);
+  INFO(check.log());
+  const std::string named = TestType::deduplicates ? "problem: sink.nats-jetstream.url: could not connect to NATS"
+                                                   : "problem: sink.rabbitmq.connection.host: could not connect to RabbitMQ";
+  CHECK(check.log().find(named) != std::string::npos);
+  CHECK(check.log().find("kafka") == std::string::npos);
+}
