@@ -17,6 +17,7 @@ enum class Break {
   sigterm_no_wait,     // SIGTERM confirms the newest Commit received at once, without draining
   confirm_past_abort,  // exactly once: with no Kafka transaction open, everything acknowledged is confirmable (0.2)
   registry_dead_letters,  // a record whose schema the registry does not give now is dead-lettered, not held
+  nats_ack_at_publish,    // NATS JetStream: a record reported delivered once handed to nats.c, before its PubAck
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

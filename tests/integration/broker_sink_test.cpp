@@ -341,8 +341,8 @@ TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the
   CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
 }
 
-TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait, the walsender is held "
-                   "back, RSS stays flat - thawed, everything arrives",
+TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is "
+                   "held back and RSS stays flat - thawed, everything arrives",
                    "[nats][rabbitmq][fault]", Nats, RabbitMq) {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
