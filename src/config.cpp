@@ -19,14 +19,6 @@
 #include <boost/regex.hpp>
 
 namespace walrelay {
-namespace {
-
-std::string trim(std::string_view s) {
-  auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  auto e = s.find_last_not_of(" \t\r\n");
-  return std::string(s.substr(b, e - b + 1));
-}
 
 std::int64_t parse_int(const std::string& key, const std::string& v, std::int64_t min, std::int64_t max) {
   std::int64_t out = 0;
@@ -44,6 +36,15 @@ bool parse_bool(const std::string& key, const std::string& v) {
   if (l == "true") return true;
   if (l == "false") return false;
   throw ConfigError(key, "expected true or false, got \"" + v + "\"");
+}
+
+namespace {
+
+std::string trim(std::string_view s) {
+  auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  auto e = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(b, e - b + 1));
 }
 
 // A SQL identifier as walrelay will quote it: any non-empty name without NUL.

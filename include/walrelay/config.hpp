@@ -259,6 +259,11 @@ std::vector<std::string> config_warnings(const Config& config);
 // True for keys whose values are never shown (passwords, tokens, sasl secrets).
 bool is_secret_key(const std::string& key);
 
+// A key's value as an integer in [min, max], or as true/false (any case);
+// throws ConfigError naming the key. For the sinks' own keys too.
+std::int64_t parse_int(const std::string& key, const std::string& v, std::int64_t min, std::int64_t max);
+bool parse_bool(const std::string& key, const std::string& v);
+
 // The items of a comma-separated list, each trimmed, empty ones dropped.
 std::vector<std::string> split_list(const std::string& s);
 

@@ -66,5 +66,5 @@ TEST_CASE("sink config: what a sink does not take is refused, naming the key and
   CHECK(error_of("sink.type=nats-jetstream\nsink.nats-jetstream.tls.certificate.location=/c.pem\n")
             .find("tls.key.location") != std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nsink.nats-jetstream.max.pending=0\n")
-            .find("sink.nats-jetstream.max.pending: expected 1 to") != std::string::npos);
+            .find("sink.nats-jetstream.max.pending: value 0 out of range [1, 1000000]") != std::string::npos);
 }

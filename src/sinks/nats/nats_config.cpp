@@ -20,26 +20,6 @@ constexpr std::array<std::string_view, 19> keys = {
     "auth.jwt",      "auth.seed",
 };
 
-long parse_long(const std::string& key, const std::string& v, long lo, long hi) {
-  long n = 0;
-  std::size_t used = 0;
-  try {
-    n = std::stol(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty()) throw ConfigError(key, "expected an integer, got \"" + v + "\"");
-  if (n < lo || n > hi)
-    throw ConfigError(key, "expected " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + v);
-  return n;
-}
-
-bool parse_bool(const std::string& key, const std::string& v) {
-  if (v == "true") return true;
-  if (v == "false") return false;
-  throw ConfigError(key, "expected true or false, got \"" + v + "\"");
-}
-
 }  // namespace
 
 std::span<const std::string_view> nats_jetstream_keys() { return keys; }
@@ -67,7 +47,7 @@ NatsJetStreamConfig nats_jetstream_config(const Config& config) {
       if (v != "file" && v != "memory") throw ConfigError(key, "expected file or memory, got \"" + v + "\"");
       n.storage = v;
     } else if (k == "duplicate.window.ms") {
-      n.duplicate_window_ms = parse_long(key, v, 1000, 7LL * 24 * 3600 * 1000);
+      n.duplicate_window_ms = parse_int(key, v, 1000, 7LL * 24 * 3600 * 1000);
     } else if (k == "auth.user") {
       n.user = v;
     } else if (k == "auth.password") {
@@ -88,11 +68,11 @@ NatsJetStreamConfig nats_jetstream_config(const Config& config) {
       n.tls_key_location = v;
       tls_named = true;
     } else if (k == "max.pending") {
-      n.max_pending = static_cast<int>(parse_long(key, v, 1, 1000000));
+      n.max_pending = static_cast<int>(parse_int(key, v, 1, 1000000));
     } else if (k == "ack.timeout.ms") {
-      n.ack_timeout_ms = static_cast<int>(parse_long(key, v, 100, 600000));
+      n.ack_timeout_ms = static_cast<int>(parse_int(key, v, 100, 600000));
     } else if (k == "connect.timeout.ms") {
-      n.connect_timeout_ms = static_cast<int>(parse_long(key, v, 100, 600000));
+      n.connect_timeout_ms = static_cast<int>(parse_int(key, v, 100, 600000));
     } else if (k == "auth.jwt" || k == "auth.seed") {
       throw ConfigError(key, "give the JWT and the NKey seed together as a .creds file in "
                              "sink.nats-jetstream.auth.credentials.file (what `nsc generate creds` writes), so "

@@ -103,10 +103,10 @@ bool header_safe(std::string_view v) { return v.find_first_of("\r\n") == std::st
 
 }  // namespace
 
-NatsJetStreamSink::NatsJetStreamSink(boost::asio::io_context& io, NatsJetStreamConfig config)
-    : io_(io), config_(std::move(config)), inbox_(std::make_shared<Inbox>()), reconnect_timer_(io) {
-  inbox_->sink = this;
-  ref_ = std::make_unique<CallbackRef>(CallbackRef{inbox_.get(), &io_, inbox_});
+// The connection options of `config`; callbacks (the closed and error
+// handlers) only when `ref` is given. Throws ConfigError naming the key
+// nats.c rejects.
+natsOptions* NatsJetStreamSink::make_options(const NatsJetStreamConfig& config, int timeout_ms, CallbackRef* ref) {
   natsOptions* o = nullptr;
   auto check = [&](natsStatus s, const char* key) {
     if (s != NATS_OK) {
@@ -116,33 +116,42 @@ NatsJetStreamSink::NatsJetStreamSink(boost::asio::io_context& io, NatsJetStreamC
   };
   check(natsOptions_Create(&o), "url");
   std::vector<const char*> servers;
-  for (auto& u : config_.urls) servers.push_back(u.c_str());
+  for (auto& u : config.urls) servers.push_back(u.c_str());
   check(natsOptions_SetServers(o, servers.data(), static_cast<int>(servers.size())), "url");
   // Reconnection is walrelay's: see the header (order across a broker restart).
   check(natsOptions_SetAllowReconnect(o, false), "url");
-  check(natsOptions_SetTimeout(o, config_.connect_timeout_ms), "connect.timeout.ms");
+  check(natsOptions_SetTimeout(o, timeout_ms), "connect.timeout.ms");
   check(natsOptions_SetName(o, "walrelay"), "url");
   // A broker that vanishes without a reset is noticed within about 15 s.
   check(natsOptions_SetPingInterval(o, 5000), "url");
   check(natsOptions_SetMaxPingsOut(o, 3), "url");
   // The publishes are bounded by max.pending: the library's buffer must hold them.
-  check(natsOptions_SetMaxPendingMsgs(o, std::max(65536, config_.max_pending * 2)), "max.pending");
-  if (!config_.user.empty()) check(natsOptions_SetUserInfo(o, config_.user.c_str(), config_.password.c_str()), "auth.user");
-  if (!config_.token.empty()) check(natsOptions_SetToken(o, config_.token.c_str()), "auth.token");
-  if (!config_.credentials_file.empty())
-    check(natsOptions_SetUserCredentialsFromFiles(o, config_.credentials_file.c_str(), nullptr), "auth.credentials.file");
-  if (config_.tls) {
+  check(natsOptions_SetMaxPendingMsgs(o, std::max(65536, config.max_pending * 2)), "max.pending");
+  if (!config.user.empty()) check(natsOptions_SetUserInfo(o, config.user.c_str(), config.password.c_str()), "auth.user");
+  if (!config.token.empty()) check(natsOptions_SetToken(o, config.token.c_str()), "auth.token");
+  if (!config.credentials_file.empty())
+    check(natsOptions_SetUserCredentialsFromFiles(o, config.credentials_file.c_str(), nullptr), "auth.credentials.file");
+  if (config.tls) {
     check(natsOptions_SetSecure(o, true), "tls.enabled");
-    if (!config_.tls_ca_location.empty())
-      check(natsOptions_LoadCATrustedCertificates(o, config_.tls_ca_location.c_str()), "tls.ca.location");
-    if (!config_.tls_certificate_location.empty())
-      check(natsOptions_LoadCertificatesChain(o, config_.tls_certificate_location.c_str(),
-                                              config_.tls_key_location.c_str()),
+    if (!config.tls_ca_location.empty())
+      check(natsOptions_LoadCATrustedCertificates(o, config.tls_ca_location.c_str()), "tls.ca.location");
+    if (!config.tls_certificate_location.empty())
+      check(natsOptions_LoadCertificatesChain(o, config.tls_certificate_location.c_str(),
+                                              config.tls_key_location.c_str()),
             "tls.certificate.location");
   }
-  check(natsOptions_SetClosedCB(o, on_closed, ref_.get()), "url");
-  check(natsOptions_SetErrorHandler(o, on_async_error, ref_.get()), "url");
-  options_ = o;
+  if (ref) {
+    check(natsOptions_SetClosedCB(o, on_closed, ref), "url");
+    check(natsOptions_SetErrorHandler(o, on_async_error, ref), "url");
+  }
+  return o;
+}
+
+NatsJetStreamSink::NatsJetStreamSink(boost::asio::io_context& io, NatsJetStreamConfig config)
+    : io_(io), config_(std::move(config)), inbox_(std::make_shared<Inbox>()), reconnect_timer_(io) {
+  inbox_->sink = this;
+  ref_ = std::make_unique<CallbackRef>(CallbackRef{inbox_.get(), &io_, inbox_});
+  options_ = make_options(config_, config_.connect_timeout_ms, ref_.get());
   start_connect();
 }
 
@@ -515,29 +524,11 @@ SubmitStatus NatsJetStreamSink::publish(std::string_view subject, std::optional<
 }
 
 void NatsJetStreamSink::check_connectivity(int timeout_ms) {
-  auto config = config_;
-  config.connect_timeout_ms = timeout_ms;
-  config.create_stream = false;
-  natsOptions* o = nullptr;
-  natsOptions_Create(&o);
-  std::vector<const char*> servers;
-  for (auto& u : config.urls) servers.push_back(u.c_str());
-  natsOptions_SetServers(o, servers.data(), static_cast<int>(servers.size()));
-  natsOptions_SetAllowReconnect(o, false);
-  natsOptions_SetTimeout(o, timeout_ms);
-  if (!config.user.empty()) natsOptions_SetUserInfo(o, config.user.c_str(), config.password.c_str());
-  if (!config.token.empty()) natsOptions_SetToken(o, config.token.c_str());
-  if (!config.credentials_file.empty()) natsOptions_SetUserCredentialsFromFiles(o, config.credentials_file.c_str(), nullptr);
-  if (config.tls) {
-    natsOptions_SetSecure(o, true);
-    if (!config.tls_ca_location.empty()) natsOptions_LoadCATrustedCertificates(o, config.tls_ca_location.c_str());
-    if (!config.tls_certificate_location.empty())
-      natsOptions_LoadCertificatesChain(o, config.tls_certificate_location.c_str(), config.tls_key_location.c_str());
-  }
+  natsOptions* o = make_options(config_, timeout_ms, nullptr);
   natsConnection* nc = nullptr;
   natsStatus s = natsConnection_Connect(&nc, o);
   natsOptions_Destroy(o);
-  if (s != NATS_OK) throw std::runtime_error("could not connect to NATS at " + joined(config.urls) + ": " + last_error(s));
+  if (s != NATS_OK) throw std::runtime_error("could not connect to NATS at " + joined(config_.urls) + ": " + last_error(s));
   jsCtx* js = nullptr;
   jsAccountInfo* ai = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
@@ -545,7 +536,7 @@ void NatsJetStreamSink::check_connectivity(int timeout_ms) {
   s = natsConnection_JetStream(&js, nc, nullptr);
   if (s == NATS_OK) s = js_GetAccountInfo(&ai, js, nullptr, &jerr);
   if (s != NATS_OK)
-    problem = "NATS at " + joined(config.urls) + " has no JetStream for this account: " + last_error(s);
+    problem = "NATS at " + joined(config_.urls) + " has no JetStream for this account: " + last_error(s);
   else if (!config_.create_stream && ai->Streams == 0)
     problem = "NATS JetStream has no stream: create one whose subjects cover the outbox topics, or set "
               "sink.nats-jetstream.create-stream=true";

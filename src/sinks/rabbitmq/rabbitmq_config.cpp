@@ -18,26 +18,6 @@ constexpr std::array<std::string_view, 18> keys = {
     "ackTimeout", "max.pending", "autoCreateRoutingKey",
 };
 
-long parse_long(const std::string& key, const std::string& v, long lo, long hi) {
-  long n = 0;
-  std::size_t used = 0;
-  try {
-    n = std::stol(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty()) throw ConfigError(key, "expected an integer, got \"" + v + "\"");
-  if (n < lo || n > hi)
-    throw ConfigError(key, "expected " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + v);
-  return n;
-}
-
-bool parse_bool(const std::string& key, const std::string& v) {
-  if (v == "true") return true;
-  if (v == "false") return false;
-  throw ConfigError(key, "expected true or false, got \"" + v + "\"");
-}
-
 }  // namespace
 
 std::span<const std::string_view> rabbitmq_keys() { return keys; }
@@ -49,12 +29,12 @@ RabbitMqConfig rabbitmq_config(const Config& config) {
     if (!key.starts_with(prefix)) continue;
     const std::string_view k = std::string_view(key).substr(prefix.size());
     if (k == "connection.host") r.host = v;
-    else if (k == "connection.port") r.port = static_cast<int>(parse_long(key, v, 1, 65535));
+    else if (k == "connection.port") r.port = static_cast<int>(parse_int(key, v, 1, 65535));
     else if (k == "connection.username") r.username = v;
     else if (k == "connection.password") r.password = v;
     else if (k == "connection.virtual.host") r.virtual_host = v;
-    else if (k == "connection.requested.heartbeat") r.heartbeat_s = static_cast<int>(parse_long(key, v, 0, 3600));
-    else if (k == "connection.connection.timeout") r.connect_timeout_ms = static_cast<int>(parse_long(key, v, 100, 600000));
+    else if (k == "connection.requested.heartbeat") r.heartbeat_s = static_cast<int>(parse_int(key, v, 0, 3600));
+    else if (k == "connection.connection.timeout") r.connect_timeout_ms = static_cast<int>(parse_int(key, v, 100, 600000));
     else if (k == "connection.ssl.enabled") r.ssl = parse_bool(key, v) || r.ssl;
     else if (k == "connection.ssl.ca.location") { r.ssl_ca_location = v; ssl_named = true; }
     else if (k == "connection.ssl.certificate.location") { r.ssl_certificate_location = v; ssl_named = true; }
@@ -66,8 +46,8 @@ RabbitMqConfig rabbitmq_config(const Config& config) {
       if (v != "2")
         throw ConfigError(key, "only 2 (persistent): a transient message (1) is lost when the broker restarts, after "
                                "walrelay was told it was delivered");
-    } else if (k == "ackTimeout") r.ack_timeout_ms = static_cast<int>(parse_long(key, v, 100, 3600000));
-    else if (k == "max.pending") r.max_pending = static_cast<int>(parse_long(key, v, 1, 1000000));
+    } else if (k == "ackTimeout") r.ack_timeout_ms = static_cast<int>(parse_int(key, v, 100, 3600000));
+    else if (k == "max.pending") r.max_pending = static_cast<int>(parse_int(key, v, 1, 1000000));
     else if (k == "autoCreateRoutingKey")
       throw ConfigError(key, "walrelay does not declare queues: declare and bind them as the consumers need (an "
                              "unroutable message comes back to walrelay and goes to errors.tolerance's policy)");

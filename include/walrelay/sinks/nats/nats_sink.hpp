@@ -98,6 +98,7 @@ class NatsJetStreamSink final : public Sink {
     __jsCtx* js = nullptr;
     std::string error;  // when neither
   };
+  static __natsOptions* make_options(const NatsJetStreamConfig& config, int timeout_ms, CallbackRef* ref);
   // Connects (blocking: on the worker), creating the stream when asked.
   static Connected connect(const NatsJetStreamConfig& config, __natsOptions* options, void* ack_closure);
   void start_connect();
