@@ -13,11 +13,16 @@
 #include <librdkafka/rdkafka.h>
 #include <simdjson.h>
 
+#define CATCH_CONFIG_EXTERNAL_INTERFACES  // the listener interface
+#include <catch2/catch.hpp>
+
 #include <array>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -34,6 +39,34 @@ std::string read_file(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
+
+// The walrelays alive now, whose logs a failed assertion shows: a CI run
+// keeps no temporary files, so the log is the only account of what walrelay did.
+std::mutex live_mu;
+std::set<const Walrelay*> live_relays;
+
+struct FailureLogs : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  bool shown = false;
+  void testCaseStarting(Catch::TestCaseInfo const& info) override {
+    shown = false;
+    TestEventListenerBase::testCaseStarting(info);
+  }
+  bool assertionEnded(Catch::AssertionStats const& stats) override {
+    if (stats.assertionResult.succeeded() || shown) return true;
+    shown = true;
+    std::lock_guard lock(live_mu);
+    for (auto* relay : live_relays) {
+      std::string log = relay->this_run_log();
+      std::size_t from = log.size(), lines = 0;
+      while (from > 0 && lines < 60) if (log[--from] == '\n') ++lines;
+      std::fprintf(stderr, "---- the last lines of walrelay's log (%s) ----\n%s\n----\n", relay->config_path().c_str(),
+                   log.substr(from).c_str());
+    }
+    return true;
+  }
+};
+CATCH_REGISTER_LISTENER(FailureLogs)
 
 }  // namespace
 
@@ -336,9 +369,15 @@ Walrelay::Walrelay(const std::string& config, std::map<std::string, std::string>
   config_path_ = dir_ + "/walrelay.properties";
   log_path_ = dir_ + "/walrelay.log";
   std::ofstream(config_path_) << config;
+  std::lock_guard lock(live_mu);
+  live_relays.insert(this);
 }
 
 Walrelay::~Walrelay() {
+  {
+    std::lock_guard lock(live_mu);
+    live_relays.erase(this);
+  }
   if (pid_ > 0 && exit_code_ < 0) {
     ::kill(pid_, SIGKILL);
     int st;
