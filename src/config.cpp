@@ -272,6 +272,25 @@ const std::vector<KeySpec>& key_specs() {
       {"reconnect.backoff.max.ms", int_field(&Config::reconnect_backoff_max_ms, 1, 3600000)},
       {"slot.status.interval.ms", int_field(&Config::slot_status_interval_ms, 0, 3600000)},
       {"pgoutput.binary", bool_field(&Config::binary)},
+      {"snapshot.mode",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "no_data" || v == "never") c.snapshot_mode = SnapshotMode::no_data;
+         else if (v == "initial") c.snapshot_mode = SnapshotMode::initial;
+         else if (v == "initial_only") c.snapshot_mode = SnapshotMode::initial_only;
+         else if (v == "always" || v == "when_needed" || v == "recovery")
+           throw ConfigError(k, "\"" + v + "\" is not offered: walrelay takes the snapshot once, when it creates "
+                                "the slot (initial); to send rows again later, use walrelay replay");
+         else
+           throw ConfigError(k, "expected no_data, initial or initial_only, got \"" + v + "\"");
+       }},
+      {"snapshot.fetch.size", int_field(&Config::snapshot_fetch_size, 1, 1000000)},
+      {"snapshot.select.statement.overrides",
+       string_field(&Config::snapshot_override_tables)},
+      {"snapshot.order.column",
+       [](Config& c, const std::string& k, const std::string& v) {
+         check_identifier(k, v);
+         c.snapshot_order_column = v;
+       }},
       {"table.include.list",
        [](Config& c, const std::string& k, const std::string& v) {
          auto items = split_list(v);
@@ -640,6 +659,28 @@ void validate(Config& c) {
       throw ConfigError("database.port", std::to_string(ports.size()) + " ports for " + std::to_string(hosts.size()) +
                                              " hosts: give one port for all, or one per host");
   }
+  for (auto& [table, statement] : c.snapshot_select_overrides) {
+    const std::string key = "snapshot.select.statement.overrides." + table;
+    bool listed = false;
+    for (auto& t : c.table_include_list) listed = listed || t.qualified() == table;
+    if (!listed) throw ConfigError(key, table + " is not in table.include.list");
+    if (c.snapshot_mode == SnapshotMode::no_data)
+      throw ConfigError(key, "is used only by a snapshot: set snapshot.mode=initial (or initial_only)");
+  }
+  {
+    // Debezium's list names the tables that have an override; each must.
+    for (auto& name : split_list(c.snapshot_override_tables)) {
+      auto t = parse_table("snapshot.select.statement.overrides", name).qualified();
+      if (!c.snapshot_select_overrides.count(t))
+        throw ConfigError("snapshot.select.statement.overrides",
+                          "names " + t + ", but snapshot.select.statement.overrides." + t + " is not set");
+    }
+  }
+  if (c.snapshot_mode != SnapshotMode::no_data && c.exactly_once)
+    throw ConfigError("snapshot.mode",
+                      "an initial snapshot under exactly.once.support=required is not offered yet: take it with "
+                      "at-least-once (the records carry their id header for consumers that deduplicate), then "
+                      "restart with exactly once; the slot it created is kept");
   if (c.reconnect_backoff_max_ms < c.reconnect_backoff_ms)
     throw ConfigError("reconnect.backoff.max.ms", "must be at least reconnect.backoff.ms");
   if (c.errors_tolerance == ErrorTolerance::all && c.dlq_topic.empty())
@@ -948,6 +989,14 @@ Config parse_config(const std::string& text, const std::string& source_name, con
       c.sink_settings[key] = value;
       continue;
     }
+    if (constexpr std::string_view overrides = "snapshot.select.statement.overrides.";
+        key.starts_with(overrides) && key.size() > overrides.size()) {
+      auto table = parse_table(key, key.substr(overrides.size()));
+      auto statement = trim(value);
+      if (statement.empty()) throw ConfigError(key, "is empty: give a SELECT of the table's rows or a WHERE condition");
+      c.snapshot_select_overrides[table.qualified()] = statement;
+      continue;
+    }
     if (key.rfind("kafka.", 0) == 0) {
       auto k = key.substr(6);
       if (k.empty()) throw ConfigError(key, "empty librdkafka property name");
@@ -1034,6 +1083,18 @@ std::string Config::describe() const {
   line("reconnect.backoff.ms", std::to_string(reconnect_backoff_ms));
   line("reconnect.backoff.max.ms", std::to_string(reconnect_backoff_max_ms));
   line("pgoutput.binary", binary ? "true" : "false");
+  line("snapshot.mode", snapshot_mode == SnapshotMode::no_data   ? "no_data"
+                        : snapshot_mode == SnapshotMode::initial ? "initial"
+                                                                 : "initial_only");
+  line("snapshot.fetch.size", std::to_string(snapshot_fetch_size));
+  line("snapshot.order.column", snapshot_order_column.empty() ? field_event_id : snapshot_order_column);
+  {
+    std::string tables;
+    for (auto& [table, statement] : snapshot_select_overrides) tables += (tables.empty() ? "" : ",") + table;
+    line("snapshot.select.statement.overrides", tables);
+    for (auto& [table, statement] : snapshot_select_overrides)
+      line("snapshot.select.statement.overrides." + table, statement);
+  }
   line("publication.name", publication_name);
   line("publication.autocreate.mode", publication_autocreate == PublicationAutocreate::filtered ? "filtered" : "disabled");
   std::string tables;

@@ -126,8 +126,6 @@ const std::map<std::string, std::string>& refused_keys() {
       {"signal.data.collection",
        "ad hoc and incremental snapshots are not offered: walrelay relays what is inserted after its slot exists"},
       {"signal.enabled.channels", "signals drive Debezium's snapshots, which walrelay does not take"},
-      {"snapshot.select.statement.overrides",
-       "walrelay takes no snapshot (snapshot.mode=no_data): it relays what is inserted after its slot exists"},
       {"predicates",
        "predicates choose the records a transform applies to; walrelay's router applies to every row of the tables "
        "in table.include.list: name only the outbox tables there"},
@@ -135,12 +133,21 @@ const std::map<std::string, std::string>& refused_keys() {
   return keys;
 }
 
+// The snapshot.* keys that walrelay takes as they are.
+bool walrelay_snapshot_key(const std::string& k) {
+  return k == "snapshot.mode" || k == "snapshot.fetch.size" || k == "snapshot.order.column" ||
+         k == "snapshot.select.statement.overrides" || k.starts_with("snapshot.select.statement.overrides.");
+}
+
 // Prefixes of whole families that are refused, and why.
 const std::vector<std::pair<std::string, std::string>>& refused_prefixes() {
   static const std::vector<std::pair<std::string, std::string>> prefixes = {
       {"column.", "the router reads the columns it is configured with (table.field.event.*)"},
       {"incremental.snapshot.", "incremental snapshots are not offered: walrelay relays what is inserted after its slot exists"},
-      {"snapshot.", "walrelay takes no snapshot (snapshot.mode=no_data): it relays what is inserted after its slot exists"},
+      {"snapshot.",
+       "walrelay's snapshot takes snapshot.mode (no_data, initial, initial_only), snapshot.fetch.size, "
+       "snapshot.select.statement.overrides and snapshot.order.column; Debezium's other snapshot settings tune its "
+       "own snapshotter (locks, threads, delays) and mean nothing here"},
       {"signal.", "signals drive Debezium's snapshots, which walrelay does not take"},
       {"notification.", "Debezium's notifications report snapshots, which walrelay does not take"},
       {"predicates.",
@@ -166,11 +173,6 @@ const std::map<std::string, ValuedKey>& valued_keys() {
        {{"pgoutput"}, "walrelay always decodes pgoutput",
         "walrelay decodes pgoutput, which PostgreSQL 10 and later have built in (no server extension to install); "
         "set plugin.name=pgoutput or drop it"}},
-      {"snapshot.mode",
-       {{"no_data", "never"}, "walrelay relays what is inserted after its slot exists, as no_data does",
-        "walrelay takes no snapshot of the rows already in the table: it relays what is inserted after its slot "
-        "exists (no_data). Drain the rows already there with the relay you are replacing first "
-        "(docs/migration-from-polling.md), then start walrelay"}},
       {"slot.drop.on.stop",
        {{"false"}, "walrelay never drops its slot",
         "walrelay keeps its slot across stops: dropping it at each stop would lose every event written while "
@@ -414,7 +416,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
     }
     if (auto it = refused_keys().find(k); it != refused_keys().end()) refuse_value(s, it->second);
     for (auto& [prefix, why] : refused_prefixes())
-      if (k.starts_with(prefix) && k != "snapshot.mode") refuse_value(s, why);
+      if (k.starts_with(prefix) && !walrelay_snapshot_key(k)) refuse_value(s, why);
     if (auto it = valued_keys().find(k); it != valued_keys().end()) {
       const ValuedKey& rule = it->second;
       if (!rule.accepted.count(s.value)) refuse_value(s, rule.refused);

@@ -30,6 +30,10 @@ enum class LogFormat { text, json };
 // publication that sends updates): skip it with a warning or an error in the
 // log, or halt.
 enum class InvalidOperation { warn, error, fatal };
+// snapshot.mode (Debezium's names): no_data relays what is inserted after the
+// slot exists; initial first sends the rows already in the outbox tables, read
+// in the slot's exported snapshot; initial_only does that and stops.
+enum class SnapshotMode { no_data, initial, initial_only };
 
 // `column:placement[:alias]` of table.fields.additional.placement, as
 // Debezium's router defines them: a header, a member of the value's
@@ -125,6 +129,15 @@ struct Config {
   int reconnect_backoff_max_ms = 30000;
   int slot_status_interval_ms = 10000;    // 0 turns the pg_replication_slots poll off
   bool binary = false;                    // pgoutput binary mode (reads text forms otherwise)
+
+  // The initial snapshot, taken once, when the slot is created.
+  SnapshotMode snapshot_mode = SnapshotMode::no_data;
+  int snapshot_fetch_size = 10240;        // snapshot.fetch.size: rows per FETCH (fewer when rows are large)
+  // snapshot.select.statement.overrides.<schema.table>: a SELECT of that
+  // table's rows, or a WHERE condition on them.
+  std::map<std::string, std::string> snapshot_select_overrides;
+  std::string snapshot_override_tables;   // snapshot.select.statement.overrides: Debezium's list of them
+  std::string snapshot_order_column;      // snapshot.order.column; empty: table.field.event.id
 
   // Outbox Event Router (Debezium's names and defaults)
   std::vector<TableName> table_include_list{{"public", "outbox"}};

@@ -158,3 +158,41 @@ TEST_CASE("config: --print-config prints every key, secrets masked", "[config]")
   CHECK(text.find("s3cret") == std::string::npos);
   CHECK(text.find("database.password=********") != std::string::npos);
 }
+
+TEST_CASE("config: the snapshot takes Debezium's keys - a mode, a fetch size, an override per table, as a SELECT or a "
+          "condition",
+          "[config]") {
+  auto d = parse("");
+  CHECK(d.snapshot_mode == SnapshotMode::no_data);
+  CHECK(d.snapshot_fetch_size == 10240);
+  CHECK(parse("snapshot.mode=never\n").snapshot_mode == SnapshotMode::no_data);
+  CHECK(parse("snapshot.mode=initial_only\n").snapshot_mode == SnapshotMode::initial_only);
+  auto c = parse(
+      "snapshot.mode=initial\nsnapshot.fetch.size=500\ntable.include.list=public.outbox,app.events\n"
+      "snapshot.select.statement.overrides=public.outbox,app.events\n"
+      "snapshot.select.statement.overrides.public.outbox=SELECT * FROM public.outbox WHERE sent_at IS NULL\n"
+      "snapshot.select.statement.overrides.app.events=  WHERE created > now() - interval '1 day'\n"
+      "snapshot.order.column=seq\n");
+  CHECK(c.snapshot_mode == SnapshotMode::initial);
+  CHECK(c.snapshot_fetch_size == 500);
+  CHECK(c.snapshot_order_column == "seq");
+  CHECK(c.snapshot_select_overrides.at("public.outbox") == "SELECT * FROM public.outbox WHERE sent_at IS NULL");
+  CHECK(c.snapshot_select_overrides.at("app.events") == "WHERE created > now() - interval '1 day'");
+  CHECK(c.describe().find("snapshot.mode=initial\n") != std::string::npos);
+  CHECK(c.describe().find("snapshot.order.column=seq\n") != std::string::npos);
+  // Each mistake names its key.
+  CHECK(error_key("snapshot.mode=always\n") == "snapshot.mode");
+  CHECK(error_key("snapshot.mode=sometimes\n") == "snapshot.mode");
+  CHECK(error_key("snapshot.fetch.size=0\n") == "snapshot.fetch.size");
+  CHECK(error_key("snapshot.mode=initial\nsnapshot.select.statement.overrides.public.other=WHERE true\n") ==
+        "snapshot.select.statement.overrides.public.other");
+  CHECK(error_key("snapshot.select.statement.overrides.public.outbox=WHERE true\n") ==
+        "snapshot.select.statement.overrides.public.outbox");  // no snapshot to use it
+  CHECK(error_key("snapshot.mode=initial\nsnapshot.select.statement.overrides=public.outbox\n") ==
+        "snapshot.select.statement.overrides");  // listed, not given
+  CHECK(error_key("snapshot.mode=initial\nsnapshot.select.statement.overrides.public.outbox=\n") ==
+        "snapshot.select.statement.overrides.public.outbox");
+  CHECK(error_key("snapshot.mode=initial\nsnapshot.order.column=\n") == "snapshot.order.column");
+  CHECK(error_key("snapshot.mode=initial\nexactly.once.support=required\nkafka.transactional.id=t\n") ==
+        "snapshot.mode");
+}

@@ -100,7 +100,8 @@ TEST_CASE("connect config: a properties file with the router, tracing's SMT and 
   CHECK_FALSE(c.additional_error_on_missing);
   CHECK(c.op_invalid_behavior == InvalidOperation::fatal);
   CHECK(c.kafka.at("linger.ms") == "5");
-  for (auto key : {"plugin.name", "topic.prefix", "snapshot.mode", "heartbeat.interval.ms", "tracing.operation.name",
+  CHECK(c.snapshot_mode == SnapshotMode::no_data);
+  for (auto key : {"plugin.name", "topic.prefix", "heartbeat.interval.ms", "tracing.operation.name",
                    "value.converter.delegate.converter.type", "key.converter.schemas.enable"})
     CHECK(noted(c, key));
   // The file reads back as walrelay's own.
@@ -178,7 +179,8 @@ TEST_CASE("connect config: every Debezium outbox key is implemented, noted or re
       {"connector.class=io.debezium.connector.mysql.MySqlConnector", "PostgreSQL"},
       {"plugin.name=decoderbufs", "pgoutput"},
       {"plugin.name=wal2json", "pgoutput"},
-      {"snapshot.mode=initial", "no_data"},
+      {"snapshot.mode=always", "once"},
+      {"snapshot.mode=configuration_based", "initial or initial_only"},
       {"slot.drop.on.stop=true", "lose"},
       {"publication.autocreate.mode=all_tables", "all_tables"},
       {"table.include.list=public.outbox_.*", "by name"},
@@ -189,7 +191,8 @@ TEST_CASE("connect config: every Debezium outbox key is implemented, noted or re
       {"custom.metric.tags=env=prod", "relabel"},
       {"provide.transaction.metadata=true", "exactly.once.support"},
       {"event.processing.failure.handling.mode=skip", "dead-letter"},
-      {"snapshot.select.statement.overrides=public.outbox", "no snapshot"},
+      {"snapshot.select.statement.overrides=public.outbox", "is not set"},
+      {"snapshot.locking.mode=none", "mean nothing here"},
       {"signal.data.collection=public.signals", "snapshots"},
       {"column.exclude.list=public.outbox.secret", "columns"},
       {"table.op.invalid.behavior=ignore", "warn, error or fatal"},
