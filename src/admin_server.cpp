@@ -169,6 +169,17 @@ std::string slot_json(const StatusSnapshot& s) {
     server["current_wal_lsn"] = lsn_or_null(info.current_wal_lsn);
     server["observed_at_unix_ms"] = info.observed_at_unix_ms;
   }
+  Json& snapshot = doc["snapshot"];  // null unless this process took an initial snapshot
+  if (s.snapshot) {
+    const auto& sn = *s.snapshot;
+    snapshot["state"] = sn.done ? "done" : "running";
+    snapshot["table"] = sn.table;
+    snapshot["rows_done"] = sn.rows_done;
+    snapshot["rows_estimated"] = sn.rows_estimated;
+    snapshot["rows_per_second"] = sn.rows_per_second;
+    snapshot["seconds_left"] = or_null(sn.seconds_left);
+    snapshot["seconds"] = sn.seconds;
+  }
   Json& eos = doc["exactly_once"];  // null in at-least-once mode
   if (s.exactly_once) {
     eos["transactional_id"] = s.exactly_once->transactional_id;

@@ -95,6 +95,7 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
       else if (key == "created_lsn") m.created_lsn = pgoutput::Lsn::parse(value);
       else if (key == "created_at") m.created_at = value;
       else if (key == "system") m.system = value;
+      else if (key == "snapshot") m.snapshot_pending = value == "pending";
     }
     if (!m.slot.empty()) out.push_back(std::move(m));
   }
@@ -106,6 +107,7 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   if (marker.created_lsn) line += " created_lsn=" + marker.created_lsn->to_string();
   if (!marker.created_at.empty()) line += " created_at=" + marker.created_at;
   if (!marker.system.empty()) line += " system=" + marker.system;
+  if (marker.snapshot_pending) line += " snapshot=pending";
   std::vector<std::string> kept;
   std::istringstream lines(comment);
   std::string l;
@@ -367,7 +369,9 @@ std::optional<std::string> slot_problem(const Config& config, const ServerFacts&
     return "slot.name: replication slot " + config.slot_name + " has been invalidated (" + sf.invalid_reason +
            "): the events it held are gone. To accept the gap, run walrelay --reset-slot once: it drops the slot, "
            "creates a new one and logs the LSN range that was skipped";
-  if (sf.exists || !facts.marker) return std::nullopt;
+  // A snapshot that never finished left no events confirmed: the slot is
+  // made again and the snapshot taken again (see Relay::initial_snapshot).
+  if (sf.exists || !facts.marker || facts.marker->snapshot_pending) return std::nullopt;
   const SlotMarker& m = *facts.marker;
   return "slot.name: replication slot " + config.slot_name + " is missing, but walrelay created it" +
          (m.created_lsn ? " at " + m.created_lsn->to_string() : std::string()) +
@@ -482,11 +486,13 @@ asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config
   }
 }
 
-asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config) {
-  // NOEXPORT_SNAPSHOT is the spelling every supported version accepts; a
-  // failover slot (17+) needs the option list of 15 and later.
+asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot) {
+  // NOEXPORT_SNAPSHOT and USE_SNAPSHOT are the spellings every supported
+  // version accepts; a failover slot (17+) needs the option list of 15 and later.
   std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) + " LOGICAL pgoutput " +
-                    (config.slot_failover ? "(SNAPSHOT 'nothing', FAILOVER true)" : "NOEXPORT_SNAPSHOT");
+                    (config.slot_failover ? (use_snapshot ? "(SNAPSHOT 'use', FAILOVER true)"
+                                                          : "(SNAPSHOT 'nothing', FAILOVER true)")
+                                          : (use_snapshot ? "USE_SNAPSHOT" : "NOEXPORT_SNAPSHOT"));
   spdlog::info("slot={} creating: {}", config.slot_name, sql);
 
   // The server makes the slot consistent only once every transaction running
@@ -550,6 +556,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
   SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system};
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
+  marker.snapshot_pending = false;
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -568,6 +575,26 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
   spdlog::info("slot={} recorded in the comment of publication {}", config.slot_name, config.publication_name);
 }
 
+asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true};
+  try {
+    co_await write_slot_marker(conn, config, marker);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "42501" && e.sqlstate() != "25006") throw;
+    // Without the marker a crash in the middle of the snapshot would look,
+    // at the next start, like a slot to stream from: the rest of the rows
+    // would never be sent.
+    throw PgError("snapshot.mode: the initial snapshot needs to record its progress in the comment of publication " +
+                      config.publication_name + " (" + e.what() + ")" +
+                      (e.sqlstate() == "25006"
+                           ? std::string(": take the snapshot on the primary")
+                           : std::string(": make walrelay's user the publication's owner")),
+                  "42501");
+  }
+  spdlog::info("slot={} initial snapshot recorded as pending in the comment of publication {}", config.slot_name,
+               config.publication_name);
+}
+
 asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& config, Sink& sink) {
   CheckReport report;
   PgConnection conn(io);
@@ -583,8 +610,17 @@ asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& con
       else
         report.notes.push_back(p + ": walrelay will create or alter it (publication.autocreate.mode=filtered)");
     }
-    if (!facts.slot.exists && !facts.marker)
-      report.notes.push_back("slot " + config.slot_name + " does not exist yet: walrelay will create it");
+    const bool snapshot = config.snapshot_mode != SnapshotMode::no_data;
+    if (facts.marker && facts.marker->snapshot_pending)
+      report.notes.push_back("slot " + config.slot_name + ": an initial snapshot began on " + facts.marker->created_at +
+                             " and did not finish" +
+                             (snapshot ? std::string(": walrelay will make the slot again and take the snapshot again "
+                                                     "from the start")
+                                       : std::string(": snapshot.mode=no_data, so walrelay will stream from the slot "
+                                                     "without it")));
+    else if (!facts.slot.exists && !facts.marker)
+      report.notes.push_back("slot " + config.slot_name + " does not exist yet: walrelay will create it" +
+                             (snapshot ? " and send the rows the outbox holds first (snapshot.mode)" : ""));
     else if (facts.slot.active_pid)
       report.notes.push_back("slot " + config.slot_name + " is active for PID " +
                              std::to_string(*facts.slot.active_pid) + ": walrelay would wait as a standby");

@@ -300,6 +300,12 @@ asio::awaitable<PgRows> PgConnection::query(const std::string& sql, const std::v
   co_return rows;
 }
 
+asio::awaitable<PgResultPtr> PgConnection::query_result(const std::string& sql, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  if (!PQsendQuery(conn_, sql.c_str())) throw_conn_error("could not send a query");
+  co_return co_await last_result(std::chrono::steady_clock::now() + timeout);
+}
+
 asio::awaitable<void> PgConnection::start_copy_both(const std::string& command, std::chrono::milliseconds timeout) {
   if (!PQsendQuery(conn_, command.c_str())) throw_conn_error("could not send " + command);
   auto result = co_await last_result(std::chrono::steady_clock::now() + timeout);

@@ -28,11 +28,6 @@ constexpr const char* sqlstate_object_in_use = "55006";           // slot active
 constexpr const char* sqlstate_undefined_object = "42704";        // slot does not exist
 constexpr const char* sqlstate_prerequisite_state = "55000";      // slot invalidated
 
-// A condition the session cannot recover from by reconnecting.
-struct Fatal : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 // The items with `sep` between them.
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;
@@ -315,6 +310,12 @@ asio::awaitable<void> Relay::session() {
   spdlog::info("connecting: {}", config_.conninfo_redacted(true));
   co_await conn_.connect(config_.conninfo(true), std::chrono::milliseconds(config_.database_connect_timeout_ms));
   co_await prepare(conn_);
+  if (snapshot_only_done_ && !stop_requested_) {
+    // snapshot.mode=initial_only: done, a clean stop (exit 0).
+    spdlog::info("slot={} stopping after the initial snapshot (snapshot.mode=initial_only)", config_.slot_name);
+    stop_requested_ = true;
+  }
+  if (stop_requested_ || halt_reason_) co_return;
   sessions_streamed_++;
   co_await stream(conn_);
 }
@@ -352,14 +353,48 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
     co_await ddl(ensure_publication(conn, config_, facts));
   }
 
-  if (!facts.slot.exists) {
+  const bool snapshot = config_.snapshot_mode != SnapshotMode::no_data;
+  const bool interrupted = facts.marker && facts.marker->snapshot_pending;
+  if (snapshot && (!facts.slot.exists || interrupted)) {
+    // The rows already in the outbox first, then the stream from the
+    // snapshot's consistent point (relay_snapshot.cpp).
+    auto point = co_await initial_snapshot(conn, facts);
+    if (!point) co_return;  // stopped or halted: the next start takes it again
+    if (config_.snapshot_mode == SnapshotMode::initial_only) {
+      spdlog::warn("slot={} snapshot.mode=initial_only: the snapshot is sent; walrelay stops without streaming. The "
+                   "slot is kept at {} and holds WAL from there: start walrelay with snapshot.mode=initial or no_data "
+                   "to stream what follows with no gap, or drop the slot",
+                   config_.slot_name, point->to_string());
+      snapshot_only_done_ = true;
+      co_return;
+    }
+  } else if (!facts.slot.exists) {
+    if (interrupted)
+      spdlog::warn("slot={} an initial snapshot begun on {} did not finish, and snapshot.mode=no_data: creating the "
+                   "slot without it",
+                   config_.slot_name, facts.marker->created_at);
     spdlog::warn("slot={} does not exist and walrelay has not created it before: creating it; outbox rows committed "
-                 "before its consistent point are not relayed",
-                 config_.slot_name);
+                 "before its consistent point are not relayed{}",
+                 config_.slot_name, snapshot ? "" : " (snapshot.mode=initial sends them first)");
     auto created = co_await create_slot(conn, config_);
     co_await record_slot(conn, facts, created);
-  } else if (!facts.marker) {
-    co_await record_slot(conn, facts, std::nullopt);
+  } else {
+    if (interrupted)
+      spdlog::warn("slot={} an initial snapshot begun on {} did not finish, and snapshot.mode=no_data: streaming from "
+                   "the slot without the rest of it",
+                   config_.slot_name, facts.marker->created_at);
+    if (snapshot && sessions_streamed_ == 0)
+      spdlog::info("slot={} exists: no initial snapshot (snapshot.mode={} takes one only when walrelay creates the "
+                   "slot; use walrelay replay to send kept rows again)",
+                   config_.slot_name, config_.snapshot_mode == SnapshotMode::initial ? "initial" : "initial_only");
+    if (config_.snapshot_mode == SnapshotMode::initial_only) {
+      spdlog::warn("slot={} snapshot.mode=initial_only and the slot exists (its snapshot was taken): nothing to do; "
+                   "start with snapshot.mode=initial or no_data to stream",
+                   config_.slot_name);
+      snapshot_only_done_ = true;
+      co_return;
+    }
+    if (!facts.marker || interrupted) co_await record_slot(conn, facts, std::nullopt);
   }
   if (config_.slot_failover && facts.slot.exists && !facts.slot.failover) co_await ddl(make_failover_slot(conn, config_));
 

@@ -72,6 +72,20 @@ StatusSnapshot Relay::status() const {
   s.server = slot_monitor_.last();
   if (schema_encoder_) s.schema_registry_error = schema_encoder_->problem();
   if (transactional_) s.exactly_once = StatusSnapshot::ExactlyOnce{config_.transactional_id(), committed_lsn_};
+  if (snapshot_) {
+    auto& sn = s.snapshot.emplace();
+    sn.done = snapshot_->done;
+    sn.table = snapshot_->table;
+    sn.rows_done = snapshot_->rows_done;
+    sn.rows_estimated = snapshot_->rows_estimated;
+    const auto end = snapshot_->done ? snapshot_->finished : std::chrono::steady_clock::now();
+    sn.seconds = std::chrono::duration<double>(end - snapshot_->started).count();
+    if (sn.seconds > 0) sn.rows_per_second = static_cast<double>(sn.rows_done) / sn.seconds;
+    if (!sn.done && sn.rows_per_second > 0)
+      sn.seconds_left = sn.rows_estimated > sn.rows_done
+                            ? static_cast<double>(sn.rows_estimated - sn.rows_done) / sn.rows_per_second
+                            : 0.0;
+  }
   return s;
 }
 

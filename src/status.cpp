@@ -8,6 +8,7 @@ const char* to_string(RelayState state) {
     case RelayState::starting: return "starting";
     case RelayState::connecting: return "connecting";
     case RelayState::standby: return "standby";
+    case RelayState::snapshot: return "snapshot";
     case RelayState::streaming: return "streaming";
     case RelayState::reconnecting: return "reconnecting";
     case RelayState::draining: return "draining";

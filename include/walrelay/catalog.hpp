@@ -29,6 +29,9 @@ struct SlotMarker {
   std::optional<pgoutput::Lsn> created_lsn;
   std::string created_at;   // ISO 8601, UTC
   std::string system;       // IDENTIFY_SYSTEM's systemid where it was written
+  // `snapshot=pending`: an initial snapshot began and has not finished; the
+  // slot, if there is one, is not yet safe to stream from alone.
+  bool snapshot_pending = false;
 };
 
 // Parses the markers in a publication comment; other lines are the owner's.
@@ -101,8 +104,9 @@ boost::asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config&
 // CREATE_REPLICATION_SLOT, with no time-out: the server waits for every
 // running transaction to end before the slot is consistent. While it waits, a
 // second connection logs what it waits for every few seconds. Returns the
-// consistent point.
-boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config);
+// consistent point. use_snapshot: inside the caller's REPEATABLE READ
+// transaction, which then sees the database as of that point (USE_SNAPSHOT).
+boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot = false);
 
 // slot.failover on an existing slot made without it (17+):
 // ALTER_REPLICATION_SLOT ... (FAILOVER true).
@@ -121,6 +125,11 @@ boost::asio::awaitable<void> check_failover_setup(PgConnection& conn, const Conf
 // The SQL that adds the marker by hand, for a user who owns the publication
 // (or the primary's, when walrelay reads a standby); other lines are kept.
 std::string marker_sql(const Config& config, const SlotMarker& marker);
+
+// Records, before the slot is created for an initial snapshot, that a
+// snapshot is under way (snapshot=pending), so that a start after a crash
+// takes it again rather than stream from a slot whose snapshot is half sent.
+boost::asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts);
 
 // Records this slot in the publication's comment; a missing privilege becomes
 // an error that says how the owner can add the marker by hand.

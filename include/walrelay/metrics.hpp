@@ -56,6 +56,10 @@ class Metrics {
   prometheus::Gauge& exactly_once_slot_ahead; // walrelay_exactly_once_slot_ahead_bytes
   prometheus::Gauge& slot_marker_missing;     // walrelay_slot_marker_missing
   prometheus::Counter& decode_errors;         // walrelay_decode_errors_total
+  prometheus::Counter& snapshot_rows;         // walrelay_snapshot_rows_total (handed to the sink)
+  prometheus::Gauge& snapshot_rows_estimated; // walrelay_snapshot_rows_estimated
+  prometheus::Gauge& snapshot_running;        // walrelay_snapshot_running (1 while it runs)
+  prometheus::Counter& snapshot_restarts;     // walrelay_snapshot_restarts_total
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes
   prometheus::Gauge& received_lsn;            // walrelay_received_lsn (as a number)

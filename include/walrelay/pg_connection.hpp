@@ -52,6 +52,9 @@ class PgConnection {
   // Runs one statement; PgError with the server's SQLSTATE on failure.
   boost::asio::awaitable<PgRows> query(const std::string& sql, const std::vector<std::string>& params = {},
                                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  // Runs one statement and hands over libpq's result as it is: for reading
+  // many rows without a copy of each value (the initial snapshot's FETCH).
+  boost::asio::awaitable<PgResultPtr> query_result(const std::string& sql, std::chrono::milliseconds timeout);
   // Sends START_REPLICATION (or any command entering COPY BOTH) and waits for it.
   boost::asio::awaitable<void> start_copy_both(const std::string& command, std::chrono::milliseconds timeout);
 

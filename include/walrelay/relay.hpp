@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <optional>
 #include <regex>
+#include <stdexcept>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -35,10 +37,17 @@ namespace walrelay {
 struct DeadLetter;
 struct ServerFacts;
 
+// A condition the replication session cannot recover from by reconnecting:
+// the relay halts on it.
+struct Fatal : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The files that implement it, one job each:
 //   relay.cpp           lifecycle, the reconnect policy, the replication session and its read loop
 //   relay_dispatch.cpp  what each replication message and each delivery report does
 //   relay_status.cpp    what the relay reports about itself (gauges, /slot, /readyz)
+//   relay_snapshot.cpp  the initial snapshot: the rows already in the outbox, once
 // with catalog.cpp (server checks, publication, slot marker), slot_monitor.cpp
 // (the server's view of the slot) and dead_letter.cpp beside them.
 class Relay final : public StatusSource {
@@ -120,6 +129,18 @@ class Relay final : public StatusSource {
   // Whether the sink takes records now: a transactional one not while it aborts.
   bool sink_accepting() const { return !transactional_ || transactional_->accepting(); }
   std::string context() const;
+
+  // relay_snapshot.cpp
+  // Creates the slot inside a REPEATABLE READ transaction that uses its
+  // snapshot, sends every row of the outbox tables that the snapshot sees,
+  // and waits until each is acknowledged. nullopt: stopped or halted first.
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts);
+  struct SnapshotTable;
+  boost::asio::awaitable<void> snapshot_table(PgConnection& conn, const SnapshotTable& table, pgoutput::Lsn point);
+  // Hands one decoded snapshot row to the mapper and the sink, waiting for
+  // room as the stream does. false: stopped, halted or replaying.
+  boost::asio::awaitable<bool> snapshot_row(std::span<const std::byte> insert, pgoutput::Lsn point);
+  void log_snapshot_progress(bool force);
 
   // relay_dispatch.cpp
   Step handle_copy_data(std::span<const std::byte> data);
@@ -204,6 +225,17 @@ class Relay final : public StatusSource {
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
+  // The initial snapshot's progress (/slot), kept once done.
+  struct SnapshotProgress {
+    bool done = false;
+    std::string table;
+    std::uint64_t rows_done = 0;
+    std::uint64_t rows_estimated = 0;
+    std::chrono::steady_clock::time_point started{}, finished{}, logged{};
+  };
+  std::optional<SnapshotProgress> snapshot_;
+  bool snapshot_only_done_ = false;       // initial_only: taken, so the session ends
+  std::uint64_t snapshot_polls_ = 0;      // snapshot rows handled, to serve reports between batches
   std::uint64_t delivered_ = 0;           // records the broker acknowledged, ever
   std::uint64_t delivered_at_replay_ = 0; // delivered_ at the last replay
 

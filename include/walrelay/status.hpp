@@ -14,6 +14,7 @@ enum class RelayState {
   starting,      // configuration read, nothing connected yet
   connecting,    // opening or re-opening the replication connection
   standby,       // the slot is held by another process; waiting to take over
+  snapshot,      // sending the rows the outbox held when the slot was created
   streaming,     // START_REPLICATION accepted, events flow
   reconnecting,  // connection lost; waiting out the backoff
   draining,      // shutting down: no more reads, waiting for in-flight acks
@@ -60,6 +61,17 @@ struct StatusSnapshot {
     std::optional<pgoutput::Lsn> committed_lsn;
   };
   std::optional<ExactlyOnce> exactly_once;
+  // The initial snapshot (snapshot.mode), while it runs and once it is done.
+  struct Snapshot {
+    bool done = false;
+    std::string table;                    // the table being read
+    std::uint64_t rows_done = 0;          // rows handed to the sink
+    std::uint64_t rows_estimated = 0;     // the planner's estimate, all tables
+    double rows_per_second = 0;
+    std::optional<double> seconds_left;   // from the rate and the estimate
+    double seconds = 0;                   // since it began (its length, once done)
+  };
+  std::optional<Snapshot> snapshot;
   std::optional<ServerSlotInfo> server;
 };
 

@@ -204,10 +204,12 @@ inline std::vector<std::string> missing_ids(Db& db, const std::string& table, co
 class Writer {
  public:
   // pad_sql: an SQL text expression added to each payload as "pad".
+  // first_seq: the sequence number of the first row, to go on after rows
+  // written before (the initial snapshot's tests).
   Writer(std::string table, std::string type, long total, int per_txn, std::chrono::milliseconds pause, int keys = 16,
-         std::string pad_sql = "")
+         std::string pad_sql = "", long first_seq = 0)
       : table_(std::move(table)), type_(std::move(type)), total_(total), per_txn_(per_txn), pause_(pause), keys_(keys),
-        pad_sql_(std::move(pad_sql)) {
+        pad_sql_(std::move(pad_sql)), first_seq_(first_seq) {
     thread_ = std::jthread([this](std::stop_token st) { run(st); });
   }
   ~Writer() { stop(); }
@@ -242,9 +244,10 @@ class Writer {
         int rows = static_cast<int>(std::min<long>(per_txn_, total_ - n));
         // seq = the global row number; keys take turns, so per key the
         // sequence grows with commit order (one writer).
+        const std::string at = std::to_string(first_seq_ + n);
         db->exec("INSERT INTO " + table_ + " (aggregatetype, aggregateid, type, payload) SELECT '" + type_ +
-                 "', 'k' || ((" + std::to_string(n) + " + g) % " + std::to_string(keys_) +
-                 "), 'x', jsonb_build_object('seq', " + std::to_string(n) + " + g" +
+                 "', 'k' || ((" + at + " + g) % " + std::to_string(keys_) + "), 'x', jsonb_build_object('seq', " +
+                 at + " + g" +
                  (pad_sql_.empty() ? "" : ", 'pad', " + pad_sql_) + ") FROM generate_series(0, " +
                  std::to_string(rows - 1) + ") g");
         n += rows;
@@ -271,6 +274,7 @@ class Writer {
   std::chrono::milliseconds pause_;
   int keys_;
   std::string pad_sql_;
+  long first_seq_ = 0;
   std::atomic<long> committed_{0};
   std::atomic<long> failures_{0};
   mutable std::mutex mutex_;

@@ -1,0 +1,292 @@
+// The initial snapshot (snapshot.mode=initial or initial_only): the rows the
+// outbox tables hold when walrelay creates the slot, sent before the stream.
+//
+// The slot is created inside a REPEATABLE READ transaction with USE_SNAPSHOT.
+// That transaction sees exactly the rows committed before the slot's
+// consistent point, and the slot streams exactly the transactions that commit
+// after it: a row is in one or the other, never both and never neither,
+// however busy the writers are meanwhile. This is the only place walrelay
+// reads an outbox table, and only when asked.
+//
+// Rows are read through a cursor, snapshot.fetch.size at a time, and take the
+// stream's path: each becomes a pgoutput Insert (MessageWriter) that is
+// decoded, mapped and handed to the sink under the same in-flight limits, so
+// memory is bounded as in streaming. Nothing is confirmed meanwhile: the slot
+// stays at its consistent point until every row is acknowledged.
+//
+// An interrupted snapshot (a crash, a stop, a delivery that failed) is taken
+// again from the start, as Debezium's is. Resuming after the last
+// acknowledged key would need the same snapshot, and an exported snapshot
+// ends with its transaction; a new one at a later point would miss rows
+// committed in between with a lower key (keys are drawn at insert, not at
+// commit). The pending marker tells the next start, which drops the slot and
+// creates it again. Rows sent before are sent again (at least once, by id).
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cctype>
+#include <cstdlib>
+
+#include <pgoutput/encode.hpp>
+
+#include "walrelay/catalog.hpp"
+#include "walrelay/relay.hpp"
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using pgoutput::Lsn;
+
+namespace {
+
+constexpr const char* cursor_name = "walrelay_snapshot";
+// A FETCH sorts the whole table first when no index gives the order: no
+// time-out that a large table could reach.
+constexpr auto fetch_timeout = std::chrono::hours(24);
+
+bool starts_with_word(const std::string& text, std::string_view word) {
+  if (text.size() < word.size()) return false;
+  for (std::size_t i = 0; i < word.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(text[i])) != word[i]) return false;
+  return text.size() == word.size() || !std::isalnum(static_cast<unsigned char>(text[word.size()]));
+}
+
+// The planner's row estimate from EXPLAIN's first line ("rows=N").
+std::uint64_t estimated_rows(const PgRows& plan) {
+  if (plan.rows.empty() || plan.rows[0].empty() || !plan.rows[0][0]) return 0;
+  const std::string& line = *plan.rows[0][0];
+  auto at = line.find("rows=");
+  return at == std::string::npos ? 0 : std::strtoull(line.c_str() + at + 5, nullptr, 10);
+}
+
+}  // namespace
+
+struct Relay::SnapshotTable {
+  TableName name;
+  std::uint32_t oid = 0;
+  std::vector<std::string> column_names;
+  std::vector<pgoutput::MessageWriter::ColumnSpec> columns;  // views into column_names
+  std::string select;
+  std::string key;  // the configuration key that decides the SELECT, for errors
+  std::uint64_t estimated = 0;
+};
+
+asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, const ServerFacts& facts) {
+  // Two walrelays starting on one slot: the second waits as a standby, as it
+  // would for a slot in use. The lock is the session's, so a crash frees it.
+  const std::string lock_key =
+      "pg_catalog.hashtext(" + conn.quote_literal("walrelay.snapshot." + config_.slot_name) + ")";
+  auto lock = co_await conn.query("SELECT pg_catalog.pg_try_advisory_lock(" + lock_key + ")");
+  if (lock.rows.empty() || lock.rows[0][0] != "t")
+    throw PgError("another walrelay is taking the initial snapshot for slot " + config_.slot_name +
+                      "; waiting to take over if it stops",
+                  "55006");
+
+  if (facts.marker && facts.marker->snapshot_pending) {
+    metrics_.snapshot_restarts.Increment();
+    spdlog::warn("slot={} the initial snapshot begun on {} did not finish: {}taking it again from the start; the rows "
+                 "it sent are sent again (the same ids, for consumers that deduplicate)",
+                 config_.slot_name, facts.marker->created_at, facts.slot.exists ? "dropping its slot and " : "");
+    if (facts.slot.exists) co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name));
+  }
+  try {
+    co_await mark_snapshot_pending(conn, config_, facts);
+  } catch (const PgError& e) {
+    if (e.sqlstate() == "42501") throw Fatal(e.what());
+    throw;
+  }
+
+  co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  const Lsn point = co_await create_slot(conn, config_, true);
+
+  std::vector<SnapshotTable> tables;
+  std::uint64_t estimated = 0;
+  for (const auto& name : config_.table_include_list) {
+    SnapshotTable& t = tables.emplace_back();
+    t.name = name;
+    const std::string regclass = conn.quote_literal(conn.quote_identifier(name.schema) + "." +
+                                                    conn.quote_identifier(name.name));
+    // Every column the table has: the mapper picks the ones it maps by name,
+    // as it does from the stream's Relation message.
+    auto columns = co_await conn.query(
+        "SELECT a.attrelid::oid, a.attname, a.atttypid::oid, a.atttypmod FROM pg_catalog.pg_attribute a "
+        "WHERE a.attrelid = " + regclass + "::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum");
+    std::string list;
+    for (auto& row : columns.rows) {
+      t.oid = static_cast<std::uint32_t>(std::strtoul(row[0].value_or("0").c_str(), nullptr, 10));
+      t.column_names.push_back(row[1].value_or(""));
+      list += (list.empty() ? "" : ", ") + conn.quote_identifier(t.column_names.back());
+    }
+    for (std::size_t i = 0; i < columns.rows.size(); ++i)
+      t.columns.push_back({t.column_names[i],
+                           static_cast<std::uint32_t>(std::strtoul(columns.rows[i][2].value_or("0").c_str(), nullptr, 10)),
+                           static_cast<std::int32_t>(std::strtol(columns.rows[i][3].value_or("-1").c_str(), nullptr, 10))});
+    const std::string order_column =
+        config_.snapshot_order_column.empty() ? config_.field_event_id : config_.snapshot_order_column;
+    const std::string order = " ORDER BY " + conn.quote_identifier(order_column);
+    const std::string table_sql = conn.quote_identifier(name.schema) + "." + conn.quote_identifier(name.name);
+    auto override_it = config_.snapshot_select_overrides.find(name.qualified());
+    if (override_it == config_.snapshot_select_overrides.end()) {
+      t.select = "SELECT " + list + " FROM " + table_sql + order;
+      t.key = config_.snapshot_order_column.empty() ? "table.field.event.id (the snapshot's order; see "
+                                                      "snapshot.order.column)"
+                                                    : "snapshot.order.column";
+    } else {
+      const std::string& statement = override_it->second;
+      // A whole SELECT (Debezium's form) is read as a subquery, so that the
+      // columns and the order are walrelay's; anything else is a condition.
+      if (starts_with_word(statement, "select") || starts_with_word(statement, "with"))
+        t.select = "SELECT " + list + " FROM (" + statement + ") AS walrelay_snapshot_rows" + order;
+      else
+        t.select = "SELECT " + list + " FROM " + table_sql + " WHERE (" +
+                   (starts_with_word(statement, "where") ? statement.substr(5) : statement) + ")" + order;
+      t.key = "snapshot.select.statement.overrides." + name.qualified();
+    }
+    try {
+      t.estimated = estimated_rows(co_await conn.query("EXPLAIN " + t.select));
+    } catch (const PgError& e) {
+      throw Fatal(t.key + ": the initial snapshot's query of " + name.qualified() + " fails: " + e.what() + " (" +
+                  t.select + ")");
+    }
+    estimated += t.estimated;
+  }
+
+  snapshot_.emplace();
+  snapshot_->started = snapshot_->logged = std::chrono::steady_clock::now();
+  snapshot_->rows_estimated = estimated;
+  metrics_.snapshot_rows_estimated.Set(static_cast<double>(estimated));
+  metrics_.snapshot_running.Set(1);
+  set_state(RelayState::snapshot, "sending the rows the outbox held at " + point.to_string());
+  spdlog::info("slot={} initial snapshot at consistent point {}: about {} rows in {} table(s); the stream follows "
+               "from there",
+               config_.slot_name, point.to_string(), estimated, tables.size());
+
+  // The stream's decoder is made anew by START_REPLICATION; this one only
+  // ever sees the snapshot's own messages.
+  decoder_ = pgoutput::Decoder(1);
+  commit_time_ = pgoutput::pg_epoch_micros_now();  // a snapshot row's event time, as Debezium's
+  struct Running {
+    Metrics& metrics;
+    ~Running() { metrics.snapshot_running.Set(0); }
+  } running{metrics_};
+  for (const auto& t : tables) {
+    co_await snapshot_table(conn, t, point);
+    if (stop_requested_ || halt_reason_ || replay_reason_) break;
+  }
+  // Every row acknowledged before the slot may be streamed from: a failed
+  // record means the snapshot is taken again.
+  while (!stop_requested_ && !halt_reason_ && !replay_reason_ && ledger_.inflight_records() > 0) {
+    sink_.poll();
+    check_producer();
+    co_await sleep(20ms);
+  }
+  if (replay_reason_)
+    throw PgError("the initial snapshot was interrupted (" + *replay_reason_ + "); it is taken again from the start",
+                  "");
+  if (stop_requested_ || halt_reason_) {
+    spdlog::warn("slot={} the initial snapshot stopped after {} rows; the next start takes it again from the start",
+                 config_.slot_name, snapshot_->rows_done);
+    co_return std::nullopt;
+  }
+  co_await conn.query("COMMIT");
+  snapshot_->done = true;
+  snapshot_->finished = std::chrono::steady_clock::now();
+  co_await record_slot(conn, facts, point);
+  co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
+  const double seconds = std::chrono::duration<double>(snapshot_->finished - snapshot_->started).count();
+  spdlog::info("slot={} initial snapshot done: {} rows in {:.1f} s ({:.0f} rows/s), every one acknowledged",
+               config_.slot_name, snapshot_->rows_done, seconds,
+               seconds > 0 ? static_cast<double>(snapshot_->rows_done) / seconds : 0.0);
+  co_return point;
+}
+
+asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTable& t, Lsn point) {
+  snapshot_->table = t.name.qualified();
+  spdlog::info("slot={} initial snapshot of {}: about {} rows: {}", config_.slot_name, t.name.qualified(),
+               t.estimated, t.select);
+  pgoutput::MessageWriter writer;
+  writer.relation(t.oid, t.name.schema, t.name.name, t.columns);
+  if (!co_await snapshot_row(writer.bytes(), point)) co_return;
+  try {
+    co_await conn.query("DECLARE " + std::string(cursor_name) + " NO SCROLL CURSOR FOR " + t.select);
+  } catch (const PgError& e) {
+    throw Fatal(t.key + ": the initial snapshot's query of " + t.name.qualified() + " fails: " + e.what());
+  }
+  const std::string fetch = "FETCH FORWARD " + std::to_string(config_.snapshot_fetch_size) + " FROM " + cursor_name;
+  const auto columns = static_cast<std::uint16_t>(t.columns.size());
+  while (true) {
+    // One chunk at a time: libpq holds one FETCH's rows, read in place.
+    auto result = co_await conn.query_result(fetch, fetch_timeout);
+    const int rows = result ? PQntuples(result.get()) : 0;
+    if (rows == 0) break;
+    if (PQnfields(result.get()) != columns)
+      throw Fatal(t.key + ": the snapshot's query of " + t.name.qualified() + " returned " +
+                  std::to_string(PQnfields(result.get())) + " columns, not " + std::to_string(columns));
+    // A chunk is one transaction in the ledger, at the consistent point:
+    // nothing passes the point until the last row is acknowledged.
+    txn_ = ledger_.open(commit_time_, point);
+    for (int r = 0; r < rows; ++r) {
+      writer.insert(t.oid, columns);
+      for (int c = 0; c < columns; ++c) {
+        if (PQgetisnull(result.get(), r, c)) writer.null();
+        else writer.text({PQgetvalue(result.get(), r, c), static_cast<std::size_t>(PQgetlength(result.get(), r, c))});
+      }
+      if (!co_await snapshot_row(writer.bytes(), point)) break;
+      snapshot_->rows_done++;
+      metrics_.snapshot_rows.Increment();
+    }
+    ledger_.commit(*txn_, point);
+    txn_.reset();
+    log_snapshot_progress(false);
+    if (stop_requested_ || halt_reason_ || replay_reason_) co_return;
+  }
+  co_await conn.query("CLOSE " + std::string(cursor_name));
+  log_snapshot_progress(true);
+}
+
+asio::awaitable<bool> Relay::snapshot_row(std::span<const std::byte> message, Lsn point) {
+  const pgoutput::XLogData xlog{point, point, 0, message};
+  while (true) {
+    if (stop_requested_ || halt_reason_ || replay_reason_) co_return false;
+    // The in-flight limits hold the cursor as they hold the walsender.
+    if (!has_room()) {
+      note_backpressure(true);
+      sink_.poll();
+      check_producer();
+      if (!has_room()) co_await sleep(200ms);  // woken early by a delivery that makes room
+      continue;
+    }
+    note_backpressure(false);
+    switch (handle_message(xlog)) {
+      case Step::done: break;
+      case Step::stop: co_return false;
+      case Step::retry:  // the producer's queue is full, or a schema is being fetched
+        sink_.poll();
+        co_await sleep(10ms);
+        continue;
+    }
+    break;
+  }
+  // Delivery reports are served between rows as the stream serves them
+  // between batches.
+  if (++snapshot_polls_ % read_batch == 0) {
+    sink_.poll();
+    co_await asio::post(io_, asio::use_awaitable);
+  }
+  co_return true;
+}
+
+void Relay::log_snapshot_progress(bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now - snapshot_->logged < 10s) return;
+  snapshot_->logged = now;
+  auto status = this->status();
+  const auto& sn = *status.snapshot;
+  spdlog::info("slot={} initial snapshot: {} of about {} rows ({} now), {:.0f} rows/s{}", config_.slot_name,
+               sn.rows_done, sn.rows_estimated, sn.table, sn.rows_per_second,
+               sn.seconds_left ? fmt::format(", about {:.0f} s left", *sn.seconds_left) : std::string());
+}
+
+}  // namespace walrelay

@@ -1,0 +1,281 @@
+// The initial snapshot (snapshot.mode=initial, initial_only): the rows an
+// outbox holds when walrelay creates the slot are sent first, then the
+// stream from the slot's consistent point. Writers run the whole time: every
+// row must arrive exactly once across the two (at least once after a kill),
+// in order per key, with memory bounded by the in-flight limits.
+#include <csignal>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+using namespace it;
+using nlohmann::json;
+
+namespace {
+
+// `rows` outbox rows in one statement, seq 0..rows-1, keys as Writer's.
+void prefill(Db& db, const std::string& table, const std::string& type, long rows, const std::string& extra_cols = "",
+             const std::string& extra_values = "") {
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload" + extra_cols + ") SELECT '" + type +
+          "', 'k' || (g % 16), 'x', jsonb_build_object('seq', g)" + extra_values + " FROM generate_series(0, " +
+          std::to_string(rows - 1) + ") g");
+}
+
+json slot_doc(Walrelay& relay) {
+  auto r = relay.get("/slot");
+  REQUIRE(r.status == 200);
+  return json::parse(r.body);
+}
+
+std::size_t duplicates_of(const IdCount& seen) { return seen.duplicates(); }
+
+}  // namespace
+
+TEST_CASE("snapshot: the rows already in the outbox and those written meanwhile arrive exactly once, in order per key",
+          "[fault][snapshot]") {
+  const long before = 1000000;  // the size, in CI too (about 25 s here)
+  const long during = scaled(20000, 50000);
+  const long inflight_limit = 10000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Snap", before);
+  // Writers from before the slot exists to after the snapshot: their rows
+  // fall on either side of the consistent point.
+  Writer writer(f.table, "Snap", during, 50, 5ms, 16, "", before);
+  REQUIRE(eventually([&] { return writer.committed() > 0; }, 10s));
+  Walrelay relay(with_key(f.config("snapshot.mode=initial\nmax.inflight.records=" + std::to_string(inflight_limit) +
+                                   "\n"),
+                          "log.level", "info"));
+  relay.start();
+  long rss_peak = 0;
+  double inflight_peak = 0;
+  bool saw_progress = false;
+  REQUIRE(eventually(
+      [&] {
+        rss_peak = std::max(rss_peak, proc_status_kb(relay.pid(), "VmRSS"));
+        inflight_peak = std::max(inflight_peak, relay.metric("walrelay_inflight_records").value_or(0));
+        auto r = relay.get("/slot");
+        if (r.status == 200) {
+          auto doc = json::parse(r.body);
+          if (doc["state"] == "snapshot" && doc["snapshot"].is_object() && doc["snapshot"]["rows_done"] > 0 &&
+              doc["snapshot"]["rows_estimated"] > 0 && doc["snapshot"]["table"] == f.table)
+            saw_progress = true;
+        }
+        return relay.this_run_log().find("streaming:") != std::string::npos || !relay.running();
+      },
+      600s, 100ms));
+  REQUIRE(relay.running());
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  const long hwm = proc_status_kb(relay.pid(), "VmHWM");
+
+  auto doc = slot_doc(relay);
+  REQUIRE(doc["snapshot"].is_object());
+  CHECK(doc["snapshot"]["state"] == "done");
+  const long snapshot_rows = doc["snapshot"]["rows_done"].get<long>();
+  CHECK(snapshot_rows >= before);
+  CHECK(snapshot_rows <= before + during);
+  CHECK(relay.metric("walrelay_snapshot_rows_total") == static_cast<double>(snapshot_rows));
+  CHECK(relay.metric("walrelay_snapshot_running") == 0.0);
+
+  auto recs = read_all(f, f.topic("Snap"), 600s);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(f.db(), f.table, seen);
+  std::cout << "snapshot: " << before << " rows before, " << during << " written meanwhile; " << snapshot_rows
+            << " in the snapshot; records=" << seen.records << " duplicates=" << duplicates_of(seen)
+            << " missing=" << missing.size() << "; VmHWM " << hwm / 1024 << " MB, inflight peak " << inflight_peak
+            << "\n" << relay.this_run_log().substr(0, 0);
+  CHECK(missing.empty());
+  CHECK(seen.count.size() == static_cast<std::size_t>(before + during));
+  CHECK(duplicates_of(seen) == 0);  // no overlap between the snapshot and the stream
+  check_order_per_key(recs);
+  CHECK(saw_progress);
+  CHECK(inflight_peak <= inflight_limit);
+  // As fault_bigtxn's bound (docs/reliability.md): the in-flight records,
+  // not the table, decide the memory; plus one FETCH of rows in libpq.
+  CHECK(hwm < 64 * 1024);
+  CHECK(relay.this_run_log().find("initial snapshot done") != std::string::npos);
+}
+
+TEST_CASE("snapshot: kill -9 in the middle of the snapshot, then a restart - taken again from the start, nothing lost",
+          "[fault][snapshot]") {
+  const long before = scaled(200000, 1000000);
+  const long during = 5000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Snap", before);
+  Writer writer(f.table, "Snap", during, 20, 10ms, 16, "", before);
+  // Small batches, so that the kill lands with much of the table unsent.
+  const std::string cfg = with_key(f.config("snapshot.mode=initial\nmax.inflight.records=2000\n"
+                                            "snapshot.fetch.size=1000\n"),
+                                   "log.level", "info");
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  // /readyz says why it is not ready yet; /slot shows the progress.
+  REQUIRE(eventually(
+      [&] {
+        auto r = relay->get("/slot");
+        return r.status == 200 && json::parse(r.body)["snapshot"].is_object() &&
+               json::parse(r.body)["snapshot"]["rows_done"].get<long>() > 20000;
+      },
+      120s, 20ms));
+  auto ready = relay->get("/readyz");
+  CHECK(ready.status == 503);
+  CHECK(ready.body.find("snapshot") != std::string::npos);
+  auto doc = slot_doc(*relay);
+  CHECK(doc["snapshot"]["state"] == "running");
+  CHECK(doc["snapshot"]["rows_per_second"].get<double>() > 0);
+  CHECK(doc["snapshot"]["seconds_left"].is_number());
+  const long done_at_kill = doc["snapshot"]["rows_done"].get<long>();
+  relay->signal(SIGKILL);
+  REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+  INFO("killed after " << done_at_kill << " of " << before << " rows");
+  REQUIRE(done_at_kill < before);
+
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  REQUIRE(eventually([&] { return relay->this_run_log().find("streaming:") != std::string::npos || !relay->running(); },
+                     600s, 100ms));
+  REQUIRE(relay->running());
+  CHECK(relay->this_run_log().find("did not finish") != std::string::npos);
+  CHECK(relay->metric("walrelay_snapshot_restarts_total") == 1.0);
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  auto recs = read_all(f, f.topic("Snap"), 600s);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(f.db(), f.table, seen);
+  std::cout << "snapshot kill -9: killed after " << done_at_kill << " rows; records=" << seen.records
+            << " duplicates=" << seen.duplicates() << " missing=" << missing.size() << "\n";
+  CHECK(missing.empty());
+  CHECK(seen.count.size() == static_cast<std::size_t>(before + during));
+  // What the first run sent is sent again, no more: the snapshot restarts once.
+  CHECK(seen.duplicates() <= static_cast<std::size_t>(before));
+  check_order_per_key(recs);
+}
+
+TEST_CASE("snapshot: a migration from a polling relay - stop the poller, start walrelay with the snapshot and the "
+          "condition, writers running: zero lost\\, zero duplicates",
+          "[snapshot]") {
+  const long sent = 3000, unsent = 2000, during = 3000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN sent_at timestamptz");
+  // What the poller had already published, and what it had not yet.
+  prefill(f.db(), f.table, "Poll", sent, ", sent_at", ", now() - interval '1 minute'");
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'Poll', 'k' || (g % 16), "
+              "'x', jsonb_build_object('seq', g) FROM generate_series(" + std::to_string(sent) + ", " +
+              std::to_string(sent + unsent - 1) + ") g");
+  Writer writer(f.table, "Poll", during, 10, 5ms, 16, "", sent + unsent);
+  REQUIRE(eventually([&] { return writer.committed() > 0; }, 10s));
+  // Debezium's form, as a migrated connector configuration has it.
+  Walrelay relay(f.config("snapshot.mode=initial\nsnapshot.select.statement.overrides=" + f.table +
+                          "\nsnapshot.select.statement.overrides." + f.table + "=SELECT * FROM " + f.table +
+                          " WHERE sent_at IS NULL\n"));
+  relay.start();
+  relay.wait_streaming(120s);
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  auto recs = read_all(f, f.topic("Poll"), 120s);
+  auto seen = ids_of(recs);
+  auto unsent_ids = f.db().exec("SELECT id::text FROM " + f.table + " WHERE sent_at IS NULL ORDER BY id");
+  auto sent_ids = f.db().exec("SELECT id::text FROM " + f.table + " WHERE sent_at IS NOT NULL");
+  REQUIRE(unsent_ids.size() == static_cast<std::size_t>(unsent + during));
+  std::size_t missing = 0, resent = 0;
+  for (auto& row : unsent_ids) missing += seen.count.count(*row[0]) ? 0 : 1;
+  for (auto& row : sent_ids) resent += seen.count.count(*row[0]);
+  CHECK(missing == 0);
+  CHECK(resent == 0);
+  CHECK(seen.duplicates() == 0);
+  CHECK(seen.count.size() == static_cast<std::size_t>(unsent + during));
+  check_order_per_key(recs);
+}
+
+TEST_CASE("snapshot: initial_only sends the rows and exits 0\\, keeping the slot; a later start streams what follows "
+          "with no gap",
+          "[snapshot]") {
+  const long before = 5000, during = 4000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Only", before);
+  Writer writer(f.table, "Only", during, 20, 5ms, 16, "", before);
+  REQUIRE(eventually([&] { return writer.committed() > 0; }, 10s));
+  Walrelay first(f.config("snapshot.mode=initial_only\n"));
+  CHECK(first.run({"--config", first.config_path()}, 120s) == 0);
+  CHECK(first.log().find("initial snapshot done") != std::string::npos);
+  CHECK(f.db().exec("SELECT 1 FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'").size() == 1);
+  // Started again as it was: nothing to do, a clean exit.
+  CHECK(first.run({"--config", first.config_path()}, 60s) == 0);
+  CHECK(first.this_run_log().find("nothing to do") != std::string::npos);
+
+  Walrelay second(f.config("snapshot.mode=initial\n"));
+  second.start();
+  second.wait_streaming();
+  CHECK(second.this_run_log().find("no initial snapshot") != std::string::npos);
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  auto recs = read_all(f, f.topic("Only"), 120s);
+  auto seen = ids_of(recs);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(seen.duplicates() == 0);
+  CHECK(seen.count.size() == static_cast<std::size_t>(before + during));
+  check_order_per_key(recs);
+}
+
+TEST_CASE("snapshot: a second walrelay on the slot waits as a standby while the first takes the snapshot\\, and "
+          "takes over the stream without taking it again",
+          "[snapshot]") {
+  const long before = 200000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Pair", before);
+  const std::string cfg = f.config("snapshot.mode=initial\nsnapshot.fetch.size=500\nmax.inflight.records=1000\n");
+  Walrelay a(cfg), b(cfg);
+  a.start();
+  REQUIRE(eventually([&] { return a.this_run_log().find("initial snapshot at consistent point") != std::string::npos; },
+                     60s, 10ms));
+  b.start();
+  REQUIRE(eventually([&] { return b.this_run_log().find("another walrelay is taking the initial snapshot") !=
+                                  std::string::npos; }, 30s, 20ms));
+  CHECK(json::parse(b.get("/slot").body)["state"] == "standby");
+  a.wait_streaming(120s);
+  auto recs = read_all(f, f.topic("Pair"), 120s);
+  // The standby takes over the stream from the slot, with no second snapshot.
+  a.signal(SIGKILL);
+  REQUIRE(a.wait_exit(10s) == 128 + SIGKILL);
+  b.wait_streaming(60s);
+  prefill(f.db(), f.table, "Pair", 100);  // seq 0..99 again: ids tell them apart
+  auto more = read_topic(f.topic("Pair"), before + 100, 60s);
+  CHECK(b.log().find("initial snapshot at consistent point") == std::string::npos);
+  auto seen = ids_of(more);
+  CHECK(seen.count.size() == static_cast<std::size_t>(before + 100));
+  CHECK(seen.duplicates() == 0);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+}
+
+TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot; a bad override halts naming its key",
+          "[snapshot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  {
+    Walrelay relay(f.config(""));
+    relay.start();
+    relay.wait_streaming();
+  }
+  prefill(f.db(), f.table, "Kept", 10);  // committed after the slot: streamed
+  Walrelay relay(f.config("snapshot.mode=initial\n"));
+  relay.start();
+  relay.wait_streaming();
+  auto recs = read_all(f, f.topic("Kept"), 60s);
+  CHECK(ids_of(recs).count.size() == 10);
+  CHECK(ids_of(recs).duplicates() == 0);
+  CHECK(relay.this_run_log().find("no initial snapshot") != std::string::npos);
+
+  Fixture g;
+  create_outbox(g.db(), g.table, "bigint");
+  Walrelay bad(g.config("snapshot.mode=initial\nsnapshot.select.statement.overrides." + g.table +
+                        "=WHERE no_such_column IS NULL\n"));
+  CHECK(bad.run({"--config", bad.config_path()}, 60s) == 3);
+  CHECK(bad.log().find("snapshot.select.statement.overrides." + g.table) != std::string::npos);
+  CHECK(bad.log().find("no_such_column") != std::string::npos);
+}
