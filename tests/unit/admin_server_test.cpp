@@ -432,8 +432,40 @@ TEST_CASE("slot endpoint returns the snapshot as JSON", "[admin]") {
           R"("retained_wal_bytes":1048576,"lag_seconds":null,"inflight_records":7,"inflight_bytes":2048,)"
           R"("sink":"kafka","producer_healthy":true,"server":{"wal_status":"reserved","safe_wal_size":4096,"active_pid":4242,)"
           R"("confirmed_flush_lsn":"16/B3740000","restart_lsn":"16/B3700000","current_wal_lsn":"16/B3750000",)"
-          R"("observed_at_unix_ms":1700000000123},"exactly_once":null})"
+          R"("observed_at_unix_ms":1700000000123},"snapshot":null,"exactly_once":null})"
           "\n");
+  }
+
+  SECTION("the initial snapshot's progress; seconds_left null until there is a rate") {
+    auto s = streaming();
+    s.state = walrelay::RelayState::snapshot;
+    walrelay::StatusSnapshot::Snapshot sn;
+    sn.table = "public.outbox";
+    sn.rows_done = 250;
+    sn.rows_estimated = 1000;
+    sn.rows_per_second = 125;
+    sn.seconds_left = 6;
+    sn.seconds = 2;
+    s.snapshot = sn;
+    server.status.set(s);
+    auto reply = fetch(server.port(), "/slot");
+    REQUIRE_FALSE(reply.ec);
+    CHECK(reply.response.body().find(R"("state":"snapshot")") != std::string::npos);
+    CHECK(reply.response.body().find(R"("snapshot":{"state":"running","table":"public.outbox","rows_done":250,)"
+                                     R"("rows_estimated":1000,"rows_per_second":125.0,"seconds_left":6.0,)"
+                                     R"("seconds":2.0})") != std::string::npos);
+    auto ready = fetch(server.port(), "/readyz");
+    CHECK(ready.response.result_int() == 503);
+    CHECK(ready.response.body().rfind("snapshot", 0) == 0);
+    sn.done = true;
+    sn.seconds_left.reset();
+    s.snapshot = sn;
+    s.state = walrelay::RelayState::streaming;
+    server.status.set(s);
+    reply = fetch(server.port(), "/slot");
+    CHECK(reply.response.body().find(R"("snapshot":{"state":"done","table":"public.outbox","rows_done":250,)"
+                                     R"("rows_estimated":1000,"rows_per_second":125.0,"seconds_left":null,)") !=
+          std::string::npos);
   }
 
   SECTION("exactly once: the transactional id and the committed position") {
