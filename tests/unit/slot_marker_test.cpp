@@ -1,0 +1,41 @@
+// The slot marker in the publication's comment: what a restart reads to tell
+// a lost slot from a first start, and an interrupted snapshot from a slot to
+// stream from.
+#include <catch2/catch.hpp>
+
+#include "walrelay/catalog.hpp"
+
+using walrelay::SlotMarker;
+
+TEST_CASE("slot marker: written and read back, the owner's lines kept, a pending snapshot recorded", "[catalog]") {
+  SlotMarker pending{"s1", std::nullopt, "2026-12-03T03:00:00Z", "7300000000000000001", true};
+  const std::string comment = walrelay::with_slot_marker("the owner's words\nsecond line", pending);
+  CHECK(comment == "the owner's words\nsecond line\nwalrelay.slot=s1 created_at=2026-12-03T03:00:00Z "
+                   "system=7300000000000000001 snapshot=pending");
+  auto markers = walrelay::parse_slot_markers(comment);
+  REQUIRE(markers.size() == 1);
+  CHECK(markers[0].snapshot_pending);
+  CHECK_FALSE(markers[0].created_lsn);
+
+  // The snapshot done: the same line replaced, pending gone.
+  SlotMarker done{"s1", pgoutput::Lsn{0x16B3740000ULL}, "2026-12-03T03:01:00Z", "7300000000000000001", false};
+  const std::string after = walrelay::with_slot_marker(comment, done);
+  CHECK(after.find("snapshot=") == std::string::npos);
+  CHECK(after.rfind("the owner's words\nsecond line\n", 0) == 0);
+  markers = walrelay::parse_slot_markers(after);
+  REQUIRE(markers.size() == 1);
+  CHECK_FALSE(markers[0].snapshot_pending);
+  CHECK(markers[0].created_lsn == pgoutput::Lsn{0x16B3740000ULL});
+}
+
+TEST_CASE("slot marker: a missing slot is a problem unless its snapshot never finished", "[catalog]") {
+  walrelay::Config config;
+  walrelay::ServerFacts facts;
+  facts.system = "7300000000000000001";
+  facts.marker = SlotMarker{config.slot_name, pgoutput::Lsn{0x100}, "2026-12-03T03:00:00Z", facts.system, false};
+  auto problem = walrelay::slot_problem(config, facts);
+  REQUIRE(problem);
+  CHECK(problem->find("--reset-slot") != std::string::npos);
+  facts.marker->snapshot_pending = true;
+  CHECK_FALSE(walrelay::slot_problem(config, facts));
+}
