@@ -1043,7 +1043,7 @@ def main():
                     help="repeats of every section (default: 3 for throughput and librdkafka, 2 for latency, "
                          "1 for options, sidecar and tableless; the full run stays under an hour on 2 cores)")
     ap.add_argument("--only", default="",
-                    help="comma list of sections: librdkafka,throughput,options,latency,sidecar,tableless, and "
+                    help="comma list of sections: librdkafka,throughput,options,latency,sidecar,tableless,snapshot, and "
                          "txn-floor, eos-throughput (not in a full run); results then go to <sections>.json")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINARY",
                     help="librdkafka section: a walrelay build to measure (e.g. 'librdkafka 2.0.2=build-x/walrelay'); "
@@ -1069,9 +1069,9 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     env = Env(args)
     sections = set(args.only.split(",")) if args.only else {"librdkafka", "throughput", "options", "formats",
-                                                             "latency", "sidecar", "tableless", "sinks"}
+                                                             "latency", "sidecar", "tableless", "sinks", "snapshot"}
     default_repeats = {"throughput": 3, "librdkafka": 3, "latency": 2, "txn-floor": 3, "eos-throughput": 3,
-                       "formats": 3, "sinks": 3}
+                       "formats": 3, "sinks": 3, "snapshot": 3}
     variants = [tuple(v.split("=", 1)) for v in args.variant]
     if not variants:
         sections.discard("librdkafka")
@@ -1097,7 +1097,7 @@ def main():
               "argv": sys.argv[1:],
               "versions": versions(env, args, variants),
               "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": [],
-              "formats": [], "sinks": []}
+              "formats": [], "sinks": [], "snapshot": []}
     seq = 0
 
     def save():
@@ -1108,7 +1108,7 @@ def main():
             write_csv(os.path.join(args.out, f"{tag}_runs.csv"), result["runs"] + result["option_runs"])
             result["summary"] = summarize(result["runs"] + result["option_runs"])
             write_csv(os.path.join(args.out, f"{tag}_summary.csv"), result["summary"])
-        for section in ("latency", "sidecar", "librdkafka", "formats", "sinks"):
+        for section in ("latency", "sidecar", "librdkafka", "formats", "sinks", "snapshot"):
             if result[section]:
                 name = tag if tag == section else f"{tag}_{section}"
                 write_csv(os.path.join(args.out, f"{name}.csv"), result[section])
@@ -1185,6 +1185,32 @@ def main():
             log(f"librdkafka round {rep + 1}: throughput, 200,000 events in 100-row transactions")
             # exactly once with its default 100 ms boundary here: throughput, not latency
             both_modes(f"bench_rdkt_{seq}", 200000, {}, rep, "librdkafka")
+
+    if "snapshot" in sections:
+        # The initial snapshot against streaming, on the same rows in each
+        # round: the stream's slot is made before the rows (walrelay decodes
+        # them from the WAL), the snapshot's slot by walrelay after them
+        # (snapshot.mode=initial reads them from the table). Both timed from
+        # the first record in Kafka to the last.
+        n = args.events or 1000000
+        for rep in range(reps("snapshot")):
+            seq += 1
+            stream_slot, snap_slot = f"bench_snst_{seq}", f"bench_snsn_{seq}"
+            log(f"snapshot round {rep + 1}: {n} rows, streamed and then read by a snapshot")
+            end_lsn = prepare_round(env, n, 100, [stream_slot], [stream_slot, snap_slot])
+            r = run_walrelay(env, n, stream_slot, end_lsn)
+            r.update(kind="streaming", round=rep + 1)
+            r.pop("pg_load", None)
+            record(r, "snapshot", f"{n}_tx100", rep)
+            props = walrelay_props(env, snap_slot, snap_slot, {"publication.name": "bench_pub",
+                                                               "snapshot.mode": "initial"})
+            r = Run(env, "walrelay", [args.walrelay, "--config", props], n, prefix=snap_slot,
+                    stderr_path=os.path.join(args.work, f"{snap_slot}.log")).go()
+            r.update(kind="snapshot", options="snapshot.mode=initial", round=rep + 1)
+            env.drop_slot(snap_slot)
+            env.delete_topics(stream_slot)
+            env.delete_topics(snap_slot)
+            record(r, "snapshot", f"{n}_tx100", rep)
 
     if "eos-throughput" in sections:
         # Explicit only: exactly once against at least once at 100-row

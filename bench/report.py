@@ -351,6 +351,36 @@ def formats(data, folder):
     return "\n".join(out)
 
 
+def snapshot(data, folder):
+    """The initial snapshot against streaming on the same rows: the full run's
+    section, or an explicit `--only snapshot` run's file (snapshot.json) beside it."""
+    rows = data.get("snapshot", [])
+    source = "full.json"
+    if not rows and os.path.exists(os.path.join(folder, "snapshot.json")):
+        d = json.load(open(os.path.join(folder, "snapshot.json")))
+        rows, source = d.get("snapshot", []), "snapshot.json"
+    if not rows:
+        return "_No snapshot run in this folder._"
+    g = by(rows, "kind")
+    base = med(g.get(("streaming",), []), "events_per_s")[0]
+    n = rows[0].get("events")
+    out = [f"From `{source}`; {n:,} rows written in 100-row transactions, medians of {len(g.get(('snapshot',), []))} "
+           "rounds.", "",
+           "| read by | rows/s (first to last record) | share of streaming | start-up s | CPU µs/row | peak RSS MiB |",
+           "|---|---|---|---|---|---|"]
+    names = {"streaming": "the stream (the slot made before the rows)",
+             "snapshot": "the initial snapshot (`snapshot.mode=initial`, the slot made after them)"}
+    for kind in ("streaming", "snapshot"):
+        rs = g.get((kind,), [])
+        if not rs:
+            continue
+        rate = med(rs, "events_per_s")[0]
+        share = f"{rate / base:.2f}" if rate and base else "–"
+        out.append(f"| {names[kind]} | {med(rs, 'events_per_s')[1]} | {share} | {med(rs, 'startup_s')[1]} | "
+                   f"{med(rs, 'cpu_us_per_event')[1]} | {med(rs, 'peak_rss_mib')[1]} |")
+    return "\n".join(out)
+
+
 def sinks(data, folder):
     """Kafka, NATS JetStream and RabbitMQ from one WAL per round: the full run's
     section, or an explicit `--only sinks` run's file (sinks.json) beside it."""
@@ -469,6 +499,7 @@ def sections(data, folder_path):
         "idle-threads": idle_threads(folder_path),
         "formats": formats(data, folder_path),
         "sinks": sinks(data, folder_path),
+        "snapshot": snapshot(data, folder_path),
     }
 
 

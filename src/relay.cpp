@@ -354,7 +354,8 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   }
 
   const bool snapshot = config_.snapshot_mode != SnapshotMode::no_data;
-  const bool interrupted = facts.marker && facts.marker->snapshot_pending;
+  const bool interrupted = facts.marker && facts.marker->snapshot_pending &&
+                           !mutation::active(mutation::Break::snapshot_resume_as_done);
   if (snapshot && (!facts.slot.exists || interrupted)) {
     // The rows already in the outbox first, then the stream from the
     // snapshot's consistent point (relay_snapshot.cpp).

@@ -18,6 +18,7 @@ enum class Break {
   confirm_past_abort,  // exactly once: with no Kafka transaction open, everything acknowledged is confirmable (0.2)
   registry_dead_letters,  // a record whose schema the registry does not give now is dead-lettered, not held
   nats_ack_at_publish,    // NATS JetStream: a record reported delivered once handed to nats.c, before its PubAck
+  snapshot_resume_as_done,  // an interrupted initial snapshot's slot streamed from as if the snapshot had finished
 };
 
 #ifdef WALRELAY_MUTATION_TESTING
