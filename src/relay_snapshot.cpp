@@ -27,12 +27,12 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <cctype>
-#include <cstdlib>
 
 #include <pgoutput/encode.hpp>
 
 #include "walrelay/catalog.hpp"
 #include "walrelay/relay.hpp"
+#include "walrelay/table_rows.hpp"
 
 namespace walrelay {
 namespace asio = boost::asio;
@@ -53,21 +53,10 @@ bool starts_with_word(const std::string& text, std::string_view word) {
   return text.size() == word.size() || !std::isalnum(static_cast<unsigned char>(text[word.size()]));
 }
 
-// The planner's row estimate from EXPLAIN's first line ("rows=N").
-std::uint64_t estimated_rows(const PgRows& plan) {
-  if (plan.rows.empty() || plan.rows[0].empty() || !plan.rows[0][0]) return 0;
-  const std::string& line = *plan.rows[0][0];
-  auto at = line.find("rows=");
-  return at == std::string::npos ? 0 : std::strtoull(line.c_str() + at + 5, nullptr, 10);
-}
-
 }  // namespace
 
 struct Relay::SnapshotTable {
-  TableName name;
-  std::uint32_t oid = 0;
-  std::vector<std::string> column_names;
-  std::vector<pgoutput::MessageWriter::ColumnSpec> columns;  // views into column_names
+  TableRows rows;
   std::string select;
   std::string key;  // the configuration key that decides the SELECT, for errors
   std::uint64_t estimated = 0;
@@ -105,28 +94,12 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
   std::uint64_t estimated = 0;
   for (const auto& name : config_.table_include_list) {
     SnapshotTable& t = tables.emplace_back();
-    t.name = name;
-    const std::string regclass = conn.quote_literal(conn.quote_identifier(name.schema) + "." +
-                                                    conn.quote_identifier(name.name));
-    // Every column the table has: the mapper picks the ones it maps by name,
-    // as it does from the stream's Relation message.
-    auto columns = co_await conn.query(
-        "SELECT a.attrelid::oid, a.attname, a.atttypid::oid, a.atttypmod FROM pg_catalog.pg_attribute a "
-        "WHERE a.attrelid = " + regclass + "::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum");
-    std::string list;
-    for (auto& row : columns.rows) {
-      t.oid = static_cast<std::uint32_t>(std::strtoul(row[0].value_or("0").c_str(), nullptr, 10));
-      t.column_names.push_back(row[1].value_or(""));
-      list += (list.empty() ? "" : ", ") + conn.quote_identifier(t.column_names.back());
-    }
-    for (std::size_t i = 0; i < columns.rows.size(); ++i)
-      t.columns.push_back({t.column_names[i],
-                           static_cast<std::uint32_t>(std::strtoul(columns.rows[i][2].value_or("0").c_str(), nullptr, 10)),
-                           static_cast<std::int32_t>(std::strtol(columns.rows[i][3].value_or("-1").c_str(), nullptr, 10))});
+    t.rows = co_await describe_table(conn, name);
+    const std::string& list = t.rows.select_list;
     const std::string order_column =
         config_.snapshot_order_column.empty() ? config_.field_event_id : config_.snapshot_order_column;
     const std::string order = " ORDER BY " + conn.quote_identifier(order_column);
-    const std::string table_sql = conn.quote_identifier(name.schema) + "." + conn.quote_identifier(name.name);
+    const std::string& table_sql = t.rows.quoted_table;
     auto override_it = config_.snapshot_select_overrides.find(name.qualified());
     if (override_it == config_.snapshot_select_overrides.end()) {
       t.select = "SELECT " + list + " FROM " + table_sql + order;
@@ -145,7 +118,7 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
       t.key = "snapshot.select.statement.overrides." + name.qualified();
     }
     try {
-      t.estimated = estimated_rows(co_await conn.query("EXPLAIN " + t.select));
+      t.estimated = co_await estimate_rows(conn, t.select);
     } catch (const PgError& e) {
       throw Fatal(t.key + ": the initial snapshot's query of " + name.qualified() + " fails: " + e.what() + " (" +
                   t.select + ")");
@@ -203,36 +176,32 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
 }
 
 asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTable& t, Lsn point) {
-  snapshot_->table = t.name.qualified();
-  spdlog::info("slot={} initial snapshot of {}: about {} rows: {}", config_.slot_name, t.name.qualified(),
-               t.estimated, t.select);
+  const std::string table = t.rows.name.qualified();
+  snapshot_->table = table;
+  spdlog::info("slot={} initial snapshot of {}: about {} rows: {}", config_.slot_name, table, t.estimated, t.select);
   pgoutput::MessageWriter writer;
-  writer.relation(t.oid, t.name.schema, t.name.name, t.columns);
+  t.rows.relation(writer);
   if (!co_await snapshot_row(writer.bytes(), point)) co_return;
   try {
     co_await conn.query("DECLARE " + std::string(cursor_name) + " NO SCROLL CURSOR FOR " + t.select);
   } catch (const PgError& e) {
-    throw Fatal(t.key + ": the initial snapshot's query of " + t.name.qualified() + " fails: " + e.what());
+    throw Fatal(t.key + ": the initial snapshot's query of " + table + " fails: " + e.what());
   }
   const std::string fetch = "FETCH FORWARD " + std::to_string(config_.snapshot_fetch_size) + " FROM " + cursor_name;
-  const auto columns = static_cast<std::uint16_t>(t.columns.size());
+  const auto columns = static_cast<int>(t.rows.columns.size());
   while (true) {
     // One chunk at a time: libpq holds one FETCH's rows, read in place.
     auto result = co_await conn.query_result(fetch, fetch_timeout);
     const int rows = result ? PQntuples(result.get()) : 0;
     if (rows == 0) break;
     if (PQnfields(result.get()) != columns)
-      throw Fatal(t.key + ": the snapshot's query of " + t.name.qualified() + " returned " +
+      throw Fatal(t.key + ": the snapshot's query of " + table + " returned " +
                   std::to_string(PQnfields(result.get())) + " columns, not " + std::to_string(columns));
     // A chunk is one transaction in the ledger, at the consistent point:
     // nothing passes the point until the last row is acknowledged.
     txn_ = ledger_.open(commit_time_, point);
     for (int r = 0; r < rows; ++r) {
-      writer.insert(t.oid, columns);
-      for (int c = 0; c < columns; ++c) {
-        if (PQgetisnull(result.get(), r, c)) writer.null();
-        else writer.text({PQgetvalue(result.get(), r, c), static_cast<std::size_t>(PQgetlength(result.get(), r, c))});
-      }
+      t.rows.insert(writer, result.get(), r);
       if (!co_await snapshot_row(writer.bytes(), point)) break;
       snapshot_->rows_done++;
       metrics_.snapshot_rows.Increment();

@@ -135,7 +135,7 @@ class Relay final : public StatusSource {
   // snapshot, sends every row of the outbox tables that the snapshot sees,
   // and waits until each is acknowledged. nullopt: stopped or halted first.
   boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts);
-  struct SnapshotTable;
+  struct SnapshotTable;  // relay_snapshot.cpp
   boost::asio::awaitable<void> snapshot_table(PgConnection& conn, const SnapshotTable& table, pgoutput::Lsn point);
   // Hands one decoded snapshot row to the mapper and the sink, waiting for
   // room as the stream does. false: stopped, halted or replaying.
