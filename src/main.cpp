@@ -21,6 +21,7 @@
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay.hpp"
+#include "walrelay/replay.hpp"
 #include "walrelay/schema_registry.hpp"
 
 extern char** environ;
@@ -29,10 +30,102 @@ namespace po = boost::program_options;
 namespace asio = boost::asio;
 using namespace walrelay;
 
+namespace {
+
+// walrelay replay ...: the rows an outbox table keeps, sent again (replay.hpp).
+int replay_main(int argc, char** argv) {
+  po::options_description options("walrelay replay: sends again the rows an outbox table keeps, with their id header, "
+                                  "beside a running walrelay\n\nUsage: walrelay replay --config FILE [--table T] "
+                                  "(--where COND | --from-id A --to-id B | --since T1 --until T2) [--yes]\n\nOptions");
+  ReplayOptions o;
+  std::string path;
+  options.add_options()
+      ("config,c", po::value<std::string>(&path), "walrelay's configuration file (the sink, the mapping, the database)")
+      ("table", po::value<std::string>(&o.table), "the outbox table (schema.table of table.include.list; optional when it lists one)")
+      ("where", po::value<std::string>(&o.where), "an SQL condition on the table's rows")
+      ("from-id", po::value<std::string>(&o.from_id), "the first id (table.field.event.id), inclusive")
+      ("to-id", po::value<std::string>(&o.to_id), "the last id, inclusive")
+      ("since", po::value<std::string>(&o.since), "rows whose time is at or after this (a timestamp PostgreSQL reads)")
+      ("until", po::value<std::string>(&o.until), "rows whose time is before this")
+      ("time-column", po::value<std::string>(&o.time_column), "the column --since and --until compare (default table.field.event.timestamp)")
+      ("confirm-above", po::value<std::uint64_t>(&o.confirm_above)->default_value(1000), "ask before sending more rows than this")
+      ("yes,y", "send without asking")
+      ("dry-run", "count the rows and send nothing")
+      ("help,h", "print this help and exit");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "walrelay replay: " << e.what() << "\n" << options << "\n";
+    return exit_config;
+  }
+  if (vm.count("help")) {
+    std::cout << options << "\nExit codes: 0 every row sent and acknowledged, 1 not confirmed or interrupted, 2 bad "
+                            "options or condition, 3 rows that could not be mapped or delivered\n";
+    return exit_ok;
+  }
+  o.yes = vm.count("yes") > 0;
+  o.dry_run = vm.count("dry-run") > 0;
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  if (path.empty())
+    for (auto& kv : env)
+      if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
+  Config config;
+  try {
+    config = load_config(path, env);
+  } catch (const ConfigError& e) {
+    std::cerr << "walrelay replay: configuration error: " << e.what() << "\n";
+    return exit_config;
+  }
+  setup_logging(config.log_level, config.log_format);
+  if (config.exactly_once) {
+    // The running walrelay's transactional.id would be fenced by a second
+    // producer under it; replayed rows are at least once by nature.
+    spdlog::info("replay: exactly.once.support=required is for the relay; the replay sends at least once, outside "
+                 "its Kafka transactions, so the running walrelay is not fenced");
+    config.exactly_once = false;
+  }
+  asio::io_context io(1);
+  std::unique_ptr<Sink> sink;
+  try {
+    sink = make_sink(io, config);
+  } catch (const ConfigError& e) {
+    spdlog::critical("configuration error: {}", e.what());
+    return exit_config;
+  }
+  bool stop = false;
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec) stop = true;
+  });
+  int code = exit_failure;
+  asio::co_spawn(io, run_replay(io, config, *sink, o, stop), [&](std::exception_ptr e, int result) {
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        spdlog::critical("replay: {}", ex.what());
+      }
+    } else {
+      code = result;
+    }
+    signals.cancel();
+    io.stop();
+  });
+  io.run();
+  return code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "replay") return replay_main(argc - 1, argv + 1);
   po::options_description options("walrelay " WALRELAY_VERSION
                                    ": relays transactional-outbox rows from PostgreSQL's WAL to Kafka\n\n"
-                                   "Usage: walrelay --config FILE [--check]\n\nOptions");
+                                   "Usage: walrelay --config FILE [--check]\n"
+                                   "       walrelay replay --config FILE --where COND ... (walrelay replay --help)\n\nOptions");
   options.add_options()
       ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
       ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")

@@ -1,0 +1,44 @@
+// walrelay replay: an operator's command, run beside a running walrelay, that
+// sends again the rows an outbox table still keeps (by a condition, an id
+// range or a time range) to where they would go now, with their original id
+// header so that consumers deduplicate. It reads the table on an ordinary
+// connection in one REPEATABLE READ transaction, through a cursor, and never
+// touches the slot.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include "walrelay/config.hpp"
+#include "walrelay/sink.hpp"
+
+namespace walrelay {
+
+struct ReplayOptions {
+  std::string table;        // schema.table, one of table.include.list ("" with one listed: that one)
+  std::string where;        // an SQL condition on the table's rows
+  std::string from_id, to_id;      // table.field.event.id, inclusive
+  std::string since, until;        // the time column, since inclusive, until exclusive
+  std::string time_column;         // default table.field.event.timestamp
+  bool yes = false;                // no confirmation above confirm_above
+  std::uint64_t confirm_above = 1000;
+  bool dry_run = false;            // count and say what would be sent
+};
+
+// The WHERE clause the options select (quoted as `conn` would), or a
+// std::invalid_argument naming the option that is wrong or missing.
+std::string replay_condition(const Config& config, const ReplayOptions& options,
+                             const std::function<std::string(const std::string&)>& quote_identifier,
+                             const std::function<std::string(const std::string&)>& quote_literal);
+
+// Runs the replay; returns the exit code (0 all sent and acknowledged, 1
+// refused or interrupted, 2 bad options, 3 rows that could not be mapped or
+// delivered).
+boost::asio::awaitable<int> run_replay(boost::asio::io_context& io, const Config& config, Sink& sink,
+                                       const ReplayOptions& options, const bool& stop_requested);
+
+}  // namespace walrelay

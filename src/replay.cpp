@@ -1,0 +1,249 @@
+#include "walrelay/replay.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <iostream>
+#include <stdexcept>
+
+#include "walrelay/exit_codes.hpp"
+#include "walrelay/metrics.hpp"
+#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/pg_connection.hpp"
+#include "walrelay/schema_registry.hpp"
+#include "walrelay/table_rows.hpp"
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+asio::awaitable<void> pause(asio::io_context& io, std::chrono::milliseconds d) {
+  asio::steady_timer t(io);
+  t.expires_after(d);
+  boost::system::error_code ec;
+  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+}  // namespace
+
+std::string replay_condition(const Config& config, const ReplayOptions& o,
+                             const std::function<std::string(const std::string&)>& qi,
+                             const std::function<std::string(const std::string&)>& ql) {
+  std::vector<std::string> parts;
+  if (!o.where.empty()) parts.push_back("(" + o.where + ")");
+  // Literals, not numbers: PostgreSQL casts them to the column's type, so an
+  // id range works for bigint and uuid ids alike.
+  if (!o.from_id.empty()) parts.push_back(qi(config.field_event_id) + " >= " + ql(o.from_id));
+  if (!o.to_id.empty()) parts.push_back(qi(config.field_event_id) + " <= " + ql(o.to_id));
+  if (!o.since.empty() || !o.until.empty()) {
+    const std::string column = o.time_column.empty() ? config.field_event_timestamp : o.time_column;
+    if (column.empty())
+      throw std::invalid_argument("--since/--until: name the column that holds the rows' time with --time-column "
+                                  "(table.field.event.timestamp is not set)");
+    if (!o.since.empty()) parts.push_back(qi(column) + " >= " + ql(o.since));
+    if (!o.until.empty()) parts.push_back(qi(column) + " < " + ql(o.until));
+  }
+  if (parts.empty())
+    throw std::invalid_argument("say which rows to send again: --where, --from-id/--to-id or --since/--until "
+                                "(--where true sends every row the table keeps)");
+  std::string out;
+  for (auto& p : parts) out += (out.empty() ? "" : " AND ") + p;
+  return out;
+}
+
+asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink& sink, const ReplayOptions& o,
+                                const bool& stop) {
+  // The table: one of the outbox tables, so that its rows map as the relay's do.
+  std::optional<TableName> table;
+  std::string names;
+  for (auto& t : config.table_include_list) {
+    names += (names.empty() ? "" : ", ") + t.qualified();
+    if (o.table.empty() ? config.table_include_list.size() == 1
+                        : (t.qualified() == o.table || (t.schema == "public" && t.name == o.table)))
+      table = t;
+  }
+  if (!table) {
+    spdlog::critical("replay: --table: {}", o.table.empty() ? "name one of the outbox tables (" + names + ")"
+                                                            : o.table + " is not in table.include.list (" + names + ")");
+    co_return exit_config;
+  }
+  const std::string where = table->qualified();
+
+  PgConnection conn(io);
+  try {
+    co_await conn.connect(config.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+  } catch (const PgError& e) {
+    spdlog::critical("replay: could not connect: {}", e.what());
+    co_return exit_failure;
+  }
+  std::string condition;
+  try {
+    condition = replay_condition(
+        config, o, [&](const std::string& s) { return conn.quote_identifier(s); },
+        [&](const std::string& s) { return conn.quote_literal(s); });
+  } catch (const std::invalid_argument& e) {
+    spdlog::critical("replay: {}", e.what());
+    co_return exit_config;
+  }
+
+  // One snapshot for the count and the rows: what was counted is what is sent.
+  co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  TableRows rows;
+  std::uint64_t count = 0;
+  const std::string order_column = config.snapshot_order_column.empty() ? config.field_event_id
+                                                                         : config.snapshot_order_column;
+  std::string select;
+  try {
+    rows = co_await describe_table(conn, *table);
+    select = "SELECT " + rows.select_list + " FROM " + rows.quoted_table + " WHERE " + condition + " ORDER BY " +
+             conn.quote_identifier(order_column);
+    auto n = co_await conn.query("SELECT count(*) FROM " + rows.quoted_table + " WHERE " + condition,
+                                 {}, std::chrono::hours(1));
+    count = std::stoull(n.rows.at(0).at(0).value_or("0"));
+  } catch (const PgError& e) {
+    spdlog::critical("replay: the rows of {} where {} cannot be read: {}", where, condition, e.what());
+    co_return exit_config;
+  }
+  spdlog::info("replay: {} row(s) of {} match {}", count, where, condition);
+  if (count == 0) co_return exit_ok;
+  if (o.dry_run) {
+    spdlog::info("replay: --dry-run: nothing sent");
+    co_return exit_ok;
+  }
+  if (count > o.confirm_above && !o.yes) {
+    if (!::isatty(STDIN_FILENO)) {
+      spdlog::critical("replay: {} rows match, more than --confirm-above={}: add --yes to send them again", count,
+                       o.confirm_above);
+      co_return exit_failure;
+    }
+    std::cerr << "Send " << count << " rows of " << where << " again (sink " << config.sink_type
+              << ")? Type yes to go on: " << std::flush;
+    std::string answer;
+    std::getline(std::cin, answer);
+    if (answer != "yes") {
+      spdlog::info("replay: not confirmed; nothing sent");
+      co_return exit_failure;
+    }
+  }
+
+  OutboxMapper mapper(config);
+  Metrics metrics;
+  std::unique_ptr<SchemaEncoder> encoder;
+  if (config.registry.format != RegistryFormat::none) encoder = std::make_unique<SchemaEncoder>(io, config, metrics);
+  pgoutput::Decoder decoder(1);
+  pgoutput::MessageWriter writer;
+  rows.relation(writer);
+  {
+    auto relation = decoder.decode(writer.bytes());
+    if (!relation || !mapper.on_relation(std::get<pgoutput::Relation>(relation.value()))) {
+      spdlog::critical("replay: {} is not an outbox table walrelay can map", where);
+      co_return exit_config;
+    }
+  }
+  int id_column = -1;
+  for (std::size_t i = 0; i < rows.columns.size(); ++i)
+    if (rows.columns[i].name == config.field_event_id) id_column = static_cast<int>(i);
+
+  struct Tally {
+    std::uint64_t inflight = 0, sent = 0, delivered = 0, failed = 0, unmapped = 0;
+  } tally;
+  sink.on_delivery([&](const Delivery& d) {
+    tally.inflight--;
+    if (d.ok) {
+      tally.delivered++;
+    } else if (++tally.failed <= 10) {
+      spdlog::error("replay: a record to {} was not delivered: {} ({})", d.topic, d.error_message, d.error_code);
+    }
+  });
+
+  co_await conn.query("DECLARE walrelay_replay NO SCROLL CURSOR FOR " + select);
+  const std::string fetch = "FETCH FORWARD " + std::to_string(config.snapshot_fetch_size) + " FROM walrelay_replay";
+  const std::int64_t now = pgoutput::pg_epoch_micros_now();
+  OutboxRecord record;
+  auto started = std::chrono::steady_clock::now(), logged = started;
+  bool halted = false;
+  while (!stop && !halted) {
+    auto result = co_await conn.query_result(fetch, std::chrono::hours(24));
+    const int n = result ? PQntuples(result.get()) : 0;
+    if (n == 0) break;
+    for (int r = 0; r < n && !stop && !halted; ++r) {
+      rows.insert(writer, result.get(), r);
+      auto decoded = decoder.decode(writer.bytes());
+      if (!decoded || !std::holds_alternative<pgoutput::Insert>(decoded.value())) {
+        spdlog::critical("replay: could not encode a row of {} as an Insert", where);  // a bug, not the row's
+        halted = true;
+        break;
+      }
+      const auto& insert = std::get<pgoutput::Insert>(decoded.value());
+      std::optional<MapError> error = mapper.map(insert, now, record);
+      while (!error && encoder) {
+        MapError e;
+        auto status = encoder->encode(record, e);
+        if (status == SchemaEncoder::Status::encoded) break;
+        if (status == SchemaEncoder::Status::failed) error = e;
+        else co_await pause(io, 50ms);  // the registry is being asked, or is down: wait
+        if (stop) break;
+      }
+      if (error) {
+        tally.unmapped++;
+        const std::string id = id_column >= 0 && !PQgetisnull(result.get(), r, id_column)
+                                   ? PQgetvalue(result.get(), r, id_column)
+                                   : std::string("?");
+        spdlog::error("replay: the row of {} with {}={} cannot be mapped ({}): {}", where, config.field_event_id, id,
+                      error->reason, error->message);
+        // errors.tolerance=none: stop there, as the relay would.
+        if (config.errors_tolerance == ErrorTolerance::none) halted = true;
+        continue;
+      }
+      if (stop) break;
+      while (tally.inflight >= static_cast<std::uint64_t>(config.max_inflight_records)) {
+        sink.poll();
+        if (tally.inflight >= static_cast<std::uint64_t>(config.max_inflight_records)) co_await pause(io, 5ms);
+      }
+      while (true) {
+        tally.inflight++;  // before submit: a refusal reports inside it
+        if (sink.submit(record, 0) != SubmitStatus::queue_full) break;
+        tally.inflight--;
+        sink.poll();
+        co_await pause(io, 10ms);
+      }
+      tally.sent++;
+    }
+    sink.poll();
+    auto now_t = std::chrono::steady_clock::now();
+    if (now_t - logged >= 5s) {
+      logged = now_t;
+      spdlog::info("replay: {} of {} rows sent, {} acknowledged", tally.sent, count, tally.delivered);
+    }
+  }
+  // Everything sent settles before the exit; a stop waits shutdown.timeout.ms.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.shutdown_timeout_ms);
+  while (tally.inflight > 0 && (!stop || std::chrono::steady_clock::now() < deadline)) {
+    sink.poll();
+    co_await pause(io, 20ms);
+  }
+  try {
+    co_await conn.query("COMMIT");
+  } catch (const PgError&) {
+  }
+  conn.close();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  spdlog::info("replay: {} of {} rows of {} sent again in {:.1f} s; {} acknowledged, {} not delivered, {} could not "
+               "be mapped",
+               tally.sent, count, where, seconds, tally.delivered, tally.failed + tally.inflight, tally.unmapped);
+  if (stop) {
+    spdlog::warn("replay: interrupted after {} rows; the rows sent were sent at least once: run it again, or narrow "
+                 "it with --from-id",
+                 tally.sent);
+    co_return exit_failure;
+  }
+  co_return tally.failed + tally.unmapped + tally.inflight > 0 ? exit_halted : exit_ok;
+}
+
+}  // namespace walrelay
