@@ -21,6 +21,7 @@
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay.hpp"
+#include "walrelay/redrive.hpp"
 #include "walrelay/replay.hpp"
 #include "walrelay/schema_registry.hpp"
 
@@ -31,6 +32,68 @@ namespace asio = boost::asio;
 using namespace walrelay;
 
 namespace {
+
+// The configuration of an operator's command (replay, redrive): the relay's
+// file, logging set up, and at least once whatever the relay runs with: a
+// second transactional producer under the relay's transactional.id would
+// fence the running walrelay.
+std::optional<Config> command_config(std::string path, const char* command) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  if (path.empty())
+    for (auto& kv : env)
+      if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
+  Config config;
+  try {
+    config = load_config(path, env);
+  } catch (const ConfigError& e) {
+    std::cerr << "walrelay " << command << ": configuration error: " << e.what() << "\n";
+    return std::nullopt;
+  }
+  setup_logging(config.log_level, config.log_format);
+  if (config.exactly_once) {
+    spdlog::info("{}: exactly.once.support=required is for the relay; {} sends at least once, outside its Kafka "
+                 "transactions, so that the running walrelay is not fenced",
+                 command, command);
+    config.exactly_once = false;
+  }
+  return config;
+}
+
+// Runs an operator's command on a loop of its own with the configured sink;
+// SIGINT or SIGTERM sets the flag it watches.
+int run_command_job(const Config& config,
+                    const std::function<asio::awaitable<int>(asio::io_context&, Sink&, const bool&)>& job) {
+  asio::io_context io(1);
+  std::unique_ptr<Sink> sink;
+  try {
+    sink = make_sink(io, config);
+  } catch (const ConfigError& e) {
+    spdlog::critical("configuration error: {}", e.what());
+    return exit_config;
+  }
+  bool stop = false;
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec) stop = true;
+  });
+  int code = exit_failure;
+  asio::co_spawn(io, job(io, *sink, stop), [&](std::exception_ptr e, int result) {
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        spdlog::critical("{}", ex.what());
+      }
+    } else {
+      code = result;
+    }
+    signals.cancel();
+    io.stop();
+  });
+  io.run();
+  return code;
+}
 
 // walrelay replay ...: the rows an outbox table keeps, sent again (replay.hpp).
 int replay_main(int argc, char** argv) {
@@ -67,65 +130,62 @@ int replay_main(int argc, char** argv) {
   }
   o.yes = vm.count("yes") > 0;
   o.dry_run = vm.count("dry-run") > 0;
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  if (path.empty())
-    for (auto& kv : env)
-      if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
-  Config config;
+  auto config = command_config(path, "replay");
+  if (!config) return exit_config;
+  return run_command_job(*config, [&](asio::io_context& io, Sink& sink, const bool& stop) {
+    return run_replay(io, *config, sink, o, stop);
+  });
+}
+
+// walrelay redrive ...: the dead-letter topic's records sent on again (redrive.hpp).
+int redrive_main(int argc, char** argv) {
+  po::options_description options("walrelay redrive: sends the records of the dead-letter topic again to where they "
+                                  "would go now\n\nUsage: walrelay redrive --config FILE [--group G] [--dry-run]\n\n"
+                                  "Options");
+  RedriveOptions o;
+  std::string path;
+  options.add_options()
+      ("config,c", po::value<std::string>(&path), "walrelay's configuration file (the dead-letter topic, the mapping)")
+      ("group", po::value<std::string>(&o.group), "the consumer group that records what is done (default walrelay-redrive.<slot.name>)")
+      ("dry-run", "list what would be sent again; send and commit nothing")
+      ("help,h", "print this help and exit");
+  po::variables_map vm;
   try {
-    config = load_config(path, env);
-  } catch (const ConfigError& e) {
-    std::cerr << "walrelay replay: configuration error: " << e.what() << "\n";
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "walrelay redrive: " << e.what() << "\n" << options << "\n";
     return exit_config;
   }
-  setup_logging(config.log_level, config.log_format);
-  if (config.exactly_once) {
-    // The running walrelay's transactional.id would be fenced by a second
-    // producer under it; replayed rows are at least once by nature.
-    spdlog::info("replay: exactly.once.support=required is for the relay; the replay sends at least once, outside "
-                 "its Kafka transactions, so the running walrelay is not fenced");
-    config.exactly_once = false;
+  if (vm.count("help")) {
+    std::cout << options << "\nExit codes: 0 every record sent on or back to the dead-letter topic, 1 could not run "
+                            "or interrupted, 2 bad options, 3 stopped on a record that could not be sent\n";
+    return exit_ok;
   }
-  asio::io_context io(1);
-  std::unique_ptr<Sink> sink;
-  try {
-    sink = make_sink(io, config);
-  } catch (const ConfigError& e) {
-    spdlog::critical("configuration error: {}", e.what());
+  o.dry_run = vm.count("dry-run") > 0;
+  auto config = command_config(path, "redrive");
+  if (!config) return exit_config;
+  if (config->sink_type != "kafka") {
+    spdlog::critical("redrive: sink.type={}: redrive reads a Kafka dead-letter topic; the {} sink's dead letters are "
+                     "read with the broker's own tools",
+                     config->sink_type, config->sink_type);
     return exit_config;
   }
-  bool stop = false;
-  asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code& ec, int) {
-    if (!ec) stop = true;
+  return run_command_job(*config, [&](asio::io_context& io, Sink& sink, const bool& stop) {
+    return run_redrive(io, *config, sink, o, stop);
   });
-  int code = exit_failure;
-  asio::co_spawn(io, run_replay(io, config, *sink, o, stop), [&](std::exception_ptr e, int result) {
-    if (e) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        spdlog::critical("replay: {}", ex.what());
-      }
-    } else {
-      code = result;
-    }
-    signals.cancel();
-    io.stop();
-  });
-  io.run();
-  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "replay") return replay_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string_view(argv[1]) == "redrive") return redrive_main(argc - 1, argv + 1);
   po::options_description options("walrelay " WALRELAY_VERSION
                                    ": relays transactional-outbox rows from PostgreSQL's WAL to Kafka\n\n"
                                    "Usage: walrelay --config FILE [--check]\n"
-                                   "       walrelay replay --config FILE --where COND ... (walrelay replay --help)\n\nOptions");
+                                   "       walrelay replay --config FILE --where COND ... (walrelay replay --help)\n"
+                                   "       walrelay redrive --config FILE (walrelay redrive --help)\n\nOptions");
   options.add_options()
       ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
       ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")

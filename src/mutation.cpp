@@ -19,6 +19,7 @@ std::string_view name(Break b) {
     case Break::registry_dead_letters: return "registry_dead_letters";
     case Break::nats_ack_at_publish: return "nats_ack_at_publish";
     case Break::snapshot_resume_as_done: return "snapshot_resume_as_done";
+    case Break::redrive_commit_early: return "redrive_commit_early";
   }
   return "?";
 }
@@ -30,7 +31,8 @@ Break selected() {
     if (!env || !*env) return Break::none;
     for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
                     Break::sigterm_no_wait, Break::confirm_past_abort,
-                    Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done})
+                    Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
+                    Break::redrive_commit_early})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

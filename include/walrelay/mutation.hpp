@@ -19,6 +19,7 @@ enum class Break {
   registry_dead_letters,  // a record whose schema the registry does not give now is dead-lettered, not held
   nats_ack_at_publish,    // NATS JetStream: a record reported delivered once handed to nats.c, before its PubAck
   snapshot_resume_as_done,  // an interrupted initial snapshot's slot streamed from as if the snapshot had finished
+  redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

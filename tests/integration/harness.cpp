@@ -545,17 +545,20 @@ void configure_topic(const std::string& topic, int partitions, const std::map<st
 }
 
 void produce_record(const std::string& topic, const std::string& key, const std::string& value,
-                    std::int64_t timestamp_ms) {
+                    std::int64_t timestamp_ms, const std::vector<std::pair<std::string, std::string>>& headers) {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   rd_kafka_conf_set(conf, "bootstrap.servers", Services::get().kafka.c_str(), err, sizeof err);
   rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
   if (!rk) throw std::runtime_error(std::string("producer: ") + err);
+  rd_kafka_headers_t* hdrs = rd_kafka_headers_new(headers.size());
+  for (auto& [n, v] : headers) rd_kafka_header_add(hdrs, n.c_str(), -1, v.data(), static_cast<ssize_t>(v.size()));
   auto e = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_PARTITION(0),
                              RD_KAFKA_V_KEY(key.data(), key.size()),
                              RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
                              RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_TIMESTAMP(timestamp_ms),
-                             RD_KAFKA_V_END);
+                             RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END);
+  if (e) rd_kafka_headers_destroy(hdrs);  // taken by producev only on success
   auto flushed = e ? e : rd_kafka_flush(rk, 30000);
   rd_kafka_destroy(rk);
   if (flushed) throw std::runtime_error("produce to " + topic + ": " + rd_kafka_err2str(flushed));

@@ -103,7 +103,7 @@ void configure_topic(const std::string& topic, int partitions, const std::map<st
 // Produces one plain (not transactional) record with this timestamp (0:
 // now) and waits for its acknowledgement; throws on failure.
 void produce_record(const std::string& topic, const std::string& key, const std::string& value,
-                    std::int64_t timestamp_ms = 0);
+                    std::int64_t timestamp_ms = 0, const std::vector<std::pair<std::string, std::string>>& headers = {});
 
 // Sum of every sample of a Prometheus metric in an exposition (all label
 // sets; `name` may carry a full label set, e.g. name{reason="x"}); nullopt

@@ -37,6 +37,11 @@ namespace walrelay {
 namespace asio = boost::asio;
 using pgoutput::Lsn;
 
+bool shared_with_consumer(const std::string& key) {
+  return key == "bootstrap.servers" || key == "client.id" || key.rfind("security.", 0) == 0 ||
+         key.rfind("sasl.", 0) == 0 || key.rfind("ssl.", 0) == 0 || key == "broker.address.family";
+}
+
 namespace {
 
 // The outcome of a transactional call, taken apart on the worker (the error
@@ -74,12 +79,6 @@ std::string position_json(const CommittedPosition& p, const SourceIdentity& s) {
   return to_json_text(doc);
 }
 
-// The settings a consumer of the offsets topic shares with the producer:
-// where the brokers are and how to authenticate.
-bool shared_with_consumer(const std::string& key) {
-  return key == "bootstrap.servers" || key == "client.id" || key.rfind("security.", 0) == 0 ||
-         key.rfind("sasl.", 0) == 0 || key.rfind("ssl.", 0) == 0 || key == "broker.address.family";
-}
 
 // Whether the cluster knows `topic`, asked without creating it.
 // A producer's metadata request for one topic lets the broker auto-create

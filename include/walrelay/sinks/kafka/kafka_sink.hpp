@@ -40,6 +40,10 @@ struct KafkaTransactions {
 // What an authorization error from the broker asks for, in the words of
 // Kafka's ACLs (docs/operations.md, "Kafka permissions"): `code` is
 // Delivery::error_code's form (topic_authorization_failed ...).
+// The producer's settings a consumer shares (where the brokers are, how to
+// authenticate): the offsets reader's and walrelay redrive's.
+bool shared_with_consumer(const std::string& key);
+
 std::string kafka_permission_hint(std::string_view code, std::string_view topic, std::string_view transactional_id);
 
 class KafkaSink final : public Sink, public TransactionalSink {
