@@ -40,9 +40,13 @@ if ((${#missing[@]})); then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-"$here/librdkafka.sh" >/dev/null
+# librdkafka's build takes the CPU for minutes while the rest waits on the
+# network (Maven Central, PyPI, npm): they run side by side.
+"$here/librdkafka.sh" >/dev/null &
+rdkafka=$!
 "$here/kafka-jars.sh" >/dev/null
 "$here/py-venv.sh" >/dev/null
 # shellcheck disable=SC2086  # a list of majors
 [[ -z $pg_majors ]] || "$here/pg-install.sh" $pg_majors
+wait "$rdkafka" || { echo "setup: building librdkafka failed" >&2; exit 1; }
 echo "setup: ok" >&2
