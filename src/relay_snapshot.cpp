@@ -120,6 +120,9 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
     try {
       t.estimated = co_await estimate_rows(conn, t.select);
     } catch (const PgError& e) {
+      if (e.sqlstate() == "42501")
+        throw Fatal("snapshot.mode: walrelay's role may not read " + name.qualified() + " for the initial snapshot (" +
+                    e.what() + "): GRANT SELECT ON " + t.rows.quoted_table + " TO it, or set snapshot.mode=no_data");
       throw Fatal(t.key + ": the initial snapshot's query of " + name.qualified() + " fails: " + e.what() + " (" +
                   t.select + ")");
     }

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # docs/migration-from-polling.md's cut-over, run as written, with a real
 # polling relay (bench/polling/relay.py, which deletes what it sent) and a
-# writer that keeps writing the whole time: every event reaches Kafka, and
-# duplicates only where the document says (rows committed after the slot's
-# consistent point that the poller also sent before it stopped). The writer
-# records each event in a business table in the same transaction, since the
-# poller deletes the outbox rows.
+# writer that keeps writing the whole time: stop the poller, start walrelay
+# with the initial snapshot; every event reaches Kafka exactly once. The
+# writer records each event in a business table in the same transaction,
+# since the poller deletes the outbox rows.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 need_relay_services
@@ -52,50 +51,46 @@ poller=$!
 for _ in $(seq 100); do [[ $(sql -d $db -c "SELECT count(*) >= 200 FROM orders") == t ]] && break; sleep 0.1; done
 ok "the writer and the poller run"
 
-# Step 2: the publication, then the slot, while the poller runs. Orders up
-# to `before` were committed before the slot existed: only the poller sends
-# them, exactly once.
-before=$(sql -d $db -c "SELECT max(seq) FROM orders")
-# The SQL of steps 2 and 3 is taken from the document itself.
-python3 - "$REPO/docs/migration-from-polling.md" "$tmp" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-cut = text[text.index("## 2. Cut over"):]
-blocks = re.findall(r"```sql\n(.*?)```", cut, re.S)
-open(sys.argv[2] + "/step2.sql", "w").write(blocks[0].replace("\n   ", "\n"))
-open(sys.argv[2] + "/step3.sql", "w").write(blocks[1].replace("\n   ", "\n"))
-PY
-grep -q pg_create_logical_replication_slot "$tmp/step2.sql" || fail "step 2 of the document creates no slot"
-grep -q outbox_cutover "$tmp/step3.sql" || fail "step 3 of the document makes no cut-over list"
-sql -d $db -f "$tmp/step2.sql" >/dev/null
-# Step 3, right after: what the poller is still responsible for. (The
-# document's query selects the unsent rows of a marking poller; this poller
-# deletes, so every row still there is unsent.)
-sed 's/ WHERE sent_at IS NULL//' "$tmp/step3.sql" | sql -d $db >/dev/null
-# Step 4: until the poller has sent all of them.
-for _ in $(seq 600); do
-  [[ $(sql -d $db -c "SELECT count(*) FROM outbox JOIN outbox_cutover USING (id)") == 0 ]] && break
-  sleep 0.1
-done
-[[ $(sql -d $db -c "SELECT count(*) FROM outbox JOIN outbox_cutover USING (id)") == 0 ]] || fail "the poller did not send the cut-over rows"
-# Step 5: stop the poller.
+# The cut-over as the document gives it: stop the poller, start walrelay with
+# the snapshot (this poller deletes what it sent, so every row still in the
+# table is unsent: no condition). The writer goes on the whole time.
 kill -TERM "$poller"
 wait "$poller" || fail "the poller failed: $(tail -n 5 "$tmp/poller.log")"
 poller=
-ok "steps 2 to 5: publication, slot, cut-over list, the poller drained it and stopped"
-# Step 6: start walrelay.
+ok "the poller stopped with the writer running"
+# walrelay's role: the publication's owner (it records the snapshot's
+# progress there) and SELECT on the outbox (the snapshot reads it), as
+# the document's step 1 says.
+grep -q "GRANT SELECT ON" "$REPO/docs/migration-from-polling.md" || fail "the document does not say to grant SELECT"
+sql -d $db >/dev/null <<'SQL'
+CREATE PUBLICATION walrelay FOR TABLE outbox WITH (publish = 'insert');
+ALTER PUBLICATION walrelay OWNER TO walrelay;
+GRANT SELECT ON outbox TO walrelay;
+SQL
+# The document's keys, taken from it.
+python3 - "$REPO/docs/migration-from-polling.md" > "$tmp/cutover.properties" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+cut = text[text.index("## 2. Cut over"):]
+block = re.findall(r"```properties\n(.*?)```", cut, re.S)[0]
+print("\n".join(l for l in block.splitlines() if l.strip() and not l.startswith("#")
+                and not l.startswith("snapshot.select.statement.overrides")))
+PY
+grep -qx "snapshot.mode=initial" "$tmp/cutover.properties" || fail "the document's cut-over takes no snapshot"
 cat > "$tmp/walrelay.properties" <<PROPS
 database.hostname=$PGHOST
 database.port=$PGPORT
 database.user=walrelay
 database.dbname=$db
 publication.autocreate.mode=disabled
+snapshot.order.column=seq
 route.topic.replacement=$prefix.\${routedByValue}
 kafka.bootstrap.servers=$WALRELAY_TEST_KAFKA
 admin.listen=127.0.0.1:0
 PROPS
+cat "$tmp/cutover.properties" >> "$tmp/walrelay.properties"
 start "$WALRELAY_DEPLOY_BINARY" --config "$tmp/walrelay.properties"
-wait_streaming "step 6"
+wait_streaming "the cut-over"
 # The writer goes on for a while with walrelay alone, then stops.
 sleep 3  # walrelay relaying alone: its length is the test
 touch "$tmp/stop"
@@ -106,21 +101,18 @@ for _ in $(seq 600); do
   [[ $(sql -c "SELECT confirmed_flush_lsn >= '$end' FROM pg_replication_slots WHERE slot_name = 'walrelay'") == t ]] && break
   sleep 0.1
 done
-stop "step 6"
+stop "the cut-over"
 timeout 60 kcat -b "$WALRELAY_TEST_KAFKA" -C -t "$topic" -o beginning -e -q -f '%h\n' 2>/dev/null \
   | sed -n 's/.*\bid=\([0-9a-f-]*\).*/\1/p' | sort > "$tmp/sent"
 sql -d $db -c "SELECT id, seq FROM orders ORDER BY id" > "$tmp/orders"
-python3 - "$tmp/orders" "$tmp/sent" "$before" <<'PY'
+python3 - "$tmp/orders" "$tmp/sent" <<'PY'
 import collections, sys
 orders = dict(line.strip().split("|") for line in open(sys.argv[1]) if line.strip())
 sent = collections.Counter(line.strip() for line in open(sys.argv[2]) if line.strip())
-before = int(sys.argv[3])
 missing = [i for i in orders if sent[i] == 0]
-early_dups = [i for i in orders if int(orders[i]) <= before and sent[i] > 1]
 dups = sum(c - 1 for c in sent.values() if c > 1)
-print(f"orders={len(orders)} records={sum(sent.values())} missing={len(missing)} duplicates={dups} "
-      f"duplicates committed before the slot={len(early_dups)}")
-if not orders or missing or early_dups or set(sent) - set(orders):
+print(f"orders={len(orders)} records={sum(sent.values())} missing={len(missing)} duplicates={dups}")
+if not orders or missing or dups or set(sent) - set(orders):
     sys.exit(1)
 PY
-ok "every event in Kafka once or, if committed after the slot's creation, possibly twice"
+ok "every event in Kafka exactly once: the poller's before the cut-over, the snapshot's and the stream's after"

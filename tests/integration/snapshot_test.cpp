@@ -191,7 +191,7 @@ TEST_CASE("snapshot: a migration from a polling relay - stop the poller, start w
   check_order_per_key(recs);
 }
 
-TEST_CASE("snapshot: initial_only sends the rows and exits 0\\, keeping the slot; a later start streams what follows "
+TEST_CASE("snapshot: initial_only sends the rows and exits 0\\, keeping the slot\\, and a later start streams what follows "
           "with no gap",
           "[snapshot]") {
   const long before = 5000, during = 4000;
@@ -253,7 +253,7 @@ TEST_CASE("snapshot: a second walrelay on the slot waits as a standby while the 
   CHECK(missing_ids(f.db(), f.table, seen).empty());
 }
 
-TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot; a bad override halts naming its key",
+TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot\\, and a bad override halts naming its key",
           "[snapshot]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -278,4 +278,44 @@ TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot; a b
   CHECK(bad.run({"--config", bad.config_path()}, 60s) == 3);
   CHECK(bad.log().find("snapshot.select.statement.overrides." + g.table) != std::string::npos);
   CHECK(bad.log().find("no_such_column") != std::string::npos);
+}
+
+TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot is told what to grant\\, and a "
+          "start after the grant takes the snapshot",
+          "[snapshot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Grant", 100);
+  const std::string role = f.slot + "_relay";
+  f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + " WITH (publish = 'insert')");
+  f.db().exec("CREATE ROLE " + role + " LOGIN REPLICATION");
+  struct DropRole {
+    Fixture& f;
+    std::string role;
+    ~DropRole() {
+      try {
+        f.db().exec("DROP OWNED BY " + role + "; DROP ROLE IF EXISTS " + role);
+      } catch (...) {
+      }
+    }
+  } drop{f, role};
+  const std::string config =
+      with_key(f.config("publication.autocreate.mode=disabled\nsnapshot.mode=initial\n"), "database.user", role);
+  // Not the publication's owner: the snapshot could not record its progress.
+  Walrelay relay(config);
+  CHECK(relay.run({"--config", relay.config_path()}, 60s) == 3);
+  CHECK(relay.log().find("the initial snapshot needs to record its progress") != std::string::npos);
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
+  // The owner, without SELECT on the table.
+  f.db().exec("ALTER PUBLICATION " + f.slot + " OWNER TO " + role);
+  CHECK(relay.run({"--config", relay.config_path()}, 60s) == 3);
+  CHECK(relay.this_run_log().find("GRANT SELECT ON") != std::string::npos);
+  // Granted: the next start takes the snapshot again from the start.
+  f.db().exec("GRANT SELECT ON " + f.table + " TO " + role);
+  relay.start();
+  relay.wait_streaming();
+  CHECK(relay.this_run_log().find("did not finish") != std::string::npos);
+  auto recs = read_all(f, f.topic("Grant"), 60s);
+  CHECK(ids_of(recs).count.size() == 100);
+  CHECK(ids_of(recs).duplicates() == 0);
 }
