@@ -4,10 +4,6 @@
 #include <librdkafka/rdkafka.h>
 #include <spdlog/spdlog.h>
 
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include <map>
 #include <memory>
 #include <regex>
@@ -16,6 +12,7 @@
 
 #include <pgoutput/encode.hpp>
 
+#include "walrelay/command_support.hpp"
 #include "walrelay/dead_letter.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/json.hpp"
@@ -36,13 +33,6 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr const char* attempts_header = "walrelay.redrive.attempts";
-
-asio::awaitable<void> pause(asio::io_context& io, std::chrono::milliseconds d) {
-  asio::steady_timer t(io);
-  t.expires_after(d);
-  boost::system::error_code ec;
-  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
 
 using Consumer = std::unique_ptr<rd_kafka_t, void (*)(rd_kafka_t*)>;
 using PartitionList = std::unique_ptr<rd_kafka_topic_partition_list_t, void (*)(rd_kafka_topic_partition_list_t*)>;
@@ -322,10 +312,7 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
       record.timestamp_ms = rd_kafka_message_timestamp(m, &ts_type);
       for (auto& [n, v] : kept) record.headers.push_back({n, v ? std::optional<std::string_view>(*v) : std::nullopt});
       if (auto* id = h.find("id"); id && *id) record.event_id = **id;
-      while (sink.submit(record, token) == SubmitStatus::queue_full) {
-        sink.poll();
-        co_await pause(io, 5ms);
-      }
+      co_await submit_when_taken(io, sink, record, token);
       continue;
     }
 
@@ -375,13 +362,7 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
       }
       const auto& insert = std::get<pgoutput::Insert>(decoded.value());
       error = mapper.map(insert, pgoutput::pg_epoch_micros_now(), record);
-      while (!error && encoder) {
-        MapError e;
-        auto status = encoder->encode(record, e);
-        if (status == SchemaEncoder::Status::encoded) break;
-        if (status == SchemaEncoder::Status::failed) error = e;
-        else co_await pause(io, 50ms);
-      }
+      if (!error) error = co_await encode_when_ready(io, encoder.get(), record, stop);
       if (error) {
         spdlog::warn("redrive: the row of {} with id {} still cannot be mapped ({}): back to {}", table_name,
                      h.text("id"), error->message, dlq);
@@ -423,10 +404,8 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
                   h, token);
       continue;
     }
-    while (sink.submit(record, token) == SubmitStatus::queue_full) {
-      sink.poll();
-      co_await pause(io, 5ms);
-    }
+    if (stop) break;  // a stop while the registry was waited for: unsent, so not committed past
+    co_await submit_when_taken(io, sink, record, token);
   }
   // Everything sent settles before the last commit; a stop waits shutdown.timeout.ms.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.shutdown_timeout_ms);

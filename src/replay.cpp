@@ -3,13 +3,10 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include <iostream>
 #include <stdexcept>
 
+#include "walrelay/command_support.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/outbox_mapper.hpp"
@@ -20,17 +17,6 @@
 namespace walrelay {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
-
-namespace {
-
-asio::awaitable<void> pause(asio::io_context& io, std::chrono::milliseconds d) {
-  asio::steady_timer t(io);
-  t.expires_after(d);
-  boost::system::error_code ec;
-  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
-
-}  // namespace
 
 std::string replay_condition(const Config& config, const ReplayOptions& o,
                              const std::function<std::string(const std::string&)>& qi,
@@ -182,14 +168,7 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
       }
       const auto& insert = std::get<pgoutput::Insert>(decoded.value());
       std::optional<MapError> error = mapper.map(insert, now, record);
-      while (!error && encoder) {
-        MapError e;
-        auto status = encoder->encode(record, e);
-        if (status == SchemaEncoder::Status::encoded) break;
-        if (status == SchemaEncoder::Status::failed) error = e;
-        else co_await pause(io, 50ms);  // the registry is being asked, or is down: wait
-        if (stop) break;
-      }
+      if (!error) error = co_await encode_when_ready(io, encoder.get(), record, stop);
       if (error) {
         tally.unmapped++;
         const std::string id = id_column >= 0 && !PQgetisnull(result.get(), r, id_column)
@@ -206,13 +185,8 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
         sink.poll();
         if (tally.inflight >= static_cast<std::uint64_t>(config.max_inflight_records)) co_await pause(io, 5ms);
       }
-      while (true) {
-        tally.inflight++;  // before submit: a refusal reports inside it
-        if (sink.submit(record, 0) != SubmitStatus::queue_full) break;
-        tally.inflight--;
-        sink.poll();
-        co_await pause(io, 10ms);
-      }
+      tally.inflight++;  // before submit: a refusal reports inside it
+      co_await submit_when_taken(io, sink, record, 0);
       tally.sent++;
     }
     sink.poll();
