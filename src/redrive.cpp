@@ -391,6 +391,7 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
                                        {reinterpret_cast<const std::byte*>(value->data()), value->size()}};
       error = mapper.map_message(message, pgoutput::pg_epoch_micros_now(),
                                  static_cast<std::uint16_t>(config.table_include_list.size() + source), record);
+      if (!error) error = co_await encode_when_ready(io, encoder.get(), record, stop);
       if (error) {
         back_to_dlq(unmappable_message(message, *error, config.dlq_context_headers), h, token);
         continue;
