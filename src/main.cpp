@@ -37,19 +37,44 @@ namespace {
 // file, logging set up, and at least once whatever the relay runs with: a
 // second transactional producer under the relay's transactional.id would
 // fence the running walrelay.
-std::optional<Config> command_config(std::string path, const char* command) {
+// The configuration file (--config, else $WALRELAY_CONFIG) with the
+// WALRELAY_* variables over it; nullopt after saying what is wrong.
+std::optional<Config> read_config(std::string path, const std::string& who) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   if (path.empty())
     for (auto& kv : env)
       if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
-  Config config;
   try {
-    config = load_config(path, env);
+    return load_config(path, env);
   } catch (const ConfigError& e) {
-    std::cerr << "walrelay " << command << ": configuration error: " << e.what() << "\n";
+    std::cerr << who << ": configuration error: " << e.what() << "\n";
     return std::nullopt;
   }
+}
+
+// Parses an operator's command line; an exit code when it is done (--help,
+// or a bad option), nullopt to go on.
+std::optional<int> parse_command(int argc, char** argv, const po::options_description& options,
+                                 const char* command, const char* exit_codes, po::variables_map& vm) {
+  try {
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "walrelay " << command << ": " << e.what() << "\n" << options << "\n";
+    return exit_config;
+  }
+  if (vm.count("help")) {
+    std::cout << options << "\nExit codes: " << exit_codes << "\n";
+    return exit_ok;
+  }
+  return std::nullopt;
+}
+
+std::optional<Config> command_config(std::string path, const char* command) {
+  auto read = read_config(std::move(path), std::string("walrelay ") + command);
+  if (!read) return std::nullopt;
+  Config& config = *read;
   setup_logging(config.log_level, config.log_format);
   if (config.exactly_once) {
     spdlog::info("{}: exactly.once.support=required is for the relay; {} sends at least once, outside its Kafka "
@@ -57,7 +82,7 @@ std::optional<Config> command_config(std::string path, const char* command) {
                  command, command);
     config.exactly_once = false;
   }
-  return config;
+  return read;
 }
 
 // Runs an operator's command on a loop of its own with the configured sink;
@@ -116,18 +141,11 @@ int replay_main(int argc, char** argv) {
       ("dry-run", "count the rows and send nothing")
       ("help,h", "print this help and exit");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "walrelay replay: " << e.what() << "\n" << options << "\n";
-    return exit_config;
-  }
-  if (vm.count("help")) {
-    std::cout << options << "\nExit codes: 0 every row sent and acknowledged, 1 not confirmed or interrupted, 2 bad "
-                            "options or condition, 3 rows that could not be mapped or delivered\n";
-    return exit_ok;
-  }
+  if (auto done = parse_command(argc, argv, options, "replay",
+                                "0 every row sent and acknowledged, 1 not confirmed or interrupted, 2 bad options or "
+                                "condition, 3 rows that could not be mapped or delivered",
+                                vm))
+    return *done;
   o.yes = vm.count("yes") > 0;
   o.dry_run = vm.count("dry-run") > 0;
   auto config = command_config(path, "replay");
@@ -150,18 +168,11 @@ int redrive_main(int argc, char** argv) {
       ("dry-run", "list what would be sent again; send and commit nothing")
       ("help,h", "print this help and exit");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "walrelay redrive: " << e.what() << "\n" << options << "\n";
-    return exit_config;
-  }
-  if (vm.count("help")) {
-    std::cout << options << "\nExit codes: 0 every record sent on or back to the dead-letter topic, 1 could not run "
-                            "or interrupted, 2 bad options, 3 stopped on a record that could not be sent\n";
-    return exit_ok;
-  }
+  if (auto done = parse_command(argc, argv, options, "redrive",
+                                "0 every record sent on or back to the dead-letter topic, 1 could not run or "
+                                "interrupted, 2 bad options, 3 stopped on a record that could not be sent",
+                                vm))
+    return *done;
   o.dry_run = vm.count("dry-run") > 0;
   auto config = command_config(path, "redrive");
   if (!config) return exit_config;
@@ -221,20 +232,9 @@ int main(int argc, char** argv) {
     std::cerr << "walrelay-mutation: '" << mutation::name(mutation::selected())
               << "' is broken on purpose (tests/mutation/run.sh)\n";
 
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  std::string path = vm.count("config") ? vm["config"].as<std::string>() : "";
-  if (path.empty())
-    for (auto& kv : env)
-      if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
-
-  Config config;
-  try {
-    config = load_config(path, env);
-  } catch (const ConfigError& e) {
-    std::cerr << "walrelay: configuration error: " << e.what() << "\n";
-    return exit_config;
-  }
+  auto read = read_config(vm.count("config") ? vm["config"].as<std::string>() : "", "walrelay");
+  if (!read) return exit_config;
+  Config config = std::move(*read);
   if (vm.count("print-config")) {
     // A Debezium or Connect file comes out as walrelay's own, what it
     // dropped as comments.
