@@ -321,15 +321,21 @@ def eos_throughput(folder):
     return "\n".join(out)
 
 
+def section_rows(data, folder, name):
+    """A section's rows, its file and the run they belong to: the full run's, or
+    those of an explicit `--only NAME` run's file (NAME.json) beside it."""
+    rows = data.get(name, [])
+    path = os.path.join(folder, f"{name}.json")
+    if not rows and os.path.exists(path):
+        d = json.load(open(path))
+        return d.get(name, []), f"{name}.json", d
+    return rows, "full.json", data
+
+
 def formats(data, folder):
     """Text against each schema-registry format, one WAL per round: the full run's
     section, or an explicit `--only formats` run's file (formats.json) beside it."""
-    rows = data.get("formats", [])
-    source = "full.json"
-    if not rows and os.path.exists(os.path.join(folder, "formats.json")):
-        d = json.load(open(os.path.join(folder, "formats.json")))
-        rows, source = d.get("formats", []), "formats.json"
-        data = d
+    rows, source, data = section_rows(data, folder, "formats")
     if not rows:
         return "_No formats run in this folder._"
     g = by(rows, "format")
@@ -354,11 +360,7 @@ def formats(data, folder):
 def snapshot(data, folder):
     """The initial snapshot against streaming on the same rows: the full run's
     section, or an explicit `--only snapshot` run's file (snapshot.json) beside it."""
-    rows = data.get("snapshot", [])
-    source = "full.json"
-    if not rows and os.path.exists(os.path.join(folder, "snapshot.json")):
-        d = json.load(open(os.path.join(folder, "snapshot.json")))
-        rows, source = d.get("snapshot", []), "snapshot.json"
+    rows, source, data = section_rows(data, folder, "snapshot")
     if not rows:
         return "_No snapshot run in this folder._"
     g = by(rows, "kind")
@@ -384,12 +386,7 @@ def snapshot(data, folder):
 def sinks(data, folder):
     """Kafka, NATS JetStream and RabbitMQ from one WAL per round: the full run's
     section, or an explicit `--only sinks` run's file (sinks.json) beside it."""
-    rows = data.get("sinks", [])
-    source = "full.json"
-    if not rows and os.path.exists(os.path.join(folder, "sinks.json")):
-        d = json.load(open(os.path.join(folder, "sinks.json")))
-        rows, source = d.get("sinks", []), "sinks.json"
-        data = d
+    rows, source, data = section_rows(data, folder, "sinks")
     if not rows:
         return "_No sinks run in this folder._"
     g = by(rows, "sink")
