@@ -308,19 +308,9 @@ TEST_CASE("fault: a role that does not own the publication relays all the same -
           "[fault][slot]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
-  const std::string role = f.slot + "_relay";
   f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + " WITH (publish = 'insert')");
-  f.db().exec("CREATE ROLE " + role + " LOGIN REPLICATION");
-  struct DropRole {
-    Fixture& f;
-    std::string role;
-    ~DropRole() {
-      try {
-        f.db().exec("DROP ROLE IF EXISTS " + role);
-      } catch (...) {
-      }
-    }
-  } drop{f, role};
+  TemporaryRole temporary(f, f.slot + "_relay");
+  const std::string& role = temporary.name;
   const std::string config = with_key(f.config("publication.autocreate.mode=disabled\n"), "database.user", role);
   Walrelay relay(config);
   relay.start();

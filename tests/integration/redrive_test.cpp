@@ -2,8 +2,6 @@
 // would go now. Rows that could not be mapped are mapped again under a fixed
 // configuration; what still fails goes back; a kill -9 in the middle loses
 // none. Read back with kcat.
-#include <sys/wait.h>
-
 #include <csignal>
 
 #include "test_util.hpp"
@@ -15,8 +13,6 @@ namespace {
 std::string dlq_config(Fixture& f, const std::string& extra = "") {
   return f.config("errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.topic_prefix + "dlq\n" + extra);
 }
-
-int exit_code(const CommandResult& r) { return r.status >= 0 && WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1; }
 
 }  // namespace
 

@@ -1,8 +1,6 @@
 // walrelay replay: the rows an outbox table keeps, sent again beside a
 // running walrelay, chosen by time range, id range or condition; exactly the
 // matching rows, with their original id header. Read back with kcat.
-#include <sys/wait.h>
-
 #include <map>
 
 #include "test_util.hpp"
@@ -17,7 +15,7 @@ CommandResult replay(Walrelay& relay, const std::string& args, const std::string
   if (!stdin_text.empty()) cmd = "printf '" + stdin_text + "' | " + cmd;
   else cmd += " < /dev/null";
   auto r = run_command(cmd + " 2>&1");
-  if (r.status >= 0 && WIFEXITED(r.status)) r.status = WEXITSTATUS(r.status);  // the exit code, as a shell says it
+  r.status = exit_code(r);
   return r;
 }
 

@@ -286,19 +286,9 @@ TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot 
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   prefill(f.db(), f.table, "Grant", 100);
-  const std::string role = f.slot + "_relay";
   f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + " WITH (publish = 'insert')");
-  f.db().exec("CREATE ROLE " + role + " LOGIN REPLICATION");
-  struct DropRole {
-    Fixture& f;
-    std::string role;
-    ~DropRole() {
-      try {
-        f.db().exec("DROP OWNED BY " + role + "; DROP ROLE IF EXISTS " + role);
-      } catch (...) {
-      }
-    }
-  } drop{f, role};
+  TemporaryRole temporary(f, f.slot + "_relay");
+  const std::string& role = temporary.name;
   const std::string config =
       with_key(f.config("publication.autocreate.mode=disabled\nsnapshot.mode=initial\n"), "database.user", role);
   // Not the publication's owner: the snapshot could not record its progress.

@@ -21,6 +21,8 @@
 #include <string>
 #include <thread>
 
+#include <sys/wait.h>
+
 #include "harness.hpp"
 
 namespace it {
@@ -63,6 +65,12 @@ inline std::size_t count_of(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
   for (auto p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + needle.size())) ++n;
   return n;
+}
+
+// A command's exit code as a shell says it (run_command gives the wait
+// status); -1 when it did not exit.
+inline int exit_code(const CommandResult& r) {
+  return r.status >= 0 && WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
 }
 
 // Per-test slot, publication, outbox table and topic prefix, all named after
@@ -112,6 +120,23 @@ struct Fixture {
       for (auto& row : db.exec("SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE tablename LIKE '" +
                                slot + "\\_%'"))
         db.exec("DROP TABLE IF EXISTS " + *row[0] + " CASCADE");
+    } catch (...) {
+    }
+  }
+};
+
+// A login role with REPLICATION for the test, dropped at the end with what it
+// owns and was granted.
+// (Through the fixture, whose connection may be reopened meanwhile.)
+struct TemporaryRole {
+  Fixture& f;
+  std::string name;
+  TemporaryRole(Fixture& fixture, std::string n) : f(fixture), name(std::move(n)) {
+    f.db().exec("CREATE ROLE " + name + " LOGIN REPLICATION");
+  }
+  ~TemporaryRole() {
+    try {
+      f.db().exec("DROP OWNED BY " + name + "; DROP ROLE IF EXISTS " + name);
     } catch (...) {
     }
   }
