@@ -309,3 +309,35 @@ TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot 
   CHECK(ids_of(recs).count.size() == 100);
   CHECK(ids_of(recs).duplicates() == 0);
 }
+
+TEST_CASE("snapshot: a partitioned outbox (a sub-partitioned partition\\, a default one) is read through its root\\, "
+          "once\\, with writers running",
+          "[snapshot][partition]") {
+  Fixture f;
+  f.db().exec("CREATE TABLE " + f.table + " (id bigint GENERATED ALWAYS AS IDENTITY, aggregatetype text NOT NULL, "
+              "aggregateid text NOT NULL, type text NOT NULL, payload jsonb, "
+              "created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, aggregateid)) "
+              "PARTITION BY LIST (aggregateid)");
+  f.db().exec("CREATE TABLE " + f.table + "_a PARTITION OF " + f.table + " FOR VALUES IN ('k0', 'k1', 'k2', 'k3')");
+  f.db().exec("CREATE TABLE " + f.table + "_b PARTITION OF " + f.table + " FOR VALUES IN ('k4', 'k5', 'k6', 'k7') "
+              "PARTITION BY HASH (id)");
+  f.db().exec("CREATE TABLE " + f.table + "_b0 PARTITION OF " + f.table + "_b FOR VALUES WITH (MODULUS 2, REMAINDER 0)");
+  f.db().exec("CREATE TABLE " + f.table + "_b1 PARTITION OF " + f.table + "_b FOR VALUES WITH (MODULUS 2, REMAINDER 1)");
+  f.db().exec("CREATE TABLE " + f.table + "_other PARTITION OF " + f.table + " DEFAULT");
+  const long before = 20000, during = 3000;
+  prefill(f.db(), f.table, "Part", before);
+  Writer writer(f.table, "Part", during, 20, 5ms, 16, "", before);
+  REQUIRE(eventually([&] { return writer.committed() > 0; }, 10s));
+  Walrelay relay(f.config("snapshot.mode=initial\n"));
+  relay.start();
+  relay.wait_streaming(120s);
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  auto recs = read_all(f, f.topic("Part"), 120s);
+  auto seen = ids_of(recs);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(seen.count.size() == static_cast<std::size_t>(before + during));
+  CHECK(seen.duplicates() == 0);
+  check_order_per_key(recs);
+  CHECK(std::stol(f.db().scalar("SELECT count(*) FROM " + f.table + "_b0")) > 0);  // the premise: rows in a sub-partition
+}
