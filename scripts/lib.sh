@@ -5,7 +5,40 @@
 export CACHE_ROOT="${WALRELAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/walrelay}"
 WALRELAY_SCRIPTS="${WALRELAY_SCRIPTS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# free_port [N]: the first of N consecutive free loopback ports (1 by default),
+# chosen below the kernel's ephemeral range. A server restarted on its port
+# (kafka-start, rabbitmq-start, ...) must find it free again: a port from the
+# ephemeral range can meanwhile be taken as the local port of any outgoing
+# connection (a client retrying, a test's HTTP request), and the restart then
+# fails with "address in use".
+free_port() {
+  python3 - "${1:-1}" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except OSError:
+    low = 32768
+hi = max(low - n, 2048)
+for _ in range(1000):
+    first = random.randint(min(10000, hi - 1000), hi)
+    held = []
+    try:
+        for p in range(first, first + n):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        for s in held:
+            s.close()
+    print(first)
+    break
+else:
+    sys.exit("free_port: no free port below the ephemeral range")
+PY
+}
 
 # maven_fetch DIR NAME DEPENDENCY_XML: copies the runtime closure of the given
 # <dependency> elements from Maven Central into DIR/libs, once. A finished

@@ -523,7 +523,7 @@ rabbit_start() {
   mkdir -p "$d"
   if [[ ${1:-} != keep-port || ! -f "$d/port" ]]; then
     # The node port and the next one (Erlang distribution) both free.
-    while :; do port=$(free_port); (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null || break; done
+    port=$(free_port 2)
     echo "$port" > "$d/port"
   fi
   echo "[]." > "$d/enabled_plugins"
@@ -537,6 +537,8 @@ rabbit_start() {
     if (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" await_startup -t 1) >/dev/null 2>&1; then return 0; fi
     sleep 0.5
   done
+  # The reason first (a supervisor report runs to many lines), then the tail.
+  grep -h -m5 -iE "eaddrinuse|reason|failed to start" "$d/server.log" "$d/log"/*.log 2>/dev/null >&2
   tail -30 "$d/server.log" >&2
   echo "services: RabbitMQ did not start in 60 s; see $d/server.log" >&2
   return 1
