@@ -35,37 +35,68 @@ breaks=("$@")
                              registry_dead_letters nats_ack_at_publish snapshot_resume_as_done
                              redrive_commit_early)
 
-report=()
-survived=0
+# Each (break, test) pair runs on its own slot and tables, so two run at once
+# (WALRELAY_MUTATION_JOBS): the tests mostly wait on the servers. Verdicts
+# are collected in the listed order.
+jobs_max=${WALRELAY_MUTATION_JOBS:-2}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# run_one N BREAK SPEC: the verdict into $work/N.verdict, and "survived"
+# into $work/N.survived when the test did not fail.
+run_one() {
+  local n=$1 b=$2 spec=$3 log="$work/$1.log" start rc took where what verdict
+  start=$(date +%s)
+  set +e
+  WALRELAY_TEST_BINARY="$build/walrelay-mutation" WALRELAY_MUTATION="$b" \
+    timeout 600 "$build/tests/integration_tests" "$spec" >"$log" 2>&1
+  rc=$?
+  set -e
+  took=$(($(date +%s) - start))
+  # Catch exits with the number of failed assertions; 0 means it passed.
+  if grep -q "No test cases matched" "$log"; then
+    touch "$work/$n.survived"
+    verdict="NO SUCH TEST"
+  elif ((rc == 0)); then
+    touch "$work/$n.survived"
+    verdict="SURVIVED (the test passed against the break)"
+    tail -n 20 "$log" | sed 's/^/    /' >"$work/$n.tail"
+  else
+    where=$(grep -m1 -E "FAILED:" "$log" | sed 's|^.*/tests/integration/||; s/: FAILED:$//')
+    what=$(grep -m1 -A1 -E "FAILED:" "$log" | tail -n 1 | sed 's/^ *//' | cut -c1-90)
+    verdict="caught in ${took} s: \`$what\` ($where)"
+  fi
+  echo "$verdict" >"$work/$n.verdict"
+  echo "    $b / $spec: $verdict"
+}
+pairs_break=()
+pairs_spec=()
 for b in "${breaks[@]}"; do
   [[ -n ${catchers[$b]:-} ]] || { echo "mutation: unknown break $b" >&2; exit 2; }
-  echo "==> mutation $b"
   while IFS= read -r spec; do
-    log=$(mktemp)
-    start=$(date +%s)
-    set +e
-    WALRELAY_TEST_BINARY="$build/walrelay-mutation" WALRELAY_MUTATION="$b" \
-      timeout 600 "$build/tests/integration_tests" "$spec" >"$log" 2>&1
-    rc=$?
-    set -e
-    took=$(($(date +%s) - start))
-    # Catch exits with the number of failed assertions; 0 means it passed.
-    if grep -q "No test cases matched" "$log"; then
-      survived=$((survived + 1))
-      verdict="NO SUCH TEST"
-    elif ((rc == 0)); then
-      survived=$((survived + 1))
-      verdict="SURVIVED (the test passed against the break)"
-      tail -n 20 "$log" | sed 's/^/    /'
-    else
-      where=$(grep -m1 -E "FAILED:" "$log" | sed 's|^.*/tests/integration/||; s/: FAILED:$//')
-      what=$(grep -m1 -A1 -E "FAILED:" "$log" | tail -n 1 | sed 's/^ *//' | cut -c1-90)
-      verdict="caught in ${took} s: \`$what\` ($where)"
-    fi
-    echo "    $spec: $verdict"
-    report+=("| \`$b\` | $spec | $verdict |")
-    rm -f "$log"
+    pairs_break+=("$b")
+    pairs_spec+=("$spec")
   done <<<"${catchers[$b]}"
+done
+running=()
+for n in "${!pairs_break[@]}"; do
+  while ((${#running[@]} >= jobs_max)); do
+    wait -n || true
+    still=()
+    for pid in "${running[@]}"; do kill -0 "$pid" 2>/dev/null && still+=("$pid"); done
+    running=("${still[@]}")
+  done
+  echo "==> mutation ${pairs_break[n]}: ${pairs_spec[n]}"
+  run_one "$n" "${pairs_break[n]}" "${pairs_spec[n]}" &
+  running+=($!)
+done
+wait
+report=()
+survived=0
+for n in "${!pairs_break[@]}"; do
+  [[ -f $work/$n.tail ]] && cat "$work/$n.tail"
+  [[ -f $work/$n.survived ]] && survived=$((survived + 1))
+  report+=("| \`${pairs_break[n]}\` | ${pairs_spec[n]} | $(cat "$work/$n.verdict" 2>/dev/null || echo "NO VERDICT") |")
+  [[ -f $work/$n.verdict ]] || survived=$((survived + 1))
 done
 
 echo
