@@ -5,14 +5,15 @@
 export CACHE_ROOT="${WALRELAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/walrelay}"
 WALRELAY_SCRIPTS="${WALRELAY_SCRIPTS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 
-# free_port [N]: the first of N consecutive free loopback ports (1 by default),
-# chosen below the kernel's ephemeral range. A server restarted on its port
+# free_port: a free loopback port; free_ports N: the first of N consecutive
+# ones. Chosen below the kernel's ephemeral range. A server restarted on its port
 # (kafka-start, rabbitmq-start, ...) must find it free again: a port from the
 # ephemeral range can meanwhile be taken as the local port of any outgoing
 # connection (a client retrying, a test's HTTP request), and the restart then
 # fails with "address in use".
-free_port() {
-  python3 - "${1:-1}" <<'PY'
+free_port() { free_ports 1; }
+free_ports() {
+  python3 - "$1" <<'PY'
 import random, socket, sys
 n = int(sys.argv[1])
 try:

@@ -523,7 +523,7 @@ rabbit_start() {
   mkdir -p "$d"
   if [[ ${1:-} != keep-port || ! -f "$d/port" ]]; then
     # The node port and the next one (Erlang distribution) both free.
-    port=$(free_port 2)
+    port=$(free_ports 2)
     echo "$port" > "$d/port"
   fi
   echo "[]." > "$d/enabled_plugins"

@@ -1,6 +1,6 @@
 // The admin HTTP endpoint on the relay's io_context (Boost.Beast, callback
 // style after Beast's small HTTP server example): /healthz, /readyz,
-// /metrics and /slot. Every connection has a deadline and size limits, so a
+// /metrics, /slot and /replay. Every connection has a deadline and size limits, so a
 // bad client costs one slot of max_connections and never blocks the loop.
 #include "walrelay/admin_server.hpp"
 
@@ -212,6 +212,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   bool running() const { return running_; }
   const AdminOptions& options() const { return options_; }
+  void set_replay(ReplayControl* replay) { replay_ = replay; }
   std::list<std::weak_ptr<Connection>>& connections() { return connections_; }
 
  private:
@@ -222,6 +223,7 @@ class Core : public std::enable_shared_from_this<Core> {
   AdminOptions options_;                              // limits, token, address
   const StatusSource& status_;                        // asked on every request
   Metrics& metrics_;                                  // serialized for /metrics
+  ReplayControl* replay_ = nullptr;                   // /replay, when the daemon offers it
   tcp::acceptor acceptor_;                            // listening socket
   net::steady_timer retry_timer_;                     // back-off after a failed accept
   std::list<std::weak_ptr<Connection>> connections_;  // live connections, to count and close
@@ -313,7 +315,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       write_and_close(error_response(http::status::request_header_fields_too_large, "header too large\n", version));
     } else if (ec == http::error::body_limit) {
       spdlog::debug("admin: refusing request: body larger than {} bytes", core_->options().max_body_bytes);
-      write_and_close(error_response(http::status::payload_too_large, "request body not allowed\n", version));
+      write_and_close(error_response(http::status::payload_too_large, "request body too large\n", version));
     } else if (ec.category() == make_error_code(http::error::bad_method).category() &&
                ec != http::error::partial_message) {
       spdlog::debug("admin: refusing malformed request: {}", ec.message());
@@ -520,7 +522,9 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
   };
 
   const bool is_health = path == "/healthz";
-  const bool known = is_health || path == "/readyz" || path == "/metrics" || path == "/slot";
+  const bool is_replay = path == "/replay" && replay_ != nullptr;
+  const bool known = is_health || is_replay || path == "/readyz" || path == "/metrics" || path == "/slot";
+  const bool is_get = request.method() == http::verb::get || request.method() == http::verb::head;
 
   if (!is_health && !options_.token.empty() &&
       !bearer_matches(to_std(request[http::field::authorization]), options_.token)) {
@@ -528,9 +532,25 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
     response.set(http::field::www_authenticate, "Bearer");
   } else if (!known) {
     reply(http::status::not_found, text_plain, "not found\n");
-  } else if (request.method() != http::verb::get && request.method() != http::verb::head) {
+  } else if (!is_get && !(is_replay && request.method() == http::verb::post)) {
     reply(http::status::method_not_allowed, text_plain, "method not allowed\n");
-    response.set(http::field::allow, "GET, HEAD");
+    response.set(http::field::allow, is_replay ? "GET, HEAD, POST" : "GET, HEAD");
+  } else if (is_get && !request.body().empty()) {
+    reply(http::status::payload_too_large, text_plain, "request body not allowed\n");
+    response.keep_alive(false);
+  } else if (is_replay && !is_get) {
+    // Sending rows again is an operator's act: never on an endpoint that
+    // anyone on the network path may call.
+    if (options_.token.empty()) {
+      reply(http::status::forbidden, text_plain,
+            "POST /replay needs admin.token: set it, and send Authorization: Bearer <token> "
+            "(or run walrelay replay beside the relay)\n");
+    } else {
+      auto answer = replay_->start(to_std(request.body()));
+      reply(static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
+    }
+  } else if (is_replay) {
+    reply(http::status::ok, json_content_type, replay_->status_json());
   } else if (is_health) {
     const StatusSnapshot status = status_.status();
     if (status.state == RelayState::halted) {
@@ -586,6 +606,8 @@ AdminServer::~AdminServer() { stop(); }
 void AdminServer::start() { impl_->core->start(); }
 
 void AdminServer::stop() { impl_->core->stop(); }
+
+void AdminServer::set_replay(ReplayControl* replay) { impl_->core->set_replay(replay); }
 
 unsigned short AdminServer::port() const { return impl_->core->port(); }
 

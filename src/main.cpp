@@ -23,6 +23,7 @@
 #include "walrelay/relay.hpp"
 #include "walrelay/redrive.hpp"
 #include "walrelay/replay.hpp"
+#include "walrelay/replay_job.hpp"
 #include "walrelay/schema_registry.hpp"
 
 extern char** environ;
@@ -148,6 +149,7 @@ int replay_main(int argc, char** argv) {
     return *done;
   o.yes = vm.count("yes") > 0;
   o.dry_run = vm.count("dry-run") > 0;
+  o.may_ask = true;
   auto config = command_config(path, "replay");
   if (!config) return exit_config;
   return run_command_job(*config, [&](asio::io_context& io, Sink& sink, const bool& stop) {
@@ -331,10 +333,12 @@ int main(int argc, char** argv) {
                  return t;
                }());
   Relay relay(io, config, metrics, *sink);
+  ReplayJobs replays(io, config, metrics);  // POST /replay
   AdminOptions admin_options;
   admin_options.listen = config.admin_listen;
   admin_options.token = config.admin_token;
   AdminServer admin(io, admin_options, relay, metrics);
+  admin.set_replay(&replays);
   try {
     admin.start();
   } catch (const std::exception& e) {
@@ -348,6 +352,7 @@ int main(int argc, char** argv) {
     if (ec) return;
     spdlog::info("signal {} received", sig);
     relay.request_stop();
+    replays.request_stop();
     signals.async_wait(on_signal);  // a second signal while draining: leave at once
     static int count = 0;
     if (++count > 1) {

@@ -1,5 +1,6 @@
 #include "walrelay/replay.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -43,23 +44,36 @@ std::string replay_condition(const Config& config, const ReplayOptions& o,
   return out;
 }
 
-asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink& sink, const ReplayOptions& o,
-                                const bool& stop) {
-  // The table: one of the outbox tables, so that its rows map as the relay's do.
-  std::optional<TableName> table;
+TableName replay_table(const Config& config, const ReplayOptions& o) {
   std::string names;
+  std::optional<TableName> table;
   for (auto& t : config.table_include_list) {
     names += (names.empty() ? "" : ", ") + t.qualified();
     if (o.table.empty() ? config.table_include_list.size() == 1
                         : (t.qualified() == o.table || (t.schema == "public" && t.name == o.table)))
       table = t;
   }
-  if (!table) {
-    spdlog::critical("replay: --table: {}", o.table.empty() ? "name one of the outbox tables (" + names + ")"
-                                                            : o.table + " is not in table.include.list (" + names + ")");
+  if (!table)
+    throw std::invalid_argument(o.table.empty() ? "name one of the outbox tables (" + names + ")"
+                                                : o.table + " is not in table.include.list (" + names + ")");
+  return *table;
+}
+
+asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink& sink, const ReplayOptions& o,
+                                const bool& stop, ReplayProgress* progress) {
+  ReplayProgress unused;
+  ReplayProgress& p = progress ? *progress : unused;
+  // The table: one of the outbox tables, so that its rows map as the relay's do.
+  std::optional<TableName> table;
+  try {
+    table = replay_table(config, o);
+  } catch (const std::invalid_argument& e) {
+    p.refusal = std::string("table: ") + e.what();
+    spdlog::critical("replay: --table: {}", e.what());
     co_return exit_config;
   }
   const std::string where = table->qualified();
+  p.table = where;
 
   PgConnection conn(io);
   try {
@@ -74,9 +88,11 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
         config, o, [&](const std::string& s) { return conn.quote_identifier(s); },
         [&](const std::string& s) { return conn.quote_literal(s); });
   } catch (const std::invalid_argument& e) {
+    p.refusal = e.what();
     spdlog::critical("replay: {}", e.what());
     co_return exit_config;
   }
+  p.condition = condition;
 
   // One snapshot for the count and the rows: what was counted is what is sent.
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
@@ -93,9 +109,12 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
                                  {}, std::chrono::hours(1));
     count = std::stoull(n.rows.at(0).at(0).value_or("0"));
   } catch (const PgError& e) {
-    spdlog::critical("replay: the rows of {} where {} cannot be read: {}", where, condition, e.what());
+    p.refusal = fmt::format("the rows of {} where {} cannot be read: {}", where, condition, e.what());
+    spdlog::critical("replay: {}", p.refusal);
     co_return exit_config;
   }
+  p.rows_matched = count;
+  p.counted = true;
   spdlog::info("replay: {} row(s) of {} match {}", count, where, condition);
   if (count == 0) co_return exit_ok;
   if (o.dry_run) {
@@ -103,7 +122,9 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
     co_return exit_ok;
   }
   if (count > o.confirm_above && !o.yes) {
-    if (!::isatty(STDIN_FILENO)) {
+    if (!o.may_ask || !::isatty(STDIN_FILENO)) {
+      p.refusal = fmt::format("{} rows match, more than confirm_above={}: confirm with yes to send them again", count,
+                              o.confirm_above);
       spdlog::critical("replay: {} rows match, more than --confirm-above={}: add --yes to send them again", count,
                        o.confirm_above);
       co_return exit_failure;
@@ -113,6 +134,7 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
     std::string answer;
     std::getline(std::cin, answer);
     if (answer != "yes") {
+      p.refusal = "not confirmed";
       spdlog::info("replay: not confirmed; nothing sent");
       co_return exit_failure;
     }
@@ -142,10 +164,12 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
   sink.on_delivery([&](const Delivery& d) {
     tally.inflight--;
     if (d.ok) {
-      tally.delivered++;
-    } else if (++tally.failed <= 10) {
-      spdlog::error("replay: a record to {} was not delivered: {} ({})", d.topic, d.error_message, d.error_code);
+      p.rows_acknowledged = ++tally.delivered;
+      return;
     }
+    p.rows_not_delivered = ++tally.failed;
+    if (tally.failed <= 10)
+      spdlog::error("replay: a record to {} was not delivered: {} ({})", d.topic, d.error_message, d.error_code);
   });
 
   co_await conn.query("DECLARE walrelay_replay NO SCROLL CURSOR FOR " + select);
@@ -170,7 +194,7 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
       std::optional<MapError> error = mapper.map(insert, now, record);
       if (!error) error = co_await encode_when_ready(io, encoder.get(), record, stop);
       if (error) {
-        tally.unmapped++;
+        p.rows_unmapped = ++tally.unmapped;
         const std::string id = id_column >= 0 && !PQgetisnull(result.get(), r, id_column)
                                    ? PQgetvalue(result.get(), r, id_column)
                                    : std::string("?");
@@ -187,7 +211,7 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
       }
       tally.inflight++;  // before submit: a refusal reports inside it
       co_await submit_when_taken(io, sink, record, 0);
-      tally.sent++;
+      p.rows_sent = ++tally.sent;
     }
     sink.poll();
     auto now_t = std::chrono::steady_clock::now();

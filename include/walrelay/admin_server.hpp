@@ -1,9 +1,10 @@
-// The admin HTTP endpoint: /healthz, /readyz, /metrics, /slot (Boost.Beast).
+// The admin HTTP endpoint: /healthz, /readyz, /metrics, /slot, /replay (Boost.Beast).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <boost/asio/io_context.hpp>
 
@@ -17,9 +18,22 @@ struct AdminOptions {
   std::string token;                        // empty: no auth; else Bearer token on all but /healthz
   std::size_t max_connections = 64;         // at the cap, the longest-idle connection gives way to a new one
   std::size_t max_header_bytes = 8192;
-  std::size_t max_body_bytes = 0;           // GET only: any body is refused
+  std::size_t max_body_bytes = 16 * 1024;   // POST /replay's JSON; a GET with a body is refused
   int header_timeout_ms = 2000;             // from waiting for a request to its complete header
   int request_timeout_ms = 5000;            // per connection deadline (slow clients)
+};
+
+// What POST /replay starts and GET /replay shows (replay_job.hpp). The
+// endpoint accepts a POST only when admin.token is set and presented.
+class ReplayControl {
+ public:
+  struct Answer {
+    unsigned status;   // HTTP status
+    std::string body;  // a JSON document
+  };
+  virtual ~ReplayControl() = default;
+  virtual Answer start(std::string_view request_body) = 0;
+  virtual std::string status_json() const = 0;
 };
 
 // Runs on the relay's io_context; never blocks it. Bad requests get a 4xx or
@@ -34,6 +48,8 @@ class AdminServer {
   // Binds and starts accepting; throws std::runtime_error naming the address on failure.
   void start();
   void stop();
+  // Serves /replay from `replay` (not owned; it outlives the server).
+  void set_replay(ReplayControl* replay);
   // The bound port (useful with port 0 in tests).
   unsigned short port() const;
 

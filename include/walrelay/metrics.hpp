@@ -60,6 +60,8 @@ class Metrics {
   prometheus::Gauge& snapshot_rows_estimated; // walrelay_snapshot_rows_estimated
   prometheus::Gauge& snapshot_running;        // walrelay_snapshot_running (1 while it runs)
   prometheus::Counter& snapshot_restarts;     // walrelay_snapshot_restarts_total
+  prometheus::Gauge& replay_job_running;      // walrelay_replay_job_running (POST /replay)
+  prometheus::Counter& replay_job_rows;       // walrelay_replay_job_rows_total (sent again, acknowledged)
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes
   prometheus::Gauge& received_lsn;            // walrelay_received_lsn (as a number)

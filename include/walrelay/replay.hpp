@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
 
@@ -27,7 +28,25 @@ struct ReplayOptions {
   bool yes = false;                // no confirmation above confirm_above
   std::uint64_t confirm_above = 1000;
   bool dry_run = false;            // count and say what would be sent
+  bool may_ask = false;            // above confirm_above without yes: ask on a terminal (the CLI), else refuse
 };
+
+// What a replay has done so far, for POST /replay's job (GET /replay).
+struct ReplayProgress {
+  std::string table;               // schema.table
+  std::string condition;           // the WHERE clause, once built
+  std::uint64_t rows_matched = 0;  // counted in the replay's snapshot
+  std::uint64_t rows_sent = 0;
+  std::uint64_t rows_acknowledged = 0;
+  std::uint64_t rows_not_delivered = 0;
+  std::uint64_t rows_unmapped = 0;
+  bool counted = false;            // rows_matched is known
+  std::string refusal;             // why nothing was sent (a bad option or condition, not confirmed)
+};
+
+// The outbox table a replay reads: options.table among table.include.list
+// (or the only one listed); std::invalid_argument naming the choices.
+TableName replay_table(const Config& config, const ReplayOptions& options);
 
 // The WHERE clause the options select (quoted as `conn` would), or a
 // std::invalid_argument naming the option that is wrong or missing.
@@ -38,7 +57,9 @@ std::string replay_condition(const Config& config, const ReplayOptions& options,
 // Runs the replay; returns the exit code (0 all sent and acknowledged, 1
 // refused or interrupted, 2 bad options, 3 rows that could not be mapped or
 // delivered).
+// progress, when given, is kept up to date as the replay goes.
 boost::asio::awaitable<int> run_replay(boost::asio::io_context& io, const Config& config, Sink& sink,
-                                       const ReplayOptions& options, const bool& stop_requested);
+                                       const ReplayOptions& options, const bool& stop_requested,
+                                       ReplayProgress* progress = nullptr);
 
 }  // namespace walrelay

@@ -19,6 +19,29 @@ CommandResult replay(Walrelay& relay, const std::string& args, const std::string
   return r;
 }
 
+// POST /replay with curl: the status code, then the body.
+HttpResponse post_replay(Walrelay& relay, const std::string& json, const std::string& token) {
+  auto r = run_command("curl -s -o /dev/stdout -w '\\n%{http_code}' -X POST -H 'Content-Type: application/json' " +
+                       (token.empty() ? std::string() : "-H 'Authorization: Bearer " + token + "' ") + "--data '" +
+                       json + "' http://127.0.0.1:" + std::to_string(relay.admin_port()) + "/replay");
+  HttpResponse resp;
+  const auto nl = r.output.rfind('\n');
+  if (nl == std::string::npos) return resp;
+  resp.status = std::atoi(r.output.c_str() + nl + 1);
+  resp.body = r.output.substr(0, nl);
+  return resp;
+}
+
+// GET /replay until the job is no longer running; its last document.
+std::string replay_finished(Walrelay& relay, const std::string& token) {
+  std::string body;
+  REQUIRE(eventually([&] {
+    body = relay.get("/replay", token).body;
+    return body.find("\"state\":\"running\"") == std::string::npos;
+  }, 120s, 100ms));
+  return body;
+}
+
 }  // namespace
 
 TEST_CASE("replay: a time range sends exactly the matching rows again\\, with their id headers\\, beside a running "
@@ -115,4 +138,80 @@ TEST_CASE("replay: an id range\\, a condition\\, the confirmation above a count\
   CHECK(r.status == 2);
   CHECK(r.output.find("table.include.list") != std::string::npos);
   CHECK(count_records(f.topic("Ids")) == 2250);
+}
+
+TEST_CASE("replay: POST /replay with admin.token sends a time range again\\, one job at a time\\, and is refused "
+          "without the token\\, above the count without yes\\, or with a bad body",
+          "[replay]") {
+  const std::string token = "replay-t0ken";
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("table.field.event.timestamp=created_at\nadmin.token=" + token + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) SELECT 'Post', "
+              "'k' || (g % 16), 'x', jsonb_build_object('seq', g), '2026-01-01'::timestamptz + g * interval '1 "
+              "minute' FROM generate_series(0, 29999) g");
+  REQUIRE(read_all(f, f.topic("Post"), 60s).size() == 30000);
+  CHECK(relay.get("/replay", token).body == "{\"state\":\"none\"}\n");
+
+  // Refusals: no token, a bad body, a selection without a time column.
+  auto r = post_replay(relay, R"({"since": "2026-01-01"})", "");
+  CHECK(r.status == 401);
+  r = post_replay(relay, R"({"since": "2026-01-01", "limit": 5})", token);
+  CHECK(r.status == 400);
+  CHECK(r.body.find(R"(unknown member \"limit\")") != std::string::npos);  // quoted inside the JSON string
+  r = post_replay(relay, R"({"table": "public.other", "where": "true"})", token);
+  CHECK(r.status == 400);
+  CHECK(r.body.find("table.include.list") != std::string::npos);
+
+  // Above confirm_above without yes: the job counts, refuses and sends nothing.
+  r = post_replay(relay, R"({"where": "true"})", token);
+  CHECK(r.status == 202);
+  auto done = replay_finished(relay, token);
+  INFO(done);
+  CHECK(done.find("\"state\":\"refused\"") != std::string::npos);
+  CHECK(done.find("\"rows_matched\":30000") != std::string::npos);
+  CHECK(done.find("confirm with yes") != std::string::npos);
+
+  // 20,000 rows (the first 20,000 minutes), confirmed; a second POST while it runs is a 409.
+  r = post_replay(relay, R"({"since": "2026-01-01", "until": "2026-01-14 21:20", "yes": true})", token);
+  CHECK(r.status == 202);
+  auto second = post_replay(relay, R"({"where": "true", "yes": true})", token);
+  CHECK(second.status == 409);
+  done = replay_finished(relay, token);
+  CHECK(done.find("\"state\":\"done\"") != std::string::npos);
+  CHECK(done.find("\"rows_matched\":20000") != std::string::npos);
+  CHECK(done.find("\"rows_acknowledged\":20000") != std::string::npos);
+  CHECK(done.find("\"exit_code\":0") != std::string::npos);
+  CHECK(relay.metric("walrelay_replay_job_rows_total", token) == 20000);
+  CHECK(relay.metric("walrelay_replay_job_running", token) == 0);
+
+  // What arrived, read with kcat: each of those 20,000 once more, nothing else.
+  auto seen = ids_of(read_topic(f.topic("Post"), 50000, 60s));
+  CHECK(seen.records == 50000);
+  CHECK(seen.count.size() == 30000);
+  auto first = f.db().exec("SELECT id::text FROM " + f.table + " WHERE created_at < '2026-01-14 21:20'");
+  REQUIRE(first.size() == 20000);
+  std::size_t twice = 0;
+  for (auto& row : first) twice += seen.count[*row[0]] == 2 ? 1 : 0;
+  CHECK(twice == 20000);
+  CHECK(seen.duplicates() == 20000);
+  CHECK(relay.running());
+  CHECK(relay.get("/readyz", token).status == 200);
+}
+
+TEST_CASE("replay: without admin.token POST /replay is forbidden and says what to set", "[replay]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config(""));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "NoTok", "k", "jsonb_build_object('seq', 1)"));
+  REQUIRE(read_all(f, f.topic("NoTok"), 60s).size() == 1);
+  auto r = post_replay(relay, R"({"where": "true", "yes": true})", "");
+  CHECK(r.status == 403);
+  CHECK(r.body.find("admin.token") != std::string::npos);
+  CHECK(relay.get("/replay").body == "{\"state\":\"none\"}\n");
+  CHECK(count_records(f.topic("NoTok")) == 1);
 }

@@ -825,3 +825,99 @@ TEST_CASE("400 half-open connections never keep /healthz from answering", "[admi
   }
   for (auto& c : slow) c->close();
 }
+
+namespace {
+
+// A ReplayControl that records what it was asked and answers as told.
+class FakeReplay : public walrelay::ReplayControl {
+ public:
+  Answer start(std::string_view body) override {
+    std::lock_guard lock(mutex_);
+    bodies_.emplace_back(body);
+    return answer_;
+  }
+  std::string status_json() const override { return "{\"state\":\"none\"}\n"; }
+  std::vector<std::string> bodies() const {
+    std::lock_guard lock(mutex_);
+    return bodies_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> bodies_;
+  Answer answer_{202, "{\"state\":\"running\"}\n"};
+};
+
+std::string post(std::string_view target, std::string_view body, std::string_view extra_headers = "") {
+  return "POST " + std::string(target) + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+         "Content-Length: " + std::to_string(body.size()) + "\r\n" + std::string(extra_headers) + "\r\n" +
+         std::string(body);
+}
+
+}  // namespace
+
+TEST_CASE("POST /replay needs admin.token set and presented - GET /replay shows the job", "[admin]") {
+  const std::string body = R"({"since": "2026-02-01", "until": "2026-03-01"})";
+  SECTION("without admin.token: 403 saying what to set, and nothing started") {
+    TestServer server;
+    FakeReplay replay;
+    server.on_loop([&] { server.admin.set_replay(&replay); });
+    Client client(server.port());
+    REQUIRE_FALSE(client.connect_ec);
+    auto reply = client.request(post("/replay", body));
+    REQUIRE_FALSE(reply.ec);
+    CHECK(reply.response.result() == http::status::forbidden);
+    CHECK(reply.response.body().find("admin.token") != std::string::npos);
+    CHECK(replay.bodies().empty());
+    // Reading the job's state is like /slot: allowed without a token.
+    auto state = fetch(server.port(), "/replay");
+    REQUIRE_FALSE(state.ec);
+    CHECK(state.response.result() == http::status::ok);
+    CHECK(state.response.body() == "{\"state\":\"none\"}\n");
+  }
+  SECTION("with admin.token: 401 without it or with a wrong one, the job's answer with it") {
+    auto options = test_options();
+    options.token = "s3cret-token";
+    TestServer server(options);
+    FakeReplay replay;
+    server.on_loop([&] { server.admin.set_replay(&replay); });
+    Client client(server.port());
+    REQUIRE_FALSE(client.connect_ec);
+    auto bare = client.request(post("/replay", body));
+    REQUIRE_FALSE(bare.ec);
+    CHECK(bare.response.result() == http::status::unauthorized);
+    auto wrong = client.request(post("/replay", body, "Authorization: Bearer nope\r\n"));
+    REQUIRE_FALSE(wrong.ec);
+    CHECK(wrong.response.result() == http::status::unauthorized);
+    CHECK(replay.bodies().empty());
+    auto good = client.request(post("/replay", body, "Authorization: Bearer s3cret-token\r\n"));
+    REQUIRE_FALSE(good.ec);
+    CHECK(good.response.result() == http::status::accepted);
+    CHECK(header(good.response, http::field::content_type) == "application/json");
+    CHECK(good.response.body() == "{\"state\":\"running\"}\n");
+    REQUIRE(replay.bodies().size() == 1);
+    CHECK(replay.bodies()[0] == body);
+    auto put = client.request(get("/replay", "Authorization: Bearer s3cret-token\r\n", "PUT"));
+    REQUIRE_FALSE(put.ec);
+    CHECK(put.response.result() == http::status::method_not_allowed);
+    CHECK(header(put.response, http::field::allow) == "GET, HEAD, POST");
+  }
+  SECTION("a body over the limit is refused before it reaches the job") {
+    auto options = test_options();
+    options.token = "t";
+    TestServer server(options);
+    FakeReplay replay;
+    server.on_loop([&] { server.admin.set_replay(&replay); });
+    Client client(server.port());
+    REQUIRE_FALSE(client.connect_ec);
+    auto reply = client.request(post("/replay", std::string(64 * 1024, ' '), "Authorization: Bearer t\r\n"));
+    if (!reply.ec) CHECK(reply.response.result() == http::status::payload_too_large);
+    CHECK(replay.bodies().empty());
+  }
+  SECTION("a daemon that offers no replay: /replay is not found") {
+    TestServer server;
+    auto reply = fetch(server.port(), "/replay");
+    REQUIRE_FALSE(reply.ec);
+    CHECK(reply.response.result() == http::status::not_found);
+  }
+}

@@ -1,0 +1,54 @@
+// POST /replay's body: the members walrelay replay's options have, each
+// checked for its type, and a refusal that names what is wrong.
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+#include <string>
+
+#include "walrelay/replay_job.hpp"
+
+using walrelay::parse_replay_request;
+
+namespace {
+
+std::string refusal(const std::string& body) {
+  try {
+    parse_replay_request(body);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("replay request: every member of the command's options", "[replay]") {
+  auto o = parse_replay_request(R"({"table": "public.outbox", "where": "type = 'Refund'", "from_id": 100,
+      "to_id": "200", "since": "2026-02-01", "until": "2026-03-01", "time_column": "created_at",
+      "confirm_above": 50, "yes": true, "dry_run": false})");
+  CHECK(o.table == "public.outbox");
+  CHECK(o.where == "type = 'Refund'");
+  CHECK(o.from_id == "100");
+  CHECK(o.to_id == "200");
+  CHECK(o.since == "2026-02-01");
+  CHECK(o.until == "2026-03-01");
+  CHECK(o.time_column == "created_at");
+  CHECK(o.confirm_above == 50);
+  CHECK(o.yes);
+  CHECK_FALSE(o.dry_run);
+  CHECK_FALSE(o.may_ask);  // no terminal behind an HTTP request
+  auto defaults = parse_replay_request(R"({"where": "true"})");
+  CHECK(defaults.confirm_above == 1000);
+  CHECK_FALSE(defaults.yes);
+}
+
+TEST_CASE("replay request: what is refused names the member", "[replay]") {
+  CHECK(refusal("not json").find("not JSON") != std::string::npos);
+  CHECK(refusal("[1, 2]").find("JSON object") != std::string::npos);
+  CHECK(refusal(R"({"wher": "true"})").find("unknown member \"wher\"") != std::string::npos);
+  CHECK(refusal(R"({"where": 1})").find("\"where\" must be a string") != std::string::npos);
+  CHECK(refusal(R"({"from_id": 1.5})").find("\"from_id\" must be a string or an integer") != std::string::npos);
+  CHECK(refusal(R"({"yes": "yes"})").find("\"yes\" must be true or false") != std::string::npos);
+  CHECK(refusal(R"({"confirm_above": -1})").find("\"confirm_above\" must be a whole number") != std::string::npos);
+  CHECK(refusal(R"({"where": "true"})").empty());
+}
