@@ -11,6 +11,7 @@
 #   scripts/services.sh nats-stop|nats-start   NATS only, back on its port with its streams
 #                                              (kept on disk: a broker restart or outage)
 #   scripts/services.sh start rabbitmq         a RabbitMQ node (not part of `all`), below
+#   scripts/services.sh rabbitmqctl ARGS...   rabbitmqctl against that node (users, permissions)
 #   scripts/services.sh rabbitmq-stop|rabbitmq-start   RabbitMQ only, back on its port with its
 #                                              durable exchanges and queues
 #   scripts/services.sh env                    print the env file (source it)
@@ -628,6 +629,7 @@ case "${1:-}" in
   nats-start) nats_start keep-port && write_env ;;
   rabbitmq-stop) rabbit_stop keep-port ;;
   rabbitmq-start) rabbit_start keep-port && write_env ;;
+  rabbitmqctl) shift; (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" "$@") ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
   standby)
@@ -645,6 +647,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;
-  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

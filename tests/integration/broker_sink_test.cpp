@@ -11,6 +11,7 @@
 // message_id): there every event at least once, each repeat within the
 // in-flight bound.
 #include <csignal>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -545,7 +546,7 @@ class SecureNats {
                         "/store --tls --tlscert " + dir_ + "/server.pem --tlskey " + dir_ + "/server.key --user " +
                         user + " --pass " + password + " -P " + dir_ + "/pid -l " + dir_ +
                         "/nats.log >/dev/null 2>&1 &").status == 0);
-    REQUIRE(eventually([&] { return run_command("grep -q 'Server is ready' " + dir_ + "/nats.log").status == 0; },
+    REQUIRE(eventually([&] { return run_command("grep -qs 'Server is ready' " + dir_ + "/nats.log").status == 0; },
                        10s, 50ms));
   }
   ~SecureNats() { run_command("kill $(cat " + dir_ + "/pid) 2>/dev/null; sleep 0.3; rm -rf " + dir_); }
@@ -562,6 +563,51 @@ class SecureNats {
   static constexpr const char* password = "n4ts-s3cret";
 
  private:
+  std::string dir_;
+  int port_ = 0;
+};
+
+// A nats-server of the test's own with two users: "admin" may do anything
+// (the test's reader), "relay" may publish anything but the denied subjects.
+// grant() lifts the denial by a configuration reload (SIGHUP), as an
+// operator would.
+class RestrictedNats {
+ public:
+  explicit RestrictedNats(std::string denied) : denied_(std::move(denied)) {
+    char tmpl[] = "/tmp/walrelay-nats-perm-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    port_ = free_port();
+    write_config(true);
+    REQUIRE(run_command("nats-server -c " + dir_ + "/nats.conf -P " + dir_ + "/pid -l " + dir_ +
+                        "/nats.log >/dev/null 2>&1 &").status == 0);
+    REQUIRE(eventually([&] { return run_command("grep -qs 'Server is ready' " + dir_ + "/nats.log").status == 0; },
+                       10s, 50ms));
+  }
+  ~RestrictedNats() { run_command("kill $(cat " + dir_ + "/pid) 2>/dev/null; sleep 0.3; rm -rf " + dir_); }
+  RestrictedNats(const RestrictedNats&) = delete;
+  RestrictedNats& operator=(const RestrictedNats&) = delete;
+  void grant() {
+    write_config(false);
+    REQUIRE(run_command("kill -HUP $(cat " + dir_ + "/pid)").status == 0);
+    REQUIRE(eventually([&] { return run_command("grep -qs 'Reloaded server configuration' " + dir_ + "/nats.log").status == 0; },
+                       10s, 50ms));
+  }
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+  CommandResult py(const std::string& args) const {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/nats/read.py --url nats://admin:" +
+                       "admin-pw@127.0.0.1:" + std::to_string(port_) + " " + args + " 2>&1");
+  }
+  static constexpr const char* password = "relay-pw";
+
+ private:
+  void write_config(bool deny) {
+    std::ofstream conf(dir_ + "/nats.conf");
+    conf << "listen: \"127.0.0.1:" << port_ << "\"\njetstream { store_dir: \"" << dir_ << "/store\" }\n"
+         << "authorization {\n  users = [\n    { user: \"admin\", password: \"admin-pw\" }\n"
+         << "    { user: \"relay\", password: \"" << password << "\", permissions: { publish: { allow: [\">\"]"
+         << (deny ? ", deny: [\"" + denied_ + "\"]" : std::string()) << " } } }\n  ]\n}\n";
+  }
+  std::string denied_;
   std::string dir_;
   int port_ = 0;
 };
@@ -630,6 +676,98 @@ TEST_CASE("sinks: RabbitMQ with a password from the environment - a wrong one ho
   relay.start();
   relay.wait_streaming();
   check_delivered<RabbitMq>(f, read_settled(f, *to), 1);
+}
+
+TEST_CASE("sinks: NATS refuses walrelay's user the right to publish on the outbox subjects - the slot holds with "
+          "the server's Permissions Violation on /readyz\\, nothing is dead-lettered\\, and after a reload that grants "
+          "it every event arrives once",
+          "[nats][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  RestrictedNats server(f.topic_prefix + ">");
+  REQUIRE(server.py("stream-add --name " + f.slot + " --subjects '" + f.topic_prefix + ">'").status == 0);
+  REQUIRE(server.py("stream-add --name " + f.slot + "_dlq --subjects '" + f.slot + "_dead'").status == 0);
+  Walrelay relay(without_kafka(f, "sink.type=nats-jetstream\nsink.nats-jetstream.url=" + server.url() +
+                                      "\nsink.nats-jetstream.auth.user=relay\nerrors.tolerance=all\n"
+                                      "errors.deadletterqueue.topic.name=" + f.slot + "_dead\n"),
+                 {{"WALRELAY_SINK_NATS_JETSTREAM_AUTH_PASSWORD", RestrictedNats::password}});
+  relay.start();
+  relay.wait_streaming();
+  const long rows = 200;
+  auto in_first = event_inside(f, "Denied", "k-first");
+  Writer writer(f.table, "Denied", rows, 4, 0ms);
+  writer.join();
+  HttpResponse ready;
+  const bool said = eventually(
+      [&] { return (ready = relay.get("/readyz")).body.find("Permissions Violation") != std::string::npos; }, 30s);
+  INFO(ready.body);
+  INFO(relay.log());
+  REQUIRE(said);
+  CHECK(ready.status == 503);
+  for (int i = 0; i < 12; ++i) {
+    REQUIRE(relay.running());
+    CHECK(f.db().confirmed_flush(f.slot) < in_first);
+    std::this_thread::sleep_for(250ms);
+  }
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+  CHECK(relay.log().find(RestrictedNats::password) == std::string::npos);
+
+  server.grant();
+  auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 120s, 100ms));
+  check_delivered<Nats>(f, records_of(server.py("read --name " + f.slot)), rows + 1);
+  CHECK(records_of(server.py("read --name " + f.slot + "_dlq")).empty());
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
+}
+
+TEST_CASE("sinks: RabbitMQ refuses walrelay's user the right to publish - the slot holds with the broker's "
+          "ACCESS_REFUSED on /readyz\\, nothing is dead-lettered\\, and once granted every event arrives",
+          "[rabbitmq][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f);
+  auto dlq = RabbitMq::dead_letters(f);
+  (void)RabbitMq::address();  // the node runs
+  // A user that may configure and read everything, and write nothing.
+  const std::string user = f.slot + "_user";
+  Services::control("rabbitmqctl add_user " + user + " pub-s3cret");
+  struct DropUser {
+    std::string user;
+    ~DropUser() {
+      try {
+        Services::control("rabbitmqctl delete_user " + user);
+      } catch (...) {
+      }
+    }
+  } drop{user};
+  Services::control("rabbitmqctl set_permissions -p / " + user + " '.*' '^$' '.*'");
+  Walrelay relay(RabbitMq::config(f, "sink.rabbitmq.connection.username=" + user + "\nerrors.tolerance=all\n"
+                                     "errors.deadletterqueue.topic.name=" + RabbitMq::dead_letter_topic(f) + "\n"),
+                 {{"WALRELAY_SINK_RABBITMQ_CONNECTION_PASSWORD", "pub-s3cret"}});
+  relay.start();
+  relay.wait_streaming();
+  const long rows = 200;
+  auto in_first = event_inside(f, "Denied", "k-first");
+  Writer writer(f.table, "Denied", rows, 4, 0ms);
+  writer.join();
+  HttpResponse ready;
+  REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).body.find("ACCESS_REFUSED") != std::string::npos; },
+                     30s));
+  CHECK(ready.status == 503);
+  // Held for a while: the slot below the first event, nothing in either queue.
+  for (int i = 0; i < 12; ++i) {
+    REQUIRE(relay.running());
+    CHECK(f.db().confirmed_flush(f.slot) < in_first);
+    std::this_thread::sleep_for(250ms);
+  }
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+  CHECK(relay.log().find("pub-s3cret") == std::string::npos);
+
+  Services::control("rabbitmqctl set_permissions -p / " + user + " '.*' '.*' '.*'");
+  auto recs = read_settled(f, *to, 120s);
+  check_delivered<RabbitMq>(f, recs, rows + 1);
+  CHECK(dlq->read().empty());
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
 }
 
 TEMPLATE_TEST_CASE("sinks: --check connects to the broker - ok when it answers, and a broker that does not answer is a "

@@ -83,6 +83,7 @@ void on_async_error(natsConnection* nc, natsSubscription*, natsStatus err, void*
   natsConnection_GetLastError(nc, &text);
   std::lock_guard lock(ref->inbox->mu);
   ref->inbox->async_error = text && *text ? text : natsStatus_GetText(err);
+  ref->inbox->async_error_new = true;
   wake_locked(ref->inbox, *ref->io, ref->self);
 }
 
@@ -338,10 +339,21 @@ void NatsJetStreamSink::connection_closed() {
 
 void NatsJetStreamSink::poll() {
   bool closed = false;
+  std::optional<std::string> refusal;
   {
     std::lock_guard lock(inbox_->mu);
     scratch_.swap(inbox_->done);
     closed = std::exchange(inbox_->closed, false);
+    if (std::exchange(inbox_->async_error_new, false)) refusal = inbox_->async_error;
+  }
+  if (refusal && !closed) {
+    // The connection stays up (a permission refused, a slow consumer): say
+    // so now, since the refused publishes will only time out.
+    if (*refusal != server_refusal_)
+      spdlog::error("nats: the server reports: {}; what it refuses gets no PubAck and is sent again from the slot",
+                    *refusal);
+    server_refusal_ = *refusal;
+    last_error_ = "the NATS server reports: " + *refusal;
   }
   for (auto& c : scratch_) report(c);
   scratch_.clear();
@@ -365,8 +377,9 @@ void NatsJetStreamSink::report(const Completion& c) {
   d.topic = subject ? subject : "";
   if (c.ok) {
     d.ok = true;
-    if (stream_problem_) {
+    if (stream_problem_ || !server_refusal_.empty()) {
       stream_problem_ = false;
+      server_refusal_.clear();
       last_error_.clear();
     }
   } else {
@@ -375,7 +388,8 @@ void NatsJetStreamSink::report(const Completion& c) {
     d.error_message = c.text;
     if (c.status == NATS_TIMEOUT) {
       d.error_code = "ack_timeout";
-      d.error_message = "no PubAck within sink.nats-jetstream.ack.timeout.ms=" + std::to_string(config_.ack_timeout_ms);
+      d.error_message = "no PubAck within sink.nats-jetstream.ack.timeout.ms=" + std::to_string(config_.ack_timeout_ms) +
+                        (server_refusal_.empty() ? std::string() : " (the server reports: " + server_refusal_ + ")");
     } else if (c.status == NATS_NO_RESPONDERS || c.js_code == JSStreamNotFoundErr) {
       // Not the record's fault and not for the dead-letter subject: the
       // stream is missing (or JetStream is starting). The slot holds.

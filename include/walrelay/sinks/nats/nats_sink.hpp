@@ -54,7 +54,7 @@ class NatsJetStreamSink final : public Sink {
   // Every publish is on the connection as soon as submit() returns: nothing
   // waits in walrelay to be taken back.
   void abort_queued() override {}
-  bool healthy() const override { return js_ != nullptr && !stream_problem_; }
+  bool healthy() const override { return js_ != nullptr && !stream_problem_ && server_refusal_.empty(); }
   std::string health_reason() const override;
   std::optional<std::string> fatal_error() const override { return std::nullopt; }
   void check_connectivity(int timeout_ms) override;
@@ -79,6 +79,7 @@ class NatsJetStreamSink final : public Sink {
     bool close_seen = false;    // for the destructor's wait
     bool wake_posted = false;
     std::string async_error;    // the server's last asynchronous error (a permission ...)
+    bool async_error_new = false;  // set with it, taken by poll()
     NatsJetStreamSink* sink = nullptr;
   };
   // What nats.c's callbacks are given: the inbox and how to wake the loop.
@@ -123,6 +124,10 @@ class NatsJetStreamSink final : public Sink {
   bool connecting_ = false;
   std::string last_error_ = "no NATS connection yet";
   bool stream_problem_ = false;  // a subject no stream takes: not ready until a publish succeeds
+  // What the server refused asynchronously (a permission): its publishes
+  // never get a PubAck, so nothing else would say why. Not ready until a
+  // publish succeeds.
+  std::string server_refusal_;
   std::chrono::milliseconds backoff_{0};
   boost::asio::steady_timer reconnect_timer_;
   boost::asio::thread_pool worker_{1};  // the blocking connect
