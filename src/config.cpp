@@ -676,11 +676,6 @@ void validate(Config& c) {
                           "names " + t + ", but snapshot.select.statement.overrides." + t + " is not set");
     }
   }
-  if (c.snapshot_mode != SnapshotMode::no_data && c.exactly_once)
-    throw ConfigError("snapshot.mode",
-                      "an initial snapshot under exactly.once.support=required is not offered yet: take it with "
-                      "at-least-once (the records carry their id header for consumers that deduplicate), then "
-                      "restart with exactly once; the slot it created is kept");
   if (c.reconnect_backoff_max_ms < c.reconnect_backoff_ms)
     throw ConfigError("reconnect.backoff.max.ms", "must be at least reconnect.backoff.ms");
   if (c.errors_tolerance == ErrorTolerance::all && c.dlq_topic.empty())

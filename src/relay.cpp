@@ -354,13 +354,20 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   }
 
   const bool snapshot = config_.snapshot_mode != SnapshotMode::no_data;
+  // The server's WAL reaches at least here: IDENTIFY_SYSTEM's position, or
+  // past it the consistent point of a slot made since (where an exactly-once
+  // snapshot commits its position).
+  std::optional<Lsn> wal_reached = Lsn::parse(ident.at(0, "xlogpos").value_or(""));
   const bool interrupted = facts.marker && facts.marker->snapshot_pending &&
                            !mutation::active(mutation::Break::snapshot_resume_as_done);
   if (snapshot && (!facts.slot.exists || interrupted)) {
     // The rows already in the outbox first, then the stream from the
     // snapshot's consistent point (relay_snapshot.cpp).
-    auto point = co_await initial_snapshot(conn, facts);
+    const SourceIdentity source{ident.at(0, "systemid").value_or(""), ident.at(0, "timeline").value_or(""),
+                                config_.database_dbname, config_.slot_name};
+    auto point = co_await initial_snapshot(conn, facts, source);
     if (!point) co_return;  // stopped or halted: the next start takes it again
+    if (!wal_reached || *wal_reached < *point) wal_reached = point;
     if (config_.snapshot_mode == SnapshotMode::initial_only) {
       spdlog::warn("slot={} snapshot.mode=initial_only: the snapshot is sent; walrelay stops without streaming. The "
                    "slot is kept at {} and holds WAL from there: start walrelay with snapshot.mode=initial or no_data "
@@ -449,8 +456,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
                   "walrelay will not skip events by another cluster's position. Use a new "
                   "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
     if (committed) {
-      if (auto problem = committed_position_problem(config_, *committed,
-                                                    Lsn::parse(ident.at(0, "xlogpos").value_or("")), timeline, history))
+      if (auto problem = committed_position_problem(config_, *committed, wal_reached, timeline, history))
         throw Fatal(*problem);
       slot_ahead_of(facts, *committed);
     }

@@ -21,6 +21,16 @@
 // committed in between with a lower key (keys are drawn at insert, not at
 // commit). The pending marker tells the next start, which drops the slot and
 // creates it again. Rows sent before are sent again (at least once, by id).
+//
+// Exactly once: the whole snapshot is one Kafka transaction, committed with
+// the consistent point as its position once every row is acknowledged. An
+// interrupted snapshot's transaction never commits (the next start's
+// init_transactions aborts it), so taking it again from the start sends
+// nothing twice to a read_committed consumer. A start that finds the
+// snapshot committed but not yet recorded in the publication (a crash in
+// between) records it and streams. One transaction must end within the
+// coordinator's time-out: walrelay halts, naming the key, before the
+// coordinator would abort it, rather than take it again and again.
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
@@ -62,7 +72,8 @@ struct Relay::SnapshotTable {
   std::uint64_t estimated = 0;
 };
 
-asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, const ServerFacts& facts) {
+asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, const ServerFacts& facts,
+                                                            const SourceIdentity& source) {
   // Two walrelays starting on one slot: the second waits as a standby, as it
   // would for a slot in use. The lock is the session's, so a crash frees it.
   const std::string lock_key =
@@ -73,6 +84,23 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
                       "; waiting to take over if it stops",
                   "55006");
 
+  if (transactional_) {
+    // Take the transactional.id over now: a zombie's open transaction (an
+    // interrupted snapshot's) is aborted, and the committed position says
+    // whether an earlier snapshot got into Kafka.
+    const std::optional<CommittedPosition> committed = co_await transactional_->recover(source);
+    if (facts.marker && facts.marker->snapshot_pending && facts.slot.exists && committed &&
+        committed->system == source.system && facts.slot.confirmed_flush_lsn &&
+        committed->end_lsn == *facts.slot.confirmed_flush_lsn) {
+      const Lsn point = committed->end_lsn;
+      spdlog::info("slot={} exactly once: the initial snapshot begun on {} is in Kafka (committed at its consistent "
+                   "point {}); only its record in the publication was missing: streaming from there",
+                   config_.slot_name, facts.marker->created_at, point.to_string());
+      co_await record_slot(conn, facts, point);
+      co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
+      co_return point;
+    }
+  }
   if (facts.marker && facts.marker->snapshot_pending) {
     metrics_.snapshot_restarts.Increment();
     spdlog::warn("slot={} the initial snapshot begun on {} did not finish: {}taking it again from the start; the rows "
@@ -131,6 +159,12 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
 
   snapshot_.emplace();
   snapshot_->started = snapshot_->logged = std::chrono::steady_clock::now();
+  if (transactional_) {
+    // A margin for the commit itself, and for the first record's
+    // transaction beginning a little after this.
+    const auto timeout = transactional_->transaction_timeout();
+    snapshot_->end_by = snapshot_->started + timeout - std::min<std::chrono::milliseconds>(timeout / 5, 10s);
+  }
   snapshot_->rows_estimated = estimated;
   metrics_.snapshot_rows_estimated.Set(static_cast<double>(estimated));
   metrics_.snapshot_running.Set(1);
@@ -154,9 +188,26 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
   // Every row acknowledged before the slot may be streamed from: a failed
   // record means the snapshot is taken again.
   while (!stop_requested_ && !halt_reason_ && !replay_reason_ && ledger_.inflight_records() > 0) {
+    check_snapshot_deadline();
     sink_.poll();
     check_producer();
     co_await sleep(20ms);
+  }
+  if (transactional_ && !stop_requested_ && !halt_reason_ && !replay_reason_) {
+    // The snapshot's transaction commits with the consistent point as its
+    // position (one holding the position alone when the tables were empty).
+    if (!transactional_->commit_position(point)) {
+      transactional_->source_transaction_ended(point);
+      transactional_->commit_now();
+    }
+    while (!stop_requested_ && !halt_reason_ && !replay_reason_ && !(committed_lsn_ && *committed_lsn_ >= point)) {
+      sink_.poll();
+      check_producer();
+      co_await sleep(20ms);
+    }
+    if (committed_lsn_ && *committed_lsn_ >= point)
+      spdlog::info("slot={} exactly once: the initial snapshot committed in one Kafka transaction at {}",
+                   config_.slot_name, point.to_string());
   }
   if (replay_reason_)
     throw PgError("the initial snapshot was interrupted (" + *replay_reason_ + "); it is taken again from the start",
@@ -211,6 +262,7 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
     }
     ledger_.commit(*txn_, point);
     txn_.reset();
+    check_snapshot_deadline();
     log_snapshot_progress(false);
     if (stop_requested_ || halt_reason_ || replay_reason_) co_return;
   }
@@ -248,6 +300,18 @@ asio::awaitable<bool> Relay::snapshot_row(std::span<const std::byte> message, Ls
     co_await asio::post(io_, asio::use_awaitable);
   }
   co_return true;
+}
+
+void Relay::check_snapshot_deadline() {
+  if (!snapshot_ || !snapshot_->end_by || std::chrono::steady_clock::now() < *snapshot_->end_by) return;
+  // Taken again, it would outlast the time-out again: a halt for a human.
+  throw Fatal(fmt::format(
+      "snapshot.mode: under exactly.once.support=required the initial snapshot is one Kafka transaction, and after "
+      "{} of about {} rows it is near kafka.transaction.timeout.ms={} ms, when the coordinator would abort it. "
+      "Nothing of it is visible to read_committed consumers. Raise kafka.transaction.timeout.ms (up to the brokers' "
+      "transaction.max.timeout.ms, 15 min by default), narrow it with snapshot.select.statement.overrides, or take "
+      "the snapshot at least once and then restart with exactly once; the next start takes it again from the start",
+      snapshot_->rows_done, snapshot_->rows_estimated, transactional_->transaction_timeout().count()));
 }
 
 void Relay::log_snapshot_progress(bool force) {

@@ -134,7 +134,11 @@ class Relay final : public StatusSource {
   // Creates the slot inside a REPEATABLE READ transaction that uses its
   // snapshot, sends every row of the outbox tables that the snapshot sees,
   // and waits until each is acknowledged. nullopt: stopped or halted first.
-  boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts);
+  // `source` names the committed position in exactly-once mode.
+  // Exactly once: a Fatal once the snapshot nears the transaction time-out.
+  void check_snapshot_deadline();
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts,
+                                                                        const SourceIdentity& source);
   struct SnapshotTable;  // relay_snapshot.cpp
   boost::asio::awaitable<void> snapshot_table(PgConnection& conn, const SnapshotTable& table, pgoutput::Lsn point);
   // Hands one decoded snapshot row to the mapper and the sink, waiting for
@@ -232,6 +236,9 @@ class Relay final : public StatusSource {
     std::uint64_t rows_done = 0;
     std::uint64_t rows_estimated = 0;
     std::chrono::steady_clock::time_point started{}, finished{}, logged{};
+    // Exactly once: the snapshot is one Kafka transaction, which must commit
+    // before the coordinator's time-out aborts it.
+    std::optional<std::chrono::steady_clock::time_point> end_by;
   };
   std::optional<SnapshotProgress> snapshot_;
   bool snapshot_only_done_ = false;       // initial_only: taken, so the session ends

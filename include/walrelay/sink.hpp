@@ -167,6 +167,9 @@ class TransactionalSink {
   // Shutting down: commits the open transaction now if it holds only whole
   // source transactions (one cut in the middle is left to be aborted).
   virtual void commit_now() = 0;
+  // How long the coordinator lets a transaction stay open before it aborts
+  // it (an initial snapshot is one transaction: it must end within this).
+  virtual std::chrono::milliseconds transaction_timeout() const = 0;
 
   // Called on the loop when a transaction committed: everything up to end_lsn is visible.
   void on_committed(std::function<void(pgoutput::Lsn)> handler) { on_committed_ = std::move(handler); }

@@ -341,3 +341,81 @@ TEST_CASE("snapshot: a partitioned outbox (a sub-partitioned partition\\, a defa
   check_order_per_key(recs);
   CHECK(std::stol(f.db().scalar("SELECT count(*) FROM " + f.table + "_b0")) > 0);  // the premise: rows in a sub-partition
 }
+
+namespace {
+
+std::string eos_snapshot_config(const Fixture& f, const std::string& extra) {
+  return f.config("snapshot.mode=initial\nexactly.once.support=required\ntransaction.boundary.interval.ms=50\n"
+                  "offsets.storage.topic=" + f.slot + ".offsets\nreconnect.backoff.ms=200\n"
+                  "reconnect.backoff.max.ms=2000\n" + extra);
+}
+
+}  // namespace
+
+TEST_CASE("snapshot: exactly once - the snapshot is one Kafka transaction\\, and kill -9 in its middle then a "
+          "restart leaves every row exactly once for a read_committed consumer\\, writers running",
+          "[fault][snapshot]") {
+  const long before = scaled(100000, 300000);
+  const long during = 3000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "EosSnap", before);
+  Writer writer(f.table, "EosSnap", during, 20, 10ms, 16, "", before);
+  const std::string cfg = with_key(eos_snapshot_config(f, "max.inflight.records=2000\nsnapshot.fetch.size=1000\n"),
+                                   "log.level", "info");
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  REQUIRE(eventually(
+      [&] {
+        auto r = relay->get("/slot");
+        return r.status == 200 && json::parse(r.body)["snapshot"].is_object() &&
+               json::parse(r.body)["snapshot"]["rows_done"].get<long>() > 20000;
+      },
+      120s, 20ms));
+  // Acknowledged, but in a transaction that has not committed: nothing to see.
+  CHECK(count_records(f.topic("EosSnap")) == 0);
+  const long done_at_kill = slot_doc(*relay)["snapshot"]["rows_done"].get<long>();
+  relay->signal(SIGKILL);
+  REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+  INFO("killed after " << done_at_kill << " of " << before << " rows");
+  REQUIRE(done_at_kill < before);
+
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  REQUIRE(eventually([&] { return relay->this_run_log().find("streaming:") != std::string::npos || !relay->running(); },
+                     600s, 100ms));
+  REQUIRE(relay->running());
+  CHECK(relay->this_run_log().find("did not finish") != std::string::npos);
+  CHECK(relay->this_run_log().find("committed in one Kafka transaction") != std::string::npos);
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  auto recs = read_all(f, f.topic("EosSnap"), 600s);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(f.db(), f.table, seen);
+  std::cout << "snapshot exactly once, kill -9: killed after " << done_at_kill << " rows; records=" << seen.records
+            << " duplicates=" << seen.duplicates() << " missing=" << missing.size() << "\n";
+  CHECK(missing.empty());
+  CHECK(seen.count.size() == static_cast<std::size_t>(before + during));
+  CHECK(seen.duplicates() == 0);
+  check_order_per_key(recs);
+  // The stream goes on in transactions of its own.
+  f.db().exec(insert_event(f.table, "EosSnap", "after", "jsonb_build_object('seq', -1)"));
+  CHECK(read_topic(f.topic("EosSnap"), before + during + 1, 60s).size() ==
+        static_cast<std::size_t>(before + during + 1));
+}
+
+TEST_CASE("snapshot: exactly once - a snapshot that would outlast kafka.transaction.timeout.ms halts naming the key "
+          "before the coordinator aborts it\\, with nothing of it visible",
+          "[fault][snapshot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "EosLong", 300000);
+  // A small window and a slow pace: the snapshot cannot end within 3 s.
+  Walrelay relay(eos_snapshot_config(f, "kafka.transaction.timeout.ms=3000\nmax.inflight.records=200\n"
+                                        "snapshot.fetch.size=500\n"));
+  relay.start();
+  REQUIRE(relay.wait_exit(120s) == 3);
+  CHECK(relay.log().find("kafka.transaction.timeout.ms=3000") != std::string::npos);
+  CHECK(relay.log().find("transaction.max.timeout.ms") != std::string::npos);
+  CHECK(count_records(f.topic("EosLong")) == 0);
+}

@@ -87,6 +87,8 @@ class KafkaSink final : public Sink, public TransactionalSink {
   void stop_by(std::chrono::steady_clock::time_point deadline) override { stop_by_ = deadline; }
   void abandon_transaction() override;
   void commit_now() override;
+  // The Kafka transaction's time-out (kafka.transaction.timeout.ms).
+  std::chrono::milliseconds transaction_timeout() const override;
   boost::asio::awaitable<bool> renew() override;
   // walrelay --reset-offsets: takes over the transactional producer (fencing
   // a running walrelay) and commits a tombstone for the position, so the
@@ -132,8 +134,6 @@ class KafkaSink final : public Sink, public TransactionalSink {
   // add to its message: a fence met by a transaction older than
   // transaction.timeout.ms is the coordinator's time-out, not a takeover.
   std::string classify_fatal(int code);
-  // The Kafka transaction's time-out (kafka.transaction.timeout.ms).
-  std::chrono::milliseconds transaction_timeout() const;
   // Whether a blocking transactional call should stop retrying: past the
   // shutdown's deadline.
   bool past_stop_deadline() const;
