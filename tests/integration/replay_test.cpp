@@ -109,17 +109,35 @@ TEST_CASE("replay: an id range\\, a condition\\, the confirmation above a count\
   CHECK(r.output.find("--yes") != std::string::npos);
   r = replay(relay, "--where \"type = 'Refund'\" --confirm-above 10 --yes");
   CHECK(r.status == 0);
+  // On a terminal (script(1) gives it one) it asks: anything but "yes" sends
+  // nothing, "yes" sends them.
+  auto on_terminal = [&](const std::string& answer) {
+    auto t = run_command("printf '" + answer + "\\n' | script -qec \"" + std::string(WALRELAY_BINARY) +
+                         " replay --config " + relay.config_path() + " --from-id " + lo + " --to-id " + hi +
+                         " --confirm-above 10\" /dev/null 2>&1");
+    t.status = exit_code(t);
+    return t;
+  };
+  r = on_terminal("no");
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("Type yes to go on") != std::string::npos);
+  CHECK(r.output.find("not confirmed") != std::string::npos);
+  r = on_terminal("yes");
+  INFO(r.output);
+  CHECK(r.status == 0);
 
-  auto recs = read_topic(f.topic("Ids"), 2250, 60s);
+  auto recs = read_topic(f.topic("Ids"), 2300, 60s);
   auto seen = ids_of(recs);
-  CHECK(seen.records == 2250);
+  CHECK(seen.records == 2300);
   std::size_t wrong = 0;
   for (auto& [id, n] : seen.count) {
     const long g = std::stol(id) - std::stol(lo) + 100;  // the row's number in the insert
     const bool in_range = g >= 100 && g <= 149;
     const bool refund = g % 10 == 0;
-    // Once from the relay, once more for each replay that selected it.
-    if (static_cast<long>(n) != 1 + (in_range ? 1 : 0) + (refund ? 1 : 0)) ++wrong;
+    // Once from the relay, once more for each replay that selected it (the
+    // id range twice: with --from-id, and confirmed on the terminal).
+    if (static_cast<long>(n) != 1 + (in_range ? 2 : 0) + (refund ? 1 : 0)) ++wrong;
   }
   CHECK(seen.count.size() == 2000);
   CHECK(wrong == 0);
@@ -137,7 +155,7 @@ TEST_CASE("replay: an id range\\, a condition\\, the confirmation above a count\
   r = replay(relay, "--table public.other --where true");
   CHECK(r.status == 2);
   CHECK(r.output.find("table.include.list") != std::string::npos);
-  CHECK(count_records(f.topic("Ids")) == 2250);
+  CHECK(count_records(f.topic("Ids")) == 2300);
 }
 
 TEST_CASE("replay: POST /replay with admin.token sends a time range again\\, one job at a time\\, and is refused "
