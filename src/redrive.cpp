@@ -8,6 +8,7 @@
 #include <memory>
 #include <regex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include <pgoutput/encode.hpp>
@@ -211,7 +212,13 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
     spdlog::warn("redrive: refused again by {} ({}): back to {}", d.topic, d.error_message, dlq);
     it->second.back_to_dlq = true;
     DeadLetter dead = refused_record(d, config.dlq_context_headers);
-    sink.submit_dead_letter(dead.reason, dlq, dead.key, dead.value, dead.header_views(), d.token, dead.size_bytes());
+    // A delivery report cannot wait for room: a full queue stops the redrive
+    // before this record, which the next one sends again.
+    if (sink.submit_dead_letter(dead.reason, dlq, dead.key, dead.value, dead.header_views(), d.token,
+                                dead.size_bytes()) == SubmitStatus::queue_full &&
+        !failure)
+      failure = "the producer's queue was full for the dead-letter copy of the record from " + dlq + " [" +
+                std::to_string(it->second.partition) + "] offset " + std::to_string(it->second.offset);
   });
 
   // Writes a dead letter back, with its attempts counted up.
@@ -220,9 +227,14 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
     std::erase_if(dead.headers, [](auto& h) { return h.first == attempts_header; });
     dead.headers.emplace_back(attempts_header, std::to_string(attempts));
     pending[token].back_to_dlq = true;
+    // Called from catch blocks too, where a coroutine cannot wait: the queue
+    // drains as the broker acknowledges, so wait in small sleeps, serving
+    // reports, rather than spin.
     while (sink.submit_dead_letter(dead.reason, dlq, dead.key, dead.value, dead.header_views(), token,
-                                   dead.size_bytes()) == SubmitStatus::queue_full)
+                                   dead.size_bytes()) == SubmitStatus::queue_full) {
       sink.poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   };
 
   auto last_commit = std::chrono::steady_clock::now();

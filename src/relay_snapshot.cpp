@@ -41,6 +41,7 @@
 #include <pgoutput/encode.hpp>
 
 #include "walrelay/catalog.hpp"
+#include "walrelay/mutation.hpp"
 #include "walrelay/relay.hpp"
 #include "walrelay/table_rows.hpp"
 
@@ -262,6 +263,11 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
     }
     ledger_.commit(*txn_, point);
     txn_.reset();
+    if (transactional_ && mutation::active(mutation::Break::snapshot_commit_chunks) &&
+        !transactional_->commit_position(point)) {
+      transactional_->source_transaction_ended(point);
+      transactional_->commit_now();
+    }
     check_snapshot_deadline();
     log_snapshot_progress(false);
     if (stop_requested_ || halt_reason_ || replay_reason_) co_return;

@@ -20,6 +20,7 @@ enum class Break {
   nats_ack_at_publish,    // NATS JetStream: a record reported delivered once handed to nats.c, before its PubAck
   snapshot_resume_as_done,  // an interrupted initial snapshot's slot streamed from as if the snapshot had finished
   redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
+  snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
 };
 
 #ifdef WALRELAY_MUTATION_TESTING
