@@ -146,11 +146,13 @@ TEST_CASE("failover: a failover slot survives the primary's hard stop - walrelay
   // Under load, the primary stops hard and the standby is promoted.
   Writer writer(f.table, "Failover", 1000000, 1, 5ms);
   REQUIRE(eventually([&] { return writer.committed() > 300; }, 60s));
+  // Counted before the stop: walrelay may find the promoted server before
+  // the promotion's command has returned here.
+  auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
   Services::control("primary stop immediate");
   writer.stop();
   Services::control("standby promote");
   Db promoted("", standby.port);
-  auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
   wait_streaming_after(relay, streams, 120s);
   // The synchronized slot: created once, at the first start, never again.
   CHECK(count_of(relay.log(), "slot=" + f.slot + " does not exist") == 1);
