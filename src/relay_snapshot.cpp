@@ -195,12 +195,7 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
     co_await sleep(20ms);
   }
   if (transactional_ && !stop_requested_ && !halt_reason_ && !replay_reason_) {
-    // The snapshot's transaction commits with the consistent point as its
-    // position (one holding the position alone when the tables were empty).
-    if (!transactional_->commit_position(point)) {
-      transactional_->source_transaction_ended(point);
-      transactional_->commit_now();
-    }
+    commit_snapshot_transaction(point);
     while (!stop_requested_ && !halt_reason_ && !replay_reason_ && !(committed_lsn_ && *committed_lsn_ >= point)) {
       sink_.poll();
       check_producer();
@@ -263,11 +258,7 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
     }
     ledger_.commit(*txn_, point);
     txn_.reset();
-    if (transactional_ && mutation::active(mutation::Break::snapshot_commit_chunks) &&
-        !transactional_->commit_position(point)) {
-      transactional_->source_transaction_ended(point);
-      transactional_->commit_now();
-    }
+    if (transactional_ && mutation::active(mutation::Break::snapshot_commit_chunks)) commit_snapshot_transaction(point);
     check_snapshot_deadline();
     log_snapshot_progress(false);
     if (stop_requested_ || halt_reason_ || replay_reason_) co_return;
@@ -306,6 +297,14 @@ asio::awaitable<bool> Relay::snapshot_row(std::span<const std::byte> message, Ls
     co_await asio::post(io_, asio::use_awaitable);
   }
   co_return true;
+}
+
+void Relay::commit_snapshot_transaction(Lsn point) {
+  // The consistent point as the position: one holding the position alone
+  // when nothing is open (empty tables), else the open one ended there.
+  if (transactional_->commit_position(point)) return;
+  transactional_->source_transaction_ended(point);
+  transactional_->commit_now();
 }
 
 void Relay::check_snapshot_deadline() {

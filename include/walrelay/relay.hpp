@@ -135,6 +135,8 @@ class Relay final : public StatusSource {
   // snapshot, sends every row of the outbox tables that the snapshot sees,
   // and waits until each is acknowledged. nullopt: stopped or halted first.
   // `source` names the committed position in exactly-once mode.
+  // Exactly once: commits the snapshot's Kafka transaction at `point`.
+  void commit_snapshot_transaction(pgoutput::Lsn point);
   // Exactly once: a Fatal once the snapshot nears the transaction time-out.
   void check_snapshot_deadline();
   boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts,
