@@ -78,6 +78,15 @@ std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
 
 }  // namespace
 
+bool is_pg_snapshot_text(std::string_view text) {
+  int colons = 0;
+  for (char ch : text) {
+    if (ch == ':') colons++;
+    else if (ch != ',' && (ch < '0' || ch > '9')) return false;
+  }
+  return colons == 2 && text.front() != ':';
+}
+
 std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
   std::vector<SlotMarker> out;
   std::istringstream lines(comment);
@@ -96,6 +105,7 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
       else if (key == "created_at") m.created_at = value;
       else if (key == "system") m.system = value;
       else if (key == "snapshot") m.snapshot_pending = value == "pending";
+      else if (key == "snapshot_xids" && is_pg_snapshot_text(value)) m.snapshot_xids = value;
     }
     if (!m.slot.empty()) out.push_back(std::move(m));
   }
@@ -108,6 +118,7 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   if (!marker.created_at.empty()) line += " created_at=" + marker.created_at;
   if (!marker.system.empty()) line += " system=" + marker.system;
   if (marker.snapshot_pending) line += " snapshot=pending";
+  if (marker.snapshot_pending && !marker.snapshot_xids.empty()) line += " snapshot_xids=" + marker.snapshot_xids;
   std::vector<std::string> kept;
   std::istringstream lines(comment);
   std::string l;
@@ -553,7 +564,7 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
 
 asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                 std::optional<pgoutput::Lsn> created_lsn) {
-  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system};
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}};
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
   marker.snapshot_pending = false;
@@ -576,7 +587,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
 }
 
 asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
-  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true};
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}};
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -593,6 +604,14 @@ asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& co
   }
   spdlog::info("slot={} initial snapshot recorded as pending in the comment of publication {}", config.slot_name,
                config.publication_name);
+}
+
+asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                           pgoutput::Lsn point, const std::string& xids) {
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids};
+  co_await write_slot_marker(conn, config, marker);
+  spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
+               point.to_string(), config.publication_name);
 }
 
 asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& config, Sink& sink) {
@@ -614,8 +633,8 @@ asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& con
     if (facts.marker && facts.marker->snapshot_pending)
       report.notes.push_back("slot " + config.slot_name + ": an initial snapshot began on " + facts.marker->created_at +
                              " and did not finish" +
-                             (snapshot ? std::string(": walrelay will make the slot again and take the snapshot again "
-                                                     "from the start")
+                             (snapshot ? std::string(": walrelay will take the snapshot again from the start (the rows "
+                                                     "its view saw) and stream from the kept slot")
                                        : std::string(": snapshot.mode=no_data, so walrelay will stream from the slot "
                                                      "without it")));
     else if (!facts.slot.exists && !facts.marker)

@@ -17,10 +17,14 @@
 // An interrupted snapshot (a crash, a stop, a delivery that failed) is taken
 // again from the start, as Debezium's is. Resuming after the last
 // acknowledged key would need the same snapshot, and an exported snapshot
-// ends with its transaction; a new one at a later point would miss rows
-// committed in between with a lower key (keys are drawn at insert, not at
-// commit). The pending marker tells the next start, which drops the slot and
-// creates it again. Rows sent before are sent again (at least once, by id).
+// ends with its transaction; rows are read in key order, not commit order.
+// The slot is kept: it holds what was committed since its consistent point,
+// also the events that leave no row (a row deleted in its own transaction or
+// by a cleaner, a logical message), which no new snapshot could read. The
+// first snapshot's view (pg_current_snapshot()) is in the pending marker, and
+// the snapshot taken again reads only the rows whose insert that view saw;
+// the kept slot streams the rest. Rows sent before are sent again (at least
+// once, by id).
 //
 // Exactly once: the whole snapshot is one Kafka transaction, committed with
 // the consistent point as its position once every row is acknowledged. An
@@ -102,22 +106,79 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
       co_return point;
     }
   }
-  if (facts.marker && facts.marker->snapshot_pending) {
-    metrics_.snapshot_restarts.Increment();
-    spdlog::warn("slot={} the initial snapshot begun on {} did not finish: {}taking it again from the start; the rows "
-                 "it sent are sent again (the same ids, for consumers that deduplicate)",
-                 config_.slot_name, facts.marker->created_at, facts.slot.exists ? "dropping its slot and " : "");
-    if (facts.slot.exists) co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name));
+  // An interrupted snapshot's slot is kept: it holds every event committed
+  // since its consistent point, rows and the events that leave none (a row
+  // deleted in its own transaction or by a cleaner, a logical message). The
+  // snapshot is taken again in an ordinary REPEATABLE READ transaction,
+  // reading only the rows whose insert the first snapshot saw (its view is
+  // in the marker); the slot streams the rest from the same point. So every
+  // event arrives once from one or the other, as if the first had finished.
+  const bool retake = facts.marker && facts.marker->snapshot_pending && facts.slot.exists &&
+                      facts.slot.confirmed_flush_lsn &&
+                      !mutation::active(mutation::Break::snapshot_retake_new_slot);
+  std::string first_view;  // the first snapshot's pg_snapshot, when retaking
+  Lsn point;
+  if (facts.marker && facts.marker->snapshot_pending) metrics_.snapshot_restarts.Increment();
+  if (retake) {
+    point = *facts.slot.confirmed_flush_lsn;
+    first_view = facts.marker->snapshot_xids;
+    if (facts.marker->created_lsn && *facts.marker->created_lsn != point)
+      spdlog::warn("slot={} the slot's confirmed position {} is not the snapshot's consistent point {} recorded in "
+                   "the marker: streaming from the slot's",
+                   config_.slot_name, point.to_string(), facts.marker->created_lsn->to_string());
+    if (first_view.empty() || mutation::active(mutation::Break::snapshot_retake_unfiltered))
+      spdlog::warn("slot={} the initial snapshot begun on {} did not finish and did not record its view of the "
+                   "tables: taking it again from the start with every row the outbox holds now, then streaming from "
+                   "its slot at {}; rows committed since then are sent twice (the same ids)",
+                   config_.slot_name, facts.marker->created_at, point.to_string());
+    else
+      spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start with the "
+                   "rows it would have sent (those still in the outbox), then streaming from its slot, kept at {}, "
+                   "everything committed since; rows sent before are sent again (the same ids, for consumers that "
+                   "deduplicate)",
+                   config_.slot_name, facts.marker->created_at, point.to_string());
+    co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  } else {
+    if (facts.marker && facts.marker->snapshot_pending) {
+      spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start; the "
+                   "rows it sent are sent again (the same ids, for consumers that deduplicate){}",
+                   config_.slot_name, facts.marker->created_at,
+                   facts.slot.exists ? "; its slot is dropped and made again" : "");
+      if (facts.slot.exists) co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name));
+    }
+    try {
+      co_await mark_snapshot_pending(conn, config_, facts);
+    } catch (const PgError& e) {
+      if (e.sqlstate() == "42501") throw Fatal(e.what());
+      throw;
+    }
+    co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    point = co_await create_slot(conn, config_, true);
+    // The snapshot's view, recorded before a row is sent (on a connection of
+    // its own: this one is inside the snapshot's read-only transaction), so
+    // that a snapshot taken again after an interruption knows which rows
+    // this one would have sent.
+    auto view = co_await conn.query("SELECT pg_catalog.pg_current_snapshot()::text");
+    const std::string xids = view.rows.empty() ? "" : view.rows[0][0].value_or("");
+    if (!is_pg_snapshot_text(xids)) throw PgError("could not read the snapshot's view: '" + xids + "'", "");
+    PgConnection side(io_);
+    co_await side.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
+    co_await record_snapshot_view(side, config_, facts, point, xids);
+    side.close();
   }
-  try {
-    co_await mark_snapshot_pending(conn, config_, facts);
-  } catch (const PgError& e) {
-    if (e.sqlstate() == "42501") throw Fatal(e.what());
-    throw;
+  // The rows the first snapshot's view saw inserted: xmin made a full xid
+  // (within 2^31 of this transaction's xmax, as every live xid is; a frozen
+  // row's xmin reads as 2) and looked up in that view.
+  std::string visible_at_point;
+  if (!first_view.empty() && !mutation::active(mutation::Break::snapshot_retake_unfiltered)) {
+    auto xmax = co_await conn.query("SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text");
+    const std::string now = xmax.rows.empty() ? "" : xmax.rows[0][0].value_or("");
+    if (now.empty() || now.find_first_not_of("0123456789") != std::string::npos)
+      throw PgError("could not read this snapshot's xmax", "");
+    visible_at_point = "(xmin::text::bigint < 3 OR pg_catalog.pg_visible_in_snapshot((" + now + " - ((" + now +
+                       " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))::text::xid8, " +
+                       conn.quote_literal(first_view) + "::pg_snapshot))";
   }
-
-  co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-  const Lsn point = co_await create_slot(conn, config_, true);
 
   std::vector<SnapshotTable> tables;
   std::uint64_t estimated = 0;
@@ -130,8 +191,10 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
     const std::string order = " ORDER BY " + conn.quote_identifier(order_column);
     const std::string& table_sql = t.rows.quoted_table;
     auto override_it = config_.snapshot_select_overrides.find(name.qualified());
+    const std::string& id_column = conn.quote_identifier(config_.field_event_id);
     if (override_it == config_.snapshot_select_overrides.end()) {
-      t.select = "SELECT " + list + " FROM " + table_sql + order;
+      t.select = "SELECT " + list + " FROM " + table_sql +
+                 (visible_at_point.empty() ? std::string() : " WHERE " + visible_at_point) + order;
       t.key = config_.snapshot_order_column.empty() ? "table.field.event.id (the snapshot's order; see "
                                                       "snapshot.order.column)"
                                                     : "snapshot.order.column";
@@ -140,10 +203,15 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
       // A whole SELECT (Debezium's form) is read as a subquery, so that the
       // columns and the order are walrelay's; anything else is a condition.
       if (starts_with_word(statement, "select") || starts_with_word(statement, "with"))
-        t.select = "SELECT " + list + " FROM (" + statement + ") AS walrelay_snapshot_rows" + order;
+        t.select = "SELECT " + list + " FROM (" + statement + ") AS walrelay_snapshot_rows" +
+                   (visible_at_point.empty() ? std::string()
+                                             : " WHERE " + id_column + " IN (SELECT " + id_column + " FROM " +
+                                                   table_sql + " WHERE " + visible_at_point + ")") +
+                   order;
       else
         t.select = "SELECT " + list + " FROM " + table_sql + " WHERE (" +
-                   (starts_with_word(statement, "where") ? statement.substr(5) : statement) + ")" + order;
+                   (starts_with_word(statement, "where") ? statement.substr(5) : statement) + ")" +
+                   (visible_at_point.empty() ? std::string() : " AND " + visible_at_point) + order;
       t.key = "snapshot.select.statement.overrides." + name.qualified();
     }
     try {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
 #include <vector>
@@ -32,7 +33,16 @@ struct SlotMarker {
   // `snapshot=pending`: an initial snapshot began and has not finished; the
   // slot, if there is one, is not yet safe to stream from alone.
   bool snapshot_pending = false;
+  // `snapshot_xids=<xmin>:<xmax>:<xip,...>`: the pending snapshot's view of
+  // the database at its consistent point (pg_current_snapshot()), recorded
+  // as soon as the slot exists. A snapshot taken again reads only the rows
+  // whose insert that view saw; the slot, kept, streams everything since.
+  std::string snapshot_xids;
 };
+
+// Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
+// the only text a marker's snapshot_xids may hold.
+bool is_pg_snapshot_text(std::string_view text);
 
 // Parses the markers in a publication comment; other lines are the owner's.
 std::vector<SlotMarker> parse_slot_markers(const std::string& comment);
@@ -130,6 +140,10 @@ std::string marker_sql(const Config& config, const SlotMarker& marker);
 // snapshot is under way (snapshot=pending), so that a start after a crash
 // takes it again rather than stream from a slot whose snapshot is half sent.
 boost::asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts);
+// Records, once the pending snapshot's slot exists, its consistent point and
+// its view (pg_current_snapshot() in the snapshot's transaction).
+boost::asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                                  pgoutput::Lsn point, const std::string& xids);
 
 // Records this slot in the publication's comment; a missing privilege becomes
 // an error that says how the owner can add the marker by hand.

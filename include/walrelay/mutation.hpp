@@ -21,6 +21,8 @@ enum class Break {
   snapshot_resume_as_done,  // an interrupted initial snapshot's slot streamed from as if the snapshot had finished
   redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
   snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
+  snapshot_retake_new_slot,   // an interrupted snapshot's slot dropped and made again (losing what it held)
+  snapshot_retake_unfiltered, // an interrupted snapshot taken again with every row, not only those its view saw
 };
 
 #ifdef WALRELAY_MUTATION_TESTING
