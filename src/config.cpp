@@ -636,7 +636,10 @@ void apply_kafka_policy(Config& c) {
   // (docs/benchmarks.md, "Sidecar cost at everyday rates" and finding 4).
   c.kafka.try_emplace("linger.ms", "0");
   c.kafka.try_emplace("max.in.flight.requests.per.connection", "1");
-  if (!c.kafka.count("bootstrap.servers")) throw ConfigError("kafka.bootstrap.servers", "is required");
+  if (!c.kafka.count("bootstrap.servers"))
+    throw ConfigError("kafka.bootstrap.servers",
+                      "is required (a Debezium connector's configuration names no broker: Kafka Connect's worker "
+                      "does; set kafka.bootstrap.servers, or add the worker's bootstrap.servers)");
   // librdkafka's own queue must hold at least what walrelay lets in flight,
   // so that QUEUE_FULL stays an exception rather than the flow control.
   auto q = std::to_string(std::max<std::int64_t>(c.max_inflight_records + 1000, 100000));

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "walrelay/config.hpp"
+#include "walrelay/sinks/rabbitmq/rabbitmq_config.hpp"
 
 namespace walrelay {
 namespace {
@@ -86,11 +87,39 @@ const std::map<std::string, std::string>& ignored_keys() {
        "the traceparent header, so there is no operation to name"},
       {"tracing.with.context.field.only",
        "walrelay adds trace headers only to rows whose tracing.span.context.field is set, which is what true asks"},
+      {"retriable.restart.connector.wait.ms",
+       "walrelay starts its session again after a retriable failure with reconnect.backoff.ms, growing to "
+       "reconnect.backoff.max.ms, without a limit"},
+      {"offset.mismatch.strategy", "the slot's confirmed LSN is walrelay's only position, so there is nothing to "
+                                   "reconcile with stored offsets"},
+      {"header.converter",
+       "walrelay writes each header's value as its text (the id, placed columns, trace context), as Connect's "
+       "SimpleHeaderConverter does"},
+      {"publish.via.partition.root",
+       "the publication walrelay creates has publish_via_partition_root = true, and one it may not change must have "
+       "it: a partitioned outbox's rows are read under the root's name; the router routes by route.by.field, so the "
+       "topics are the same either way"},
+      {"datatype.propagate.source.type", conversion},
       {"table.json.payload.empty.array.behavior",
        "it shapes the Connect schema Debezium infers for an expanded payload; walrelay writes the payload's JSON as "
        "it is, empty arrays included, with no schema"},
   };
   return keys;
+}
+
+// Families of keys with nothing to do here, whatever their value, and why
+// (a key walrelay has itself is never one of them).
+const std::vector<std::pair<std::string, std::string>>& ignored_prefixes() {
+  static const std::vector<std::pair<std::string, std::string>> prefixes = {
+      {"heartbeat.", "not needed: walrelay confirms WAL that holds no outbox rows by itself (the slot follows the "
+                     "server while the outbox is idle), so no heartbeat has to move it"},
+      {"offset.", "Connect's offsets; walrelay's position is the slot's confirmed LSN (with exactly.once.support, the "
+                  "offsets topic, committed in each Kafka transaction)"},
+      {"errors.log.", "walrelay logs every record it cannot relay, naming it"},
+      {"errors.retry.", "walrelay retries what can be retried (a lost connection, a broker outage) without a limit, "
+                        "with back-off up to reconnect.backoff.max.ms"},
+  };
+  return prefixes;
 }
 
 // Whether walrelay's configuration has the key.
@@ -126,6 +155,14 @@ const std::map<std::string, std::string>& refused_keys() {
       {"signal.data.collection",
        "ad hoc and incremental snapshots are not offered: walrelay relays what is inserted after its slot exists"},
       {"signal.enabled.channels", "signals drive Debezium's snapshots, which walrelay does not take"},
+      {"database.sslpassword",
+       "walrelay's TLS is libpq's, which reads the key file without asking for a passphrase: use an unencrypted key "
+       "file readable only by walrelay's user (database.sslkey)"},
+      {"database.sslfactory",
+       "a JDBC setting; walrelay's TLS is libpq's: database.sslmode, database.sslrootcert, database.sslcert, "
+       "database.sslkey"},
+      {"slot.stream.params",
+       "walrelay sets pgoutput's options itself (proto_version, publication_names, messages); no other is passed"},
       {"predicates",
        "predicates choose the records a transform applies to; walrelay's router applies to every row of the tables "
        "in table.include.list: name only the outbox tables there"},
@@ -190,6 +227,21 @@ const std::map<std::string, ValuedKey>& valued_keys() {
        {{"fail"}, "errors.tolerance=none, walrelay's default, halts on a row it cannot relay, as fail does",
         "walrelay never skips an event without a trace: errors.tolerance=all sends a row it cannot relay to the "
         "dead-letter topic, errors.tolerance=none (the default, like fail) halts on it"}},
+      {"lsn.flush.mode",
+       {{"connector", "connector_and_driver"}, "walrelay confirms the slot itself, only past what the broker acknowledged",
+        "walrelay confirms the slot itself, only past what the broker acknowledged; a slot confirmed by someone else "
+        "could pass events not yet sent. Set connector or drop it"}},
+      {"flush.lsn.source",
+       {{"true"}, "walrelay confirms the slot itself, only past what the broker acknowledged",
+        "walrelay confirms the slot itself, only past what the broker acknowledged; a slot confirmed by someone else "
+        "could pass events not yet sent. Set true or drop it"}},
+      {"producer.acks",
+       {{"all", "-1"}, "walrelay always produces with acks=all",
+        "walrelay always produces with acks=all: a record is acknowledged only once every in-sync replica has it, "
+        "which the slot's confirmation waits for"}},
+      {"producer.enable.idempotence",
+       {{"true"}, "walrelay's producer is always idempotent",
+        "walrelay's producer is always idempotent: a retry never writes a record twice or out of order"}},
       {"table.json.payload.null.behavior",
        {{"ignore", "optional_bytes"},
         "it shapes the Connect schema Debezium infers for an expanded payload; walrelay writes the payload's JSON as "
@@ -314,7 +366,9 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
     kept.push_back(s);
   }
   settings = std::move(kept);
+  std::set<std::string> server_rabbitmq_connection;  // debezium.sink.rabbitmq.connection.* as renamed
   for (auto& s : settings) {
+    if (s.key.starts_with("debezium.sink.rabbitmq.connection.")) server_rabbitmq_connection.insert(s.key.substr(9));
     if (s.key.starts_with("debezium.source.")) s.key = s.key.substr(16);
     else if (s.key.starts_with("debezium.transforms")) s.key = s.key.substr(9);
     else if (s.key.starts_with("debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
@@ -322,6 +376,30 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
              s.key.starts_with("debezium.sink.rabbitmq."))
       s.key = s.key.substr(9);
     else if (s.key.starts_with("producer.override.")) s.key = "kafka." + s.key.substr(18);
+  }
+
+  // Connect's names for what walrelay has under its own.
+  static const std::pair<const char*, const char*> connect_names[] = {
+      {"delivery.timeout.ms", "kafka.message.timeout.ms"},
+      {"task.shutdown.graceful.timeout.ms", "shutdown.timeout.ms"},
+  };
+  for (auto& [connect_name, name] : connect_names)
+    if (auto* s = find(connect_name)) {
+      if (find(name))
+        throw ConfigError(connect_name, std::string("conflicting or redundant: set both as ") + name + " and as " +
+                                            connect_name + " (" + s->origin + ")");
+      s->origin += std::string(", Kafka Connect's ") + connect_name;
+      s->key = name;
+    }
+
+  // Kafka Connect's worker names the brokers, not the connector: a worker's
+  // bootstrap.servers is taken as walrelay's kafka.bootstrap.servers.
+  if (auto* b = find("bootstrap.servers")) {
+    if (find("kafka.bootstrap.servers"))
+      throw ConfigError("bootstrap.servers", "conflicting or redundant: set both as kafka.bootstrap.servers and as "
+                                             "the Kafka Connect worker's bootstrap.servers (" + b->origin + ")");
+    b->origin += ", the Kafka Connect worker's bootstrap.servers";
+    b->key = "kafka.bootstrap.servers";
   }
 
   // Debezium 1.x's names, renamed in 1.3 and gone in 2.0, still in older
@@ -413,6 +491,25 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
     if (auto it = ignored_keys().find(k); it != ignored_keys().end()) {
       note(s, it->second);
       continue;
+    }
+    if (!known_key(k)) {
+      auto family = std::find_if(ignored_prefixes().begin(), ignored_prefixes().end(),
+                                 [&](auto& p) { return k.starts_with(p.first); });
+      if (family != ignored_prefixes().end()) {
+        note(s, family->second);
+        continue;
+      }
+      // RabbitMQ's Java ConnectionFactory settings that Debezium Server
+      // passes on (debezium.sink.rabbitmq.connection.*) and walrelay's
+      // client has no use for.
+      const auto rabbitmq = rabbitmq_keys();
+      if (server_rabbitmq_connection.count(k) &&
+          std::find(rabbitmq.begin(), rabbitmq.end(), std::string_view(k).substr(14)) == rabbitmq.end()) {
+        note(s, "a setting of RabbitMQ's Java ConnectionFactory that walrelay's client does not need: it reconnects "
+                "by itself (reconnect.backoff.ms), takes the broker's channel and frame limits, and reads the "
+                "connection keys in docs/configuration.md");
+        continue;
+      }
     }
     if (auto it = refused_keys().find(k); it != refused_keys().end()) refuse_value(s, it->second);
     for (auto& [prefix, why] : refused_prefixes())

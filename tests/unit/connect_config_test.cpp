@@ -2,6 +2,11 @@
 // file or Kafka Connect's REST JSON, read as walrelay's own.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
 #include "walrelay/config.hpp"
 
 using namespace walrelay;
@@ -347,4 +352,80 @@ TEST_CASE("connect config: Apicurio's converters, as Debezium's docs configure t
         "value.converter.apicurio.registry.converter.serializer");
   CHECK(refusal(R"({"config": {"value.converter": "io.apicurio.registry.utils.converter.AvroConverter"}})").first ==
         "value.converter.apicurio.registry.url");
+}
+
+// Every key migration-from-debezium.md's tables name in their first column
+// (Debezium's, Kafka Connect's, Debezium Server's), set alone with a few
+// values: each is read, noted or refused with a reason, never "unknown".
+TEST_CASE("connect config: no key the migration guide names is an unknown key", "[config]") {
+  std::ifstream in(std::string(WALRELAY_SOURCE_DIR) + "/docs/migration-from-debezium.md");
+  REQUIRE(in);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::set<std::string> keys;
+  std::istringstream lines(text.str());
+  std::string line;
+  const std::regex code("`([^`]+)`");
+  const std::regex key_shape("[a-z][a-zA-Z0-9_-]*(\\.[a-zA-Z0-9_-]+)+");
+  while (std::getline(lines, line)) {
+    if (line.rfind("| ", 0) != 0 || line.rfind("|---", 0) == 0) continue;
+    const std::string first = line.substr(2, line.find(" | ") - 2);
+    for (std::sregex_iterator m(first.begin(), first.end(), code), end; m != end; ++m) {
+      const std::string k = (*m)[1];
+      if (std::regex_match(k, key_shape)) keys.insert(k);
+    }
+  }
+  INFO(keys.size() << " keys");
+  REQUIRE(keys.size() > 60);
+  for (const auto& k : keys)
+    for (const char* value : {"true", "1", "x"}) {
+      INFO(k << "=" << value);
+      auto [key, why] = refusal(k + "=" + value + "\n");
+      CHECK_THAT(why, !Catch::Contains("unknown configuration key"));
+    }
+}
+
+TEST_CASE("connect config: a connector configuration names no broker - the error says so\\, and the worker's "
+          "bootstrap.servers is taken",
+          "[config]") {
+  try {
+    parse_config("connector.class=io.debezium.connector.postgresql.PostgresConnector\n", "connector.properties", {});
+    FAIL("no error without a broker");
+  } catch (const ConfigError& e) {
+    CHECK(e.key() == "kafka.bootstrap.servers");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("Kafka Connect's worker"));
+  }
+  auto c = parse_config("bootstrap.servers=broker:9092\n", "connector.properties", {});
+  CHECK(c.kafka.at("bootstrap.servers") == "broker:9092");
+  auto [key, why] = refusal("bootstrap.servers=a:9092\nkafka.bootstrap.servers=b:9092\n");
+  CHECK(key == "bootstrap.servers");
+  CHECK_THAT(why, Catch::Contains("conflicting"));
+}
+
+TEST_CASE("connect config: the keys and families a Debezium configuration carries are noted\\, and what would let "
+          "another confirm the slot is refused",
+          "[config]") {
+  for (const char* line : {"publish.via.partition.root=true", "lsn.flush.mode=connector", "flush.lsn.source=true",
+                           "retriable.restart.connector.wait.ms=10000", "offset.mismatch.strategy=no_validation",
+                           "header.converter=org.apache.kafka.connect.storage.SimpleHeaderConverter",
+                           "heartbeat.some.new.key=1", "offset.flush.some.key=1", "errors.log.some.key=1",
+                           "errors.retry.timeout=0"}) {
+    INFO(line);
+    auto c = parse(std::string(line) + "\n");
+    CHECK(noted(c, std::string(line).substr(0, std::string(line).find('='))));
+  }
+  CHECK_THAT(refusal("lsn.flush.mode=manual\n").second, Catch::Contains("could pass events not yet sent"));
+  CHECK_THAT(refusal("flush.lsn.source=false\n").second, Catch::Contains("could pass events not yet sent"));
+  // Debezium Server's RabbitMQ ConnectionFactory keys: walrelay's are read,
+  // the factory's others noted; the same key written as walrelay's own is
+  // checked as walrelay's (a typo stays an error).
+  auto c = parse_config("debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\n"
+                        "debezium.sink.rabbitmq.connection.automatic.recovery.enabled=true\n",
+                        "application.properties", {});
+  CHECK(noted(c, "sink.rabbitmq.connection.automatic.recovery.enabled"));
+  CHECK_FALSE(noted(c, "sink.rabbitmq.connection.host"));
+  CHECK_THAT(refusal("sink.type=rabbitmq\nsink.rabbitmq.connection.automatic.recovery.enabled=true\n").second,
+             Catch::Contains("unknown"));
+  // Connect's names for walrelay's keys.
+  CHECK(parse("delivery.timeout.ms=120000\n").kafka.at("message.timeout.ms") == "120000");
 }
