@@ -79,12 +79,50 @@ std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
 }  // namespace
 
 bool is_pg_snapshot_text(std::string_view text) {
-  int colons = 0;
-  for (char ch : text) {
-    if (ch == ':') colons++;
-    else if (ch != ',' && (ch < '0' || ch > '9')) return false;
+  // xmin:xmax:xip,... with xmin <= xip < xmax, the xips ascending: what
+  // pg_snapshot's input accepts, so that a marker edited by hand is ignored
+  // here rather than failing every snapshot's query.
+  std::vector<std::uint64_t> numbers;
+  std::size_t colons = 0;
+  std::uint64_t n = 0;
+  bool digits = false;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    const char ch = i < text.size() ? text[i] : ',';
+    if (ch >= '0' && ch <= '9') {
+      if (n > (UINT64_MAX - 9) / 10) return false;
+      n = n * 10 + static_cast<std::uint64_t>(ch - '0');
+      digits = true;
+      continue;
+    }
+    if (ch != ':' && ch != ',') return false;
+    if (ch == ':' && ++colons > 2) return false;
+    const bool empty_xip_list = colons == 2 && numbers.size() == 2 && i == text.size();
+    if (!digits && !empty_xip_list) return false;
+    if (digits) numbers.push_back(n);
+    n = 0;
+    digits = false;
+    if (ch == ',' && colons < 2) return false;
   }
-  return colons == 2 && text.front() != ':';
+  if (colons != 2 || numbers.size() < 2 || numbers[0] > numbers[1] || numbers[0] == 0) return false;
+  for (std::size_t i = 2; i < numbers.size(); ++i)
+    if (numbers[i] < numbers[0] || numbers[i] >= numbers[1] || (i > 2 && numbers[i] <= numbers[i - 1])) return false;
+  return true;
+}
+
+std::string table_files_sql(PgConnection& conn, const Config& config) {
+  std::string trees;
+  for (const auto& t : config.table_include_list) {
+    // pg_partition_tree gives nothing for a table that is not partitioned.
+    const std::string rel =
+        conn.quote_literal(conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name)) +
+        "::pg_catalog.regclass";
+    trees += std::string(trees.empty() ? "" : " UNION ") + "SELECT " + rel + " AS relid UNION SELECT relid FROM " +
+             "pg_catalog.pg_partition_tree(" + rel + ")";
+  }
+  if (trees.empty()) return "SELECT ''";
+  return "SELECT substr(md5(coalesce(string_agg(t.relid::oid::text || ':' || "
+         "pg_catalog.pg_relation_filenode(t.relid)::text, ',' ORDER BY t.relid::oid), '')), 1, 16) FROM (" +
+         trees + ") t";
 }
 
 std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
@@ -106,6 +144,9 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
       else if (key == "system") m.system = value;
       else if (key == "snapshot") m.snapshot_pending = value == "pending";
       else if (key == "snapshot_xids" && is_pg_snapshot_text(value)) m.snapshot_xids = value;
+      else if (key == "snapshot_files" && !value.empty() &&
+               value.find_first_not_of("0123456789abcdef") == std::string::npos)
+        m.snapshot_files = value;
     }
     if (!m.slot.empty()) out.push_back(std::move(m));
   }
@@ -119,6 +160,7 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   if (!marker.system.empty()) line += " system=" + marker.system;
   if (marker.snapshot_pending) line += " snapshot=pending";
   if (marker.snapshot_pending && !marker.snapshot_xids.empty()) line += " snapshot_xids=" + marker.snapshot_xids;
+  if (marker.snapshot_pending && !marker.snapshot_files.empty()) line += " snapshot_files=" + marker.snapshot_files;
   std::vector<std::string> kept;
   std::istringstream lines(comment);
   std::string l;
@@ -380,10 +422,22 @@ std::optional<std::string> slot_problem(const Config& config, const ServerFacts&
     return "slot.name: replication slot " + config.slot_name + " has been invalidated (" + sf.invalid_reason +
            "): the events it held are gone. To accept the gap, run walrelay --reset-slot once: it drops the slot, "
            "creates a new one and logs the LSN range that was skipped";
-  // A snapshot that never finished left no events confirmed: the slot is
-  // made again and the snapshot taken again (see Relay::initial_snapshot).
-  if (sf.exists || !facts.marker || facts.marker->snapshot_pending) return std::nullopt;
+  if (sf.exists || !facts.marker) return std::nullopt;
   const SlotMarker& m = *facts.marker;
+  // A snapshot that never made its slot: it is made and the snapshot taken
+  // (see Relay::initial_snapshot). One whose slot existed (its point and
+  // view recorded) and is gone (a failover before the slot was synchronized,
+  // a drop) held the events since that point that leave no row: a new slot
+  // would skip them.
+  if (m.snapshot_pending && (!m.created_lsn || m.snapshot_xids.empty())) return std::nullopt;
+  if (m.snapshot_pending)
+    return "slot.name: replication slot " + config.slot_name + " is missing, but the initial snapshot begun on " +
+           m.created_at + " made it at " + m.created_lsn->to_string() +
+           " (marker in the comment of publication " + config.publication_name +
+           "). The snapshot would be taken again, but a new slot would skip the events committed since " +
+           m.created_lsn->to_string() +
+           " that left no row (rows deleted since, logical messages). Recover those events if you need them, then "
+           "run walrelay --reset-slot once: the next start takes the snapshot with a new slot";
   return "slot.name: replication slot " + config.slot_name + " is missing, but walrelay created it" +
          (m.created_lsn ? " at " + m.created_lsn->to_string() : std::string()) +
          (m.created_at.empty() ? std::string() : " on " + m.created_at) +
@@ -564,7 +618,7 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
 
 asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                 std::optional<pgoutput::Lsn> created_lsn) {
-  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}};
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}};
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
   marker.snapshot_pending = false;
@@ -587,7 +641,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
 }
 
 asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
-  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}};
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}};
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -607,8 +661,9 @@ asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& co
 }
 
 asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                           pgoutput::Lsn point, const std::string& xids) {
-  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids};
+                                           pgoutput::Lsn point, const std::string& xids,
+                                           const std::string& files) {
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files};
   co_await write_slot_marker(conn, config, marker);
   spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
                point.to_string(), config.publication_name);
@@ -692,6 +747,16 @@ asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
                  ? "its last confirmed position (unknown once dropped; at or after " +
                        facts.marker->created_lsn->to_string() + ", where it was created)"
                  : "its last confirmed position (unknown once dropped)";
+    }
+    if (facts.marker && facts.marker->snapshot_pending) {
+      // The snapshot never finished: its rows are still owed. The next start
+      // makes the slot and takes the snapshot (snapshot.mode=initial).
+      co_await mark_snapshot_pending(conn, config, facts);
+      spdlog::warn("slot={} reset by the operator: the initial snapshot begun on {} did not finish; the next start "
+                   "with snapshot.mode=initial makes a new slot and takes it; events committed after {} that left "
+                   "no row in the outbox are not relayed",
+                   config.slot_name, facts.marker->created_at, from);
+      co_return exit_ok;
     }
     auto created = co_await create_slot(conn, config);
     co_await mark_slot(conn, config, facts, created);

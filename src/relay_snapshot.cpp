@@ -89,6 +89,22 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
                       "; waiting to take over if it stops",
                   "55006");
 
+  // What prepare() saw may have changed while another walrelay held the
+  // lock (it may have finished the snapshot): look again, and start the
+  // session over if so.
+  {
+    std::vector<std::string> problems, warnings;
+    const ServerFacts now = co_await inspect_server(conn, config_, facts.system, problems, warnings);
+    const auto pending = [](const ServerFacts& f) { return f.marker && f.marker->snapshot_pending; };
+    if (now.slot.exists != facts.slot.exists || pending(now) != pending(facts) ||
+        now.marker.has_value() != facts.marker.has_value()) {
+      co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
+      throw PgError("slot " + config_.slot_name + " or its marker changed while waiting for the snapshot's lock "
+                    "(another walrelay took or finished the snapshot); looking again",
+                    "");
+    }
+  }
+
   if (transactional_) {
     // Take the transactional.id over now: a zombie's open transaction (an
     // interrupted snapshot's) is aborted, and the committed position says
@@ -126,18 +142,48 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
       spdlog::warn("slot={} the slot's confirmed position {} is not the snapshot's consistent point {} recorded in "
                    "the marker: streaming from the slot's",
                    config_.slot_name, point.to_string(), facts.marker->created_lsn->to_string());
-    if (first_view.empty() || mutation::active(mutation::Break::snapshot_retake_unfiltered))
-      spdlog::warn("slot={} the initial snapshot begun on {} did not finish and did not record its view of the "
-                   "tables: taking it again from the start with every row the outbox holds now, then streaming from "
-                   "its slot at {}; rows committed since then are sent twice (the same ids)",
-                   config_.slot_name, facts.marker->created_at, point.to_string());
-    else
+    // The tables' locks first (a rewrite now would give rows new xmins
+    // under this snapshot), then the snapshot, taken by the first query.
+    co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    std::string tables_sql;
+    for (const auto& t : config_.table_include_list)
+      tables_sql += (tables_sql.empty() ? "" : ", ") + conn.quote_identifier(t.schema) + "." +
+                    conn.quote_identifier(t.name);
+    if (!tables_sql.empty()) co_await conn.query("LOCK TABLE " + tables_sql + " IN ACCESS SHARE MODE");
+    std::string unusable;  // why the first view cannot choose the rows
+    if (first_view.empty()) {
+      unusable = "did not record its view of the tables";
+    } else {
+      auto files = co_await conn.query(table_files_sql(conn, config_));
+      const std::string now = files.rows.empty() ? "" : files.rows[0][0].value_or("");
+      if (facts.marker->snapshot_files.empty() || now != facts.marker->snapshot_files)
+        unusable = "its view cannot judge the rows any more: the outbox tables were rewritten since (ALTER TABLE "
+                   "... TYPE, pg_repack, VACUUM FULL, CLUSTER give rows new files and new xmins)";
+    }
+    if (unusable.empty() && mutation::active(mutation::Break::snapshot_retake_unfiltered))
+      unusable = "(mutation snapshot_retake_unfiltered)";
+    if (!unusable.empty()) {
+      if (transactional_)
+        throw Fatal("slot.name: the initial snapshot begun on " + facts.marker->created_at + " did not finish and " +
+                    unusable + ". Taken again with every row the outbox holds, under exactly.once.support=required "
+                    "the rows committed since its consistent point " + point.to_string() +
+                    " would reach read_committed consumers twice (from the snapshot and from the slot). Choose: "
+                    "start once without exactly.once.support=required (at least once: those rows twice, the same "
+                    "ids), or drop slot " + config_.slot_name + " (SELECT pg_drop_replication_slot('" +
+                    config_.slot_name + "')) to take the snapshot with a new slot, skipping the events since that "
+                    "point that left no row in the outbox");
+      first_view.clear();
+      spdlog::warn("slot={} the initial snapshot begun on {} did not finish and {}: taking it again from the start "
+                   "with every row the outbox holds now, then streaming from its slot at {}; rows committed since "
+                   "then are sent twice (the same ids), the second copy possibly after a later event of its key",
+                   config_.slot_name, facts.marker->created_at, unusable, point.to_string());
+    } else {
       spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start with the "
                    "rows it would have sent (those still in the outbox), then streaming from its slot, kept at {}, "
                    "everything committed since; rows sent before are sent again (the same ids, for consumers that "
                    "deduplicate)",
                    config_.slot_name, facts.marker->created_at, point.to_string());
-    co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    }
   } else {
     if (facts.marker && facts.marker->snapshot_pending) {
       spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start; the "
@@ -161,14 +207,33 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
     auto view = co_await conn.query("SELECT pg_catalog.pg_current_snapshot()::text");
     const std::string xids = view.rows.empty() ? "" : view.rows[0][0].value_or("");
     if (!is_pg_snapshot_text(xids)) throw PgError("could not read the snapshot's view: '" + xids + "'", "");
-    PgConnection side(io_);
-    co_await side.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
-    co_await record_snapshot_view(side, config_, facts, point, xids);
-    side.close();
+    auto files = co_await conn.query(table_files_sql(conn, config_));
+    const std::string table_files = files.rows.empty() ? "" : files.rows[0][0].value_or("");
+    // Nothing is sent yet, and the view lives only in this transaction: a
+    // failure to record it (a full server, a lock) is tried again for a
+    // while. Given up, the slot is kept (it holds what was committed since
+    // its point) and a later start takes the snapshot without the view.
+    for (int attempt = 1;; ++attempt) {
+      try {
+        PgConnection side(io_);
+        co_await side.connect(config_.conninfo(false),
+                              std::chrono::milliseconds(config_.database_connect_timeout_ms));
+        co_await record_snapshot_view(side, config_, facts, point, xids, table_files);
+        side.close();
+        break;
+      } catch (const PgError& e) {
+        if (attempt >= 10 || stop_requested_) throw;
+        spdlog::warn("slot={} could not record the initial snapshot's view (try {} of 10): {}", config_.slot_name,
+                     attempt, e.what());
+      }
+      co_await sleep(std::chrono::milliseconds(500 * attempt));
+    }
   }
   // The rows the first snapshot's view saw inserted: xmin made a full xid
-  // (within 2^31 of this transaction's xmax, as every live xid is; a frozen
-  // row's xmin reads as 2) and looked up in that view.
+  // (within 2^31 of this transaction's xmax, as every unfrozen row's is) and
+  // looked up in that view. Freezing keeps a row's xmin (9.4 and later), so
+  // a frozen row older than 2^32 transactions can be judged wrongly; rows
+  // that old in an outbox are not expected (docs/operations.md says so).
   std::string visible_at_point;
   if (!first_view.empty() && !mutation::active(mutation::Break::snapshot_retake_unfiltered)) {
     auto xmax = co_await conn.query("SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text");

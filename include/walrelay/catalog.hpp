@@ -38,6 +38,11 @@ struct SlotMarker {
   // as soon as the slot exists. A snapshot taken again reads only the rows
   // whose insert that view saw; the slot, kept, streams everything since.
   std::string snapshot_xids;
+  // `snapshot_files=<hex>`: the outbox tables' files (pg_relation_filenode
+  // of each table and partition) when the view was taken. A rewrite since
+  // (ALTER TABLE ... TYPE, pg_repack, VACUUM FULL) gives rows new xmins,
+  // which the view cannot judge.
+  std::string snapshot_files;
 };
 
 // Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
@@ -143,7 +148,11 @@ boost::asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Con
 // Records, once the pending snapshot's slot exists, its consistent point and
 // its view (pg_current_snapshot() in the snapshot's transaction).
 boost::asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                                  pgoutput::Lsn point, const std::string& xids);
+                                                  pgoutput::Lsn point, const std::string& xids,
+                                                  const std::string& files);
+// The SQL whose one value is the outbox tables' files now (a digest of
+// pg_relation_filenode over each configured table and its partitions).
+std::string table_files_sql(PgConnection& conn, const Config& config);
 
 // Records this slot in the publication's comment; a missing privilege becomes
 // an error that says how the owner can add the marker by hand.

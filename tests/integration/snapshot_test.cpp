@@ -589,3 +589,101 @@ TEST_CASE("snapshot: events that leave no row - exactly once - kill -9 in the mi
           "[fault][snapshot]") {
   interrupted_snapshot_keeps_rowless_events(true);
 }
+
+namespace {
+
+// Starts a snapshot of `before` rows with `cfg` and kills it part-way.
+std::unique_ptr<Walrelay> kill_mid_snapshot(const std::string& cfg, long before) {
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  REQUIRE(eventually(
+      [&] {
+        auto r = relay->get("/slot");
+        return r.status == 200 && json::parse(r.body)["snapshot"].is_object() &&
+               json::parse(r.body)["snapshot"]["rows_done"].get<long>() > 5000;
+      },
+      120s, 20ms));
+  const long done_at_kill = slot_doc(*relay)["snapshot"]["rows_done"].get<long>();
+  relay->signal(SIGKILL);
+  REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+  INFO("killed after " << done_at_kill << " of " << before << " rows");
+  REQUIRE(done_at_kill < before);
+  return relay;
+}
+
+}  // namespace
+
+TEST_CASE("snapshot: the outbox rewritten between the interruption and the restart (new xmins) - at least once "
+          "every row still arrives\\, exactly once halts naming the choice",
+          "[fault][snapshot]") {
+  const long before = 60000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Rewrite", before);
+  const std::string extra = "max.inflight.records=2000\nsnapshot.fetch.size=1000\n";
+  SECTION("at least once") {
+    const std::string cfg = with_key(f.config("snapshot.mode=initial\n" + extra), "log.level", "info");
+    kill_mid_snapshot(cfg, before);
+    // A rewrite that gives every row a new xmin (a volatile default).
+    f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN rewritten float8 DEFAULT random()");
+    Walrelay relay(cfg);
+    relay.start();
+    REQUIRE(eventually([&] { return relay.this_run_log().find("streaming:") != std::string::npos || !relay.running(); },
+                       300s, 100ms));
+    REQUIRE(relay.running());
+    CHECK(relay.this_run_log().find("were rewritten since") != std::string::npos);
+    auto seqs = numbers_of(read_all(f, f.topic("Rewrite"), 300s), "seq");
+    INFO(missing_numbers(seqs, before));
+    CHECK(seqs.size() == static_cast<std::size_t>(before));
+  }
+  SECTION("exactly once") {
+    const std::string cfg = with_key(eos_snapshot_config(f, extra), "log.level", "info");
+    kill_mid_snapshot(cfg, before);
+    f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN rewritten float8 DEFAULT random()");
+    Walrelay relay(cfg);
+    relay.start();
+    CHECK(relay.wait_exit(120s) == 3);
+    INFO(relay.this_run_log());
+    CHECK(relay.this_run_log().find("were rewritten since") != std::string::npos);
+    CHECK(relay.this_run_log().find("pg_drop_replication_slot") != std::string::npos);
+    CHECK(count_records(f.topic("Rewrite")) == 0);
+  }
+}
+
+TEST_CASE("snapshot: the interrupted snapshot's slot lost (a failover before it was synchronized\\, a drop) - the "
+          "restart halts naming --reset-slot\\, which lets the next start take the snapshot with a new slot",
+          "[fault][snapshot]") {
+  const long before = 40000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Lost", before);
+  const std::string cfg = with_key(f.config("snapshot.mode=initial\nmax.inflight.records=2000\n"
+                                            "snapshot.fetch.size=1000\n"),
+                                   "log.level", "info");
+  kill_mid_snapshot(cfg, before);
+  REQUIRE(eventually(
+      [&] {
+        return f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot +
+                             "' AND active") == "0";
+      },
+      10s, 50ms));
+  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+  Walrelay relay(cfg);
+  relay.start();
+  CHECK(relay.wait_exit(60s) == 3);
+  INFO(relay.this_run_log());
+  CHECK(relay.this_run_log().find("left no row") != std::string::npos);
+  CHECK(relay.this_run_log().find("--reset-slot") != std::string::npos);
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
+
+  Walrelay reset(cfg);
+  CHECK(reset.run({"--reset-slot", "--config", reset.config_path()}) == 0);
+  CHECK(reset.log().find("makes a new slot and takes it") != std::string::npos);
+  relay.start();
+  REQUIRE(eventually([&] { return relay.this_run_log().find("streaming:") != std::string::npos || !relay.running(); },
+                     300s, 100ms));
+  REQUIRE(relay.running());
+  auto seqs = numbers_of(read_all(f, f.topic("Lost"), 300s), "seq");
+  INFO(missing_numbers(seqs, before));
+  CHECK(seqs.size() == static_cast<std::size_t>(before));
+}

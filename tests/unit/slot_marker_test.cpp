@@ -8,7 +8,7 @@
 using walrelay::SlotMarker;
 
 TEST_CASE("slot marker: written and read back, the owner's lines kept, a pending snapshot recorded", "[catalog]") {
-  SlotMarker pending{"s1", std::nullopt, "2026-12-03T03:00:00Z", "7300000000000000001", true, {}};
+  SlotMarker pending{"s1", std::nullopt, "2026-12-03T03:00:00Z", "7300000000000000001", true, {}, {}};
   const std::string comment = walrelay::with_slot_marker("the owner's words\nsecond line", pending);
   CHECK(comment == "the owner's words\nsecond line\nwalrelay.slot=s1 created_at=2026-12-03T03:00:00Z "
                    "system=7300000000000000001 snapshot=pending");
@@ -18,7 +18,7 @@ TEST_CASE("slot marker: written and read back, the owner's lines kept, a pending
   CHECK_FALSE(markers[0].created_lsn);
 
   // The snapshot done: the same line replaced, pending gone.
-  SlotMarker done{"s1", pgoutput::Lsn{0x16B3740000ULL}, "2026-12-03T03:01:00Z", "7300000000000000001", false, {}};
+  SlotMarker done{"s1", pgoutput::Lsn{0x16B3740000ULL}, "2026-12-03T03:01:00Z", "7300000000000000001", false, {}, {}};
   const std::string after = walrelay::with_slot_marker(comment, done);
   CHECK(after.find("snapshot=") == std::string::npos);
   CHECK(after.rfind("the owner's words\nsecond line\n", 0) == 0);
@@ -31,12 +31,13 @@ TEST_CASE("slot marker: written and read back, the owner's lines kept, a pending
 TEST_CASE("slot marker: a pending snapshot's view is kept while pending\\, and only a pg_snapshot's text is read",
           "[catalog]") {
   SlotMarker pending{"s1", pgoutput::Lsn{0x16B3740000ULL}, "2026-12-03T03:00:00Z", "7300000000000000001", true,
-                     "7461:7470:7461,7463,7469"};
+                     "7461:7470:7461,7463,7469", "0f1e2d3c4b5a6978"};
   const std::string comment = walrelay::with_slot_marker("", pending);
   CHECK(comment.find(" snapshot=pending snapshot_xids=7461:7470:7461,7463,7469") != std::string::npos);
   auto markers = walrelay::parse_slot_markers(comment);
   REQUIRE(markers.size() == 1);
   CHECK(markers[0].snapshot_xids == "7461:7470:7461,7463,7469");
+  CHECK(markers[0].snapshot_files == "0f1e2d3c4b5a6978");
   CHECK(markers[0].created_lsn == pgoutput::Lsn{0x16B3740000ULL});
   // Done: the view goes with the pending state.
   pending.snapshot_pending = false;
@@ -49,16 +50,34 @@ TEST_CASE("slot marker: a pending snapshot's view is kept while pending\\, and o
   CHECK_FALSE(walrelay::is_pg_snapshot_text("100:100"));
   CHECK_FALSE(walrelay::is_pg_snapshot_text(":1:2"));
   CHECK_FALSE(walrelay::is_pg_snapshot_text(""));
+  // What pg_snapshot's input would refuse: xmin past xmax, xips out of
+  // range or order, an empty item.
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("5:3:"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("10:20:15,12"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("10:20:9"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("10:20:20"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text(",1:2:"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("1:2:,"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("0:2:"));
+  CHECK_FALSE(walrelay::is_pg_snapshot_text("99999999999999999999999:1:"));
+  CHECK(walrelay::is_pg_snapshot_text("10:20:10,11,19"));
 }
 
 TEST_CASE("slot marker: a missing slot is a problem unless its snapshot never finished", "[catalog]") {
   walrelay::Config config;
   walrelay::ServerFacts facts;
   facts.system = "7300000000000000001";
-  facts.marker = SlotMarker{config.slot_name, pgoutput::Lsn{0x100}, "2026-12-03T03:00:00Z", facts.system, false, {}};
+  facts.marker = SlotMarker{config.slot_name, pgoutput::Lsn{0x100}, "2026-12-03T03:00:00Z", facts.system, false, {}, {}};
   auto problem = walrelay::slot_problem(config, facts);
   REQUIRE(problem);
   CHECK(problem->find("--reset-slot") != std::string::npos);
   facts.marker->snapshot_pending = true;
   CHECK_FALSE(walrelay::slot_problem(config, facts));
+  // A pending snapshot whose slot was made (its view recorded) and is gone:
+  // a new slot would skip what the old one held.
+  facts.marker->snapshot_xids = "10:20:";
+  auto lost = walrelay::slot_problem(config, facts);
+  REQUIRE(lost);
+  CHECK(lost->find("--reset-slot") != std::string::npos);
+  CHECK(lost->find("left no row") != std::string::npos);
 }
