@@ -211,30 +211,6 @@ TEST_CASE("fault: exactly once - a position written for another database is refu
 
 namespace {
 
-// The broker frozen (SIGSTOP) for the life of the object: connections stay
-// open and every request waits, as in a long GC pause or a stalled disk.
-class BrokerFreeze {
- public:
-  BrokerFreeze() : pid_(broker_pid()) { REQUIRE(::kill(pid_, SIGSTOP) == 0); }
-  ~BrokerFreeze() { thaw(); }
-  BrokerFreeze(const BrokerFreeze&) = delete;
-  BrokerFreeze& operator=(const BrokerFreeze&) = delete;
-  void thaw() {
-    if (pid_ > 0) ::kill(pid_, SIGCONT);
-    pid_ = 0;
-  }
-
- private:
-  static pid_t broker_pid() {
-    std::ifstream in(Services::current("WALRELAY_RUN_DIR") + "/kafka/pid");
-    pid_t pid = 0;
-    in >> pid;
-    REQUIRE(pid > 0);
-    return pid;
-  }
-  pid_t pid_;
-};
-
 // The key walrelay files its position under in the offsets topic.
 std::string position_key(const Fixture& f) { return "walrelay-" + Services::get().pg_database + "-" + f.slot; }
 

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -152,6 +153,30 @@ inline std::vector<KafkaRecord> read_all(Fixture& f, const std::string& topic, s
     FAIL("the slot was not confirmed past " << end << " in time (confirmed " << f.db().confirmed_flush(f.slot) << ")");
   return read_topic(topic, 1, 30s);
 }
+
+// The broker frozen (SIGSTOP) for the life of the object: connections stay
+// open and every request waits, as in a long GC pause or a stalled disk.
+class BrokerFreeze {
+ public:
+  BrokerFreeze() : pid_(broker_pid()) { REQUIRE(::kill(pid_, SIGSTOP) == 0); }
+  ~BrokerFreeze() { thaw(); }
+  BrokerFreeze(const BrokerFreeze&) = delete;
+  BrokerFreeze& operator=(const BrokerFreeze&) = delete;
+  void thaw() {
+    if (pid_ > 0) ::kill(pid_, SIGCONT);
+    pid_ = 0;
+  }
+
+ private:
+  static pid_t broker_pid() {
+    std::ifstream in(Services::current("WALRELAY_RUN_DIR") + "/kafka/pid");
+    pid_t pid = 0;
+    in >> pid;
+    REQUIRE(pid > 0);
+    return pid;
+  }
+  pid_t pid_;
+};
 
 // The broker stopped for the life of the object and started again at its
 // end (or earlier with restart()), also when an assertion fails in between.
