@@ -15,7 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "in_process.hpp"
 #include "test_util.hpp"
+#include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
 
 using namespace it;
 using nlohmann::json;
@@ -216,6 +218,18 @@ void check_delivered(Fixture& f, const std::vector<KafkaRecord>& recs, std::size
   if (Broker::deduplicates) CHECK(seen.duplicates() == 0);
   else CHECK(seen.duplicates() <= repeat_bound);
   check_order_per_key(recs);
+}
+
+// The connections RabbitMQ lists now, one line each (pika's readers excepted: none runs meanwhile).
+std::size_t rabbitmq_connections() {
+  auto r = run_command(Services::get().scripts + "/services.sh rabbitmqctl -q list_connections name 2>&1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  std::size_t n = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("->") != std::string::npos) ++n;
+  return n;
 }
 
 // The LSN inside a transaction that writes one event, before its commit.
@@ -793,4 +807,55 @@ TEMPLATE_TEST_CASE("sinks: --check connects to the broker - ok when it answers, 
                                                    : "problem: sink.rabbitmq.connection.host: could not connect to RabbitMQ";
   CHECK(check.log().find(named) != std::string::npos);
   CHECK(check.log().find("kafka") == std::string::npos);
+}
+
+// RabbitMQ's connection thread takes records from a queue the loop fills. A
+// lost connection must fail every record not confirmed, in flight or still
+// queued: one still queued would otherwise go out first on the next
+// connection, ahead of the failed ones the relay sends again from the slot.
+// The sink runs in the test's process so that the test can hold its thread
+// at each step (limit_taking_for_test, pause_for_test); the broker is real.
+TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind the ones on the wire fails them all - "
+          "the first copy of each event arrives in commit order per key, none lost",
+          "[rabbitmq][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f);
+  auto config = walrelay::parse_config(
+      with_key(RabbitMq::config(f, "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"),
+               "slot.status.interval.ms", "0"),
+      "rabbitmq_reconnect_test", {});
+  InProcessRelay<walrelay::RabbitMqSink> p(config, [](boost::asio::io_context& io, const walrelay::Config& c) {
+    return std::make_unique<walrelay::RabbitMqSink>(io, walrelay::rabbitmq_config(c));
+  });
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 30s, 20ms));
+  f.db().exec(insert_event(f.table, "Order", "k0", "jsonb_build_object('seq', 0)"));
+  auto warm = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= warm; }, 30s, 20ms));
+  REQUIRE(rabbitmq_connections() == 1);
+
+  // Ten events on two keys, each its own transaction; the thread takes none.
+  p.sink->limit_taking_for_test(0);
+  const int events = 10, on_the_wire = 5;
+  for (int seq = 1; seq <= events; ++seq)
+    f.db().exec(insert_event(f.table, "Order", "k" + std::to_string(seq % 2),
+                             "jsonb_build_object('seq', " + std::to_string(seq) + ")"));
+  REQUIRE(eventually([&] { return p.status().inflight_records == static_cast<std::uint64_t>(events); }, 30s, 20ms));
+  // The server closes the connection while the thread is paused: it has not seen that yet.
+  p.sink->pause_for_test(true);
+  Services::control("rabbitmqctl close_all_connections walrelay-test");
+  REQUIRE(eventually([] { return rabbitmq_connections() == 0; }, 30s, 50ms));
+  auto& lost = p.metrics.delivery_errors("connection_lost");
+  const double lost_before = lost.Value();
+  // The first five go out on the closed connection and fail; the other five stay queued.
+  p.sink->limit_taking_for_test(on_the_wire);
+  p.sink->pause_for_test(false);
+  REQUIRE(eventually([&] { return lost.Value() >= lost_before + on_the_wire; }, 30s, 20ms));  // the premise
+  REQUIRE(eventually([] { return rabbitmq_connections() == 1; }, 30s, 50ms));                 // connected again
+  p.sink->limit_taking_for_test(std::nullopt);
+
+  auto recs = read_settled(f, *to);
+  check_delivered<RabbitMq>(f, recs, events + 1, 2 * events);
+  CHECK(p.metrics.replays.Value() >= 1);
+  CHECK(p.stop() == walrelay::exit_ok);
 }

@@ -215,8 +215,19 @@ class Connection {
   // why the connection is unusable, or "".
   std::string turn() {
     {
-      std::lock_guard lock(shared_->mu);
-      batch_.swap(shared_->to_send);
+      std::unique_lock lock(shared_->mu);
+      if (shared_->test_paused) {
+        shared_->test_pause_reached = true;
+        shared_->cv.notify_all();
+        shared_->cv.wait(lock, [&] { return !shared_->test_paused || shared_->stop; });
+        shared_->test_pause_reached = false;
+        return {};
+      }
+      auto& queue = shared_->to_send;
+      const std::size_t take = std::min(queue.size(), shared_->test_take_limit.value_or(queue.size()));
+      if (shared_->test_take_limit) *shared_->test_take_limit -= take;
+      batch_.assign(std::make_move_iterator(queue.begin()), std::make_move_iterator(queue.begin() + take));
+      queue.erase(queue.begin(), queue.begin() + take);
     }
     for (auto& out : batch_) {
       if (auto e = publish(out); !e.empty()) {
@@ -478,6 +489,26 @@ void RabbitMqSink::poll() {
     if (on_delivery_) on_delivery_(d);
   }
   scratch_.clear();
+}
+
+void RabbitMqSink::limit_taking_for_test(std::optional<std::size_t> take) {
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->test_take_limit = take;
+  }
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto w = ::write(shared_->wake_fd, &one, sizeof one);
+}
+
+void RabbitMqSink::pause_for_test(bool pause) {
+  std::unique_lock lock(shared_->mu);
+  shared_->test_paused = pause;
+  shared_->cv.notify_all();
+  if (!pause) return;
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto w = ::write(shared_->wake_fd, &one, sizeof one);
+  if (!shared_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->test_pause_reached; }))
+    throw std::runtime_error("rabbitmq: the connection's thread did not pause within 30 s");
 }
 
 void RabbitMqSink::check_connectivity(int timeout_ms) {

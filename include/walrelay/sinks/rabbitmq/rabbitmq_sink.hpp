@@ -51,6 +51,13 @@ class RabbitMqSink final : public Sink {
   std::optional<std::string> fatal_error() const override { return std::nullopt; }
   void check_connectivity(int timeout_ms) override;
 
+  // Tests only, to hold the connection's thread at a chosen step: `take`
+  // bounds how many more records it takes from the queue (nullopt: all, as
+  // always); pause_for_test(true) stops it between two turns (nothing read,
+  // nothing published) and returns once it has stopped.
+  void limit_taking_for_test(std::optional<std::size_t> take);
+  void pause_for_test(bool pause);
+
   // The header that carries the record's key (AMQP messages have none).
   static constexpr const char* key_header = "key";
 
@@ -84,6 +91,10 @@ class RabbitMqSink final : public Sink {
     bool wake_posted = false;
     int wake_fd = -1;  // an eventfd the thread polls beside its socket
     RabbitMqSink* sink = nullptr;
+    // The tests' hold (limit_taking_for_test, pause_for_test).
+    std::optional<std::size_t> test_take_limit;
+    bool test_paused = false;
+    bool test_pause_reached = false;
   };
 
  private:
