@@ -12,6 +12,7 @@
 // in-flight bound.
 #include <csignal>
 #include <fstream>
+#include <future>
 
 #include <nlohmann/json.hpp>
 
@@ -857,5 +858,85 @@ TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind 
   auto recs = read_settled(f, *to);
   check_delivered<RabbitMq>(f, recs, events + 1, 2 * events);
   CHECK(p.metrics.replays.Value() >= 1);
+  CHECK(p.stop() == walrelay::exit_ok);
+}
+
+// An unroutable record (basic.return) reported just before the connection
+// drops: its dead-letter copy finds the sink disconnected (hand_over says
+// queue_full). A transient state: the copy waits and goes once connected
+// again, never a halt, never dropped, nothing confirmed past the record.
+// The loop is held while the thread reports the return and the broker
+// stops, so that the loop sees both in one poll.
+TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds the connection down waits for the "
+          "broker - no halt, the copy arrives once, nothing confirmed past it meanwhile",
+          "[rabbitmq][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f, f.topic("Routed"));  // f.topic("Lost") has no queue: unroutable
+  auto dead = RabbitMq::dead_letters(f);
+  auto config = walrelay::parse_config(
+      with_key(RabbitMq::config(f, "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"
+                                   "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                       RabbitMq::dead_letter_topic(f) + "\n"),
+               "slot.status.interval.ms", "0"),
+      "rabbitmq_dead_letter_wait_test", {});
+  InProcessRelay<walrelay::RabbitMqSink> p(config, [](boost::asio::io_context& io, const walrelay::Config& c) {
+    return std::make_unique<walrelay::RabbitMqSink>(io, walrelay::rabbitmq_config(c));
+  });
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 30s, 20ms));
+  f.db().exec(insert_event(f.table, "Routed", "k", "jsonb_build_object('seq', 1)"));
+  auto warm = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= warm; }, 30s, 20ms));
+
+  // The unroutable record waits in the queue; then the loop is held.
+  p.sink->pause_for_test(true);
+  auto in_lost = event_inside(f, "Lost", "k");
+  REQUIRE(eventually([&] { return p.status().inflight_records == 1; }, 30s, 20ms));
+  std::promise<void> held, release;
+  auto released = release.get_future();
+  boost::asio::post(p.io, [&] {
+    held.set_value();
+    released.wait();
+  });
+  struct Release {
+    std::promise<void>& p;
+    bool done = false;
+    ~Release() {
+      if (!done) p.set_value();
+    }
+  } unhold{release};
+  held.get_future().wait();
+  // The thread publishes it and reports the return; the loop has not seen it.
+  p.sink->pause_for_test(false);
+  REQUIRE(eventually([&] { return p.sink->outcomes_waiting_for_test() == 1; }, 30s, 10ms));
+  {
+    Outage<RabbitMq> outage;
+    // The thread has seen the connection go (it waits for the broker now).
+    REQUIRE(eventually(
+        [&] {
+          try {
+            p.sink->check_connectivity(0);
+            return false;
+          } catch (const std::runtime_error&) {
+            return true;
+          }
+        },
+        30s, 50ms));
+    unhold.done = true;
+    release.set_value();
+    // status() runs on the loop after the poll the return's report posted.
+    CHECK(p.status().state != walrelay::RelayState::halted);
+    p.wait_status_updates(3);
+    CHECK(p.status().state != walrelay::RelayState::halted);
+    CHECK(f.db().confirmed_flush(f.slot) < in_lost);
+    CHECK(p.metrics.delivery_errors("unroutable").Value() == 1);
+  }
+  f.db().exec(insert_event(f.table, "Routed", "k", "jsonb_build_object('seq', 3)"));
+  auto recs = read_settled(f, *to);
+  CHECK(recs.size() == 2);  // Routed 1 and 3
+  auto copies = dead->read(1);
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].header("id") == f.db().scalar("SELECT id FROM " + f.table + " WHERE aggregatetype = 'Lost'"));
+  CHECK(copies[0].header("walrelay.error.reason") == std::optional<std::string>("unroutable"));
   CHECK(p.stop() == walrelay::exit_ok);
 }
