@@ -486,6 +486,10 @@ void Relay::dead_letter_refused(const Delivery& d, const std::string& where) {
   // full): a transient state, so the copy waits and is handed over once
   // there is room. Never dropped, and nothing past the record is confirmed
   // meanwhile: it stays unsettled.
+  if (mutation::active(mutation::Break::dead_letter_drop_when_full)) {
+    ledger_.ack(txn, d.bytes);  // the copy dropped, the record settled as if it had landed
+    return;
+  }
   ++failed_records_;
   spdlog::warn("{} the dead-letter copy of the {} waits for room in the sink ({}); nothing is read meanwhile",
                context(), where, sink_.healthy() ? "its queue is full" : sink_.health_reason());

@@ -21,6 +21,8 @@ enum class Break {
   snapshot_resume_as_done,  // an interrupted initial snapshot's slot streamed from as if the snapshot had finished
   redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
   snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
+  rabbitmq_keep_queued,     // RabbitMQ: a lost connection fails only the publishes in flight; queued ones go out next
+  dead_letter_drop_when_full,  // a dead-letter copy that finds the sink's queue full is dropped, its record settled
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

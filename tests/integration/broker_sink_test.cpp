@@ -221,17 +221,43 @@ void check_delivered(Fixture& f, const std::vector<KafkaRecord>& recs, std::size
   check_order_per_key(recs);
 }
 
-// The connections RabbitMQ lists now, one line each (pika's readers excepted: none runs meanwhile).
-std::size_t rabbitmq_connections() {
-  auto r = run_command(Services::get().scripts + "/services.sh rabbitmqctl -q list_connections name 2>&1");
-  INFO(r.output);
-  REQUIRE(r.status == 0);
-  std::size_t n = 0;
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);)
-    if (line.find("->") != std::string::npos) ++n;
-  return n;
-}
+// A RabbitMQ user of the test's own, allowed everything: what the test does
+// to its connections (close them, refuse its login) touches no other test's.
+struct RabbitMqUser {
+  std::string name, password = "own-s3cret";
+  explicit RabbitMqUser(Fixture& f) : name(f.slot + "_own") {
+    (void)RabbitMq::address();  // the node runs
+    create();
+  }
+  ~RabbitMqUser() { drop(); }
+  RabbitMqUser(const RabbitMqUser&) = delete;
+  RabbitMqUser& operator=(const RabbitMqUser&) = delete;
+  void create() {
+    Services::control("rabbitmqctl add_user " + name + " " + password);
+    Services::control("rabbitmqctl set_permissions -p / " + name + " '.*' '.*' '.*'");
+  }
+  // Deleting the user closes its connections and refuses its logins until create().
+  void drop() {
+    try {
+      Services::control("rabbitmqctl delete_user " + name);
+    } catch (...) {
+    }
+  }
+  std::string config() const {
+    return "sink.rabbitmq.connection.username=" + name + "\nsink.rabbitmq.connection.password=" + password + "\n";
+  }
+  // The user's connections open now.
+  std::size_t connections() const {
+    auto r = run_command(Services::get().scripts + "/services.sh rabbitmqctl -q list_connections user 2>&1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    std::size_t n = 0;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);)
+      if (line == name) ++n;
+    return n;
+  }
+};
 
 // The LSN inside a transaction that writes one event, before its commit.
 std::uint64_t event_inside(Fixture& f, const std::string& type, const std::string& key) {
@@ -822,8 +848,10 @@ TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind 
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = RabbitMq::topics(f);
+  RabbitMqUser user(f);
   auto config = walrelay::parse_config(
-      with_key(RabbitMq::config(f, "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"),
+      with_key(RabbitMq::config(f, user.config() +
+                                       "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"),
                "slot.status.interval.ms", "0"),
       "rabbitmq_reconnect_test", {});
   InProcessRelay<walrelay::RabbitMqSink> p(config, [](boost::asio::io_context& io, const walrelay::Config& c) {
@@ -833,7 +861,7 @@ TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind 
   f.db().exec(insert_event(f.table, "Order", "k0", "jsonb_build_object('seq', 0)"));
   auto warm = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= warm; }, 30s, 20ms));
-  REQUIRE(rabbitmq_connections() == 1);
+  REQUIRE(user.connections() == 1);
 
   // Ten events on two keys, each its own transaction; the thread takes none.
   p.sink->limit_taking_for_test(0);
@@ -844,16 +872,39 @@ TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind 
   REQUIRE(eventually([&] { return p.status().inflight_records == static_cast<std::uint64_t>(events); }, 30s, 20ms));
   // The server closes the connection while the thread is paused: it has not seen that yet.
   p.sink->pause_for_test(true);
-  Services::control("rabbitmqctl close_all_connections walrelay-test");
-  REQUIRE(eventually([] { return rabbitmq_connections() == 0; }, 30s, 50ms));
-  auto& lost = p.metrics.delivery_errors("connection_lost");
-  const double lost_before = lost.Value();
+  Services::control("rabbitmqctl close_all_user_connections " + user.name + " walrelay-test");
+  REQUIRE(eventually([&] { return user.connections() == 0; }, 30s, 50ms));
+  // The loop is held from here until every record has an outcome, so that
+  // nothing it does on seeing the failures (the replay's abort_queued) can
+  // stand in for the connection's thread failing what is queued.
+  std::promise<void> held, release;
+  auto released = release.get_future();
+  boost::asio::post(p.io, [&] {
+    held.set_value();
+    released.wait();
+  });
+  struct Release {
+    std::promise<void>& p;
+    bool done = false;
+    ~Release() {
+      if (!done) p.set_value();
+    }
+  } unhold{release};
+  held.get_future().wait();
   // The first five go out on the closed connection and fail; the other five stay queued.
   p.sink->limit_taking_for_test(on_the_wire);
   p.sink->pause_for_test(false);
-  REQUIRE(eventually([&] { return lost.Value() >= lost_before + on_the_wire; }, 30s, 20ms));  // the premise
-  REQUIRE(eventually([] { return rabbitmq_connections() == 1; }, 30s, 50ms));                 // connected again
+  REQUIRE(eventually([&] { return user.connections() == 1; }, 30s, 50ms));  // connected again
+  // Whatever is still queued may go now, on the new connection.
   p.sink->limit_taking_for_test(std::nullopt);
+  // Each record has its outcome: the five on the wire failed, and the five
+  // queued failed with them (or, wrongly, were confirmed on the new connection).
+  REQUIRE(eventually([&] { return p.sink->outcomes_waiting_for_test() == static_cast<std::size_t>(events); }, 30s,
+                     10ms));
+  unhold.done = true;
+  release.set_value();
+  auto& lost = p.metrics.delivery_errors("connection_lost");
+  REQUIRE(eventually([&] { return lost.Value() >= on_the_wire; }, 30s, 20ms));  // the premise
 
   auto recs = read_settled(f, *to);
   check_delivered<RabbitMq>(f, recs, events + 1, 2 * events);
@@ -865,8 +916,9 @@ TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind 
 // drops: its dead-letter copy finds the sink disconnected (hand_over says
 // queue_full). A transient state: the copy waits and goes once connected
 // again, never a halt, never dropped, nothing confirmed past the record.
-// The loop is held while the thread reports the return and the broker
-// stops, so that the loop sees both in one poll.
+// The loop is held while the thread reports the return and the connection
+// goes (its user deleted, so no new one is let in), so that the loop sees
+// both in one poll.
 TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds the connection down waits for the "
           "broker - no halt, the copy arrives once, nothing confirmed past it meanwhile",
           "[rabbitmq][fault]") {
@@ -874,8 +926,10 @@ TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds t
   create_outbox(f.db(), f.table, "bigint");
   auto to = RabbitMq::topics(f, f.topic("Routed"));  // f.topic("Lost") has no queue: unroutable
   auto dead = RabbitMq::dead_letters(f);
+  RabbitMqUser user(f);
   auto config = walrelay::parse_config(
-      with_key(RabbitMq::config(f, "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"
+      with_key(RabbitMq::config(f, user.config() +
+                                       "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"
                                    "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
                                        RabbitMq::dead_letter_topic(f) + "\n"),
                "slot.status.interval.ms", "0"),
@@ -910,8 +964,9 @@ TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds t
   p.sink->pause_for_test(false);
   REQUIRE(eventually([&] { return p.sink->outcomes_waiting_for_test() == 1; }, 30s, 10ms));
   {
-    Outage<RabbitMq> outage;
-    // The thread has seen the connection go (it waits for the broker now).
+    // The connection goes, and no new one is let in until create() below.
+    user.drop();
+    // The thread has seen the connection go (it tries again meanwhile).
     REQUIRE(eventually(
         [&] {
           try {
@@ -930,6 +985,7 @@ TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds t
     CHECK(p.status().state != walrelay::RelayState::halted);
     CHECK(f.db().confirmed_flush(f.slot) < in_lost);
     CHECK(p.metrics.delivery_errors("unroutable").Value() == 1);
+    user.create();
   }
   f.db().exec(insert_event(f.table, "Routed", "k", "jsonb_build_object('seq', 3)"));
   auto recs = read_settled(f, *to);

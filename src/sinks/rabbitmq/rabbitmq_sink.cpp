@@ -24,6 +24,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include "walrelay/mutation.hpp"
+
 namespace walrelay {
 
 namespace {
@@ -221,6 +223,9 @@ class Connection {
     returned_.clear();
     for (auto& out : batch_) report_locked(std::move(out), false, true, "connection_lost", why);
     batch_.clear();
+    // The queued ones left to go out first on the next connection, as
+    // before 5d34acd.
+    if (mutation::active(mutation::Break::rabbitmq_keep_queued)) return;
     for (auto& out : shared_->to_send)
       report_locked(std::move(out), false, true, "connection_lost", why + " (it was queued behind a failed one)");
     shared_->to_send.clear();
