@@ -482,6 +482,14 @@ void Relay::dead_letter_refused(const Delivery& d, const std::string& where) {
                                            d.token, d.bytes);
     if (status != SubmitStatus::queue_full) return;
   }
+  if (transactional_) {
+    // Exactly once: the open Kafka transaction may commit a position past
+    // the record's source transaction before a waiting copy joins it, so it
+    // is aborted instead.
+    ++failed_records_;
+    halt_on_record("could not queue the dead-letter copy of the " + where + ": producer queue full");
+    return;
+  }
   // No room now (the broker's connection is down, the producer's queue
   // full): a transient state, so the copy waits and is handed over once
   // there is room. Never dropped, and nothing past the record is confirmed
