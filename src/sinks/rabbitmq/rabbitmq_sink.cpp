@@ -237,7 +237,8 @@ class Connection {
   void fail_stale() {
     std::lock_guard lock(shared_->mu);
     auto& queue = shared_->to_send;
-    auto fresh = std::find_if(queue.begin(), queue.end(), [&](const Outgoing& o) { return o.losses_seen == shared_->losses; });
+    auto fresh =
+        std::find_if(queue.begin(), queue.end(), [&](const Outgoing& o) { return o.losses_seen == shared_->losses; });
     for (auto it = queue.begin(); it != fresh; ++it)
       report_locked(std::move(*it), false, true, "connection_lost", "the connection was lost before it was sent");
     queue.erase(queue.begin(), fresh);
