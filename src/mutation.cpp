@@ -23,6 +23,8 @@ std::string_view name(Break b) {
     case Break::snapshot_commit_chunks: return "snapshot_commit_chunks";
     case Break::snapshot_retake_new_slot: return "snapshot_retake_new_slot";
     case Break::snapshot_retake_unfiltered: return "snapshot_retake_unfiltered";
+    case Break::rabbitmq_keep_queued: return "rabbitmq_keep_queued";
+    case Break::dead_letter_drop_when_full: return "dead_letter_drop_when_full";
   }
   return "?";
 }
@@ -35,8 +37,9 @@ Break selected() {
     for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
                     Break::sigterm_no_wait, Break::confirm_past_abort,
                     Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
-                    Break::redrive_commit_early, Break::snapshot_commit_chunks,
-                    Break::snapshot_retake_new_slot, Break::snapshot_retake_unfiltered})
+                    Break::redrive_commit_early, Break::snapshot_commit_chunks, Break::snapshot_retake_new_slot,
+                    Break::snapshot_retake_unfiltered, Break::rabbitmq_keep_queued,
+                    Break::dead_letter_drop_when_full})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

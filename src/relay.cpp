@@ -59,7 +59,8 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       conn_(io),
       slot_monitor_(io, config),
       wake_(io),
-      tick_(io) {
+      tick_(io),
+      dead_letter_retry_(io) {
   if (config.registry.format != RegistryFormat::none)
     schema_encoder_ = std::make_unique<SchemaEncoder>(io, config, metrics);
   metrics_.set_sink(config_.sink_type);
@@ -179,6 +180,9 @@ void Relay::replay(std::string reason) {
                 "have settled",
                 context(), reason);
   replay_reason_ = std::move(reason);
+  // The slot gives their records again: copies waiting for room would only
+  // settle entries of a ledger about to be reset.
+  waiting_dead_letters_.clear();
   if (transactional_) transactional_->abandon_transaction();
   set_state(RelayState::reconnecting, "sending again after a delivery failure: " + *replay_reason_);
   wake_.cancel();
@@ -203,6 +207,7 @@ void Relay::check_producer() {
 
 // Whether another record may be handed to the sink (max.inflight.*).
 bool Relay::has_room() const {
+  if (!waiting_dead_letters_.empty()) return false;  // nothing overtakes a dead-letter copy waiting for room
   return ledger_.inflight_records() < static_cast<std::uint64_t>(config_.max_inflight_records) &&
          ledger_.inflight_bytes() < static_cast<std::uint64_t>(config_.max_inflight_bytes);
 }

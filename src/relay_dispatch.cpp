@@ -255,6 +255,7 @@ bool Relay::tolerate(const std::string& what, std::string_view subject, const Ma
 // A dead-letter copy inside the open transaction; it settles the event once
 // acknowledged.
 Relay::Step Relay::submit_dead_letter(const DeadLetter& dead) {
+  if (!waiting_dead_letters_.empty()) return Step::retry;  // behind the copies that wait for room
   const std::size_t bytes = dead.size_bytes();
   ledger_.add_record(*txn_, bytes);
   auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
@@ -476,12 +477,58 @@ void Relay::dead_letter_refused(const Delivery& d, const std::string& where) {
                              make_token(txn, mutation_ignored_table), d.bytes);
     return;
   }
-  auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
-                                         d.token, d.bytes);
-  if (status == SubmitStatus::queue_full) {
-    ++failed_records_;  // the copy was not taken: the record stays unsettled
-    halt_on_record("could not queue the dead-letter copy of the " + where + ": producer queue full");
+  if (waiting_dead_letters_.empty()) {
+    auto status = sink_.submit_dead_letter(dead.reason, config_.dlq_topic, dead.key, dead.value, dead.header_views(),
+                                           d.token, d.bytes);
+    if (status != SubmitStatus::queue_full) return;
   }
+  if (transactional_) {
+    // Exactly once: the open Kafka transaction may commit a position past
+    // the record's source transaction before a waiting copy joins it, so it
+    // is aborted instead.
+    ++failed_records_;
+    halt_on_record("could not queue the dead-letter copy of the " + where + ": producer queue full");
+    return;
+  }
+  // No room now (the broker's connection is down, the producer's queue
+  // full): a transient state, so the copy waits and is handed over once
+  // there is room. Never dropped, and nothing past the record is confirmed
+  // meanwhile: it stays unsettled.
+  if (mutation::active(mutation::Break::dead_letter_drop_when_full)) {
+    ledger_.ack(txn, d.bytes);  // the copy dropped, the record settled as if it had landed
+    return;
+  }
+  ++failed_records_;
+  spdlog::warn("{} the dead-letter copy of the {} waits for room in the sink ({}); nothing is read meanwhile",
+               context(), where, sink_.healthy() ? "its queue is full" : sink_.health_reason());
+  waiting_dead_letters_.push_back(WaitingDeadLetter{dead, d.token, d.bytes, where});
+  send_waiting_dead_letters();
+}
+
+void Relay::send_waiting_dead_letters() {
+  while (!waiting_dead_letters_.empty()) {
+    // Out of the queue first: a report inside submit may start a replay, which empties it.
+    WaitingDeadLetter w = std::move(waiting_dead_letters_.front());
+    waiting_dead_letters_.pop_front();
+    auto status = sink_.submit_dead_letter(w.dead.reason, config_.dlq_topic, w.dead.key, w.dead.value,
+                                           w.dead.header_views(), w.token, w.bytes);
+    if (status == SubmitStatus::queue_full) {
+      waiting_dead_letters_.push_front(std::move(w));
+      break;
+    }
+    // Taken (or refused at once, reported already): its report settles it.
+    --failed_records_;
+    spdlog::info("{} the dead-letter copy of the {} is handed over", context(), w.where);
+    if (waiting_dead_letters_.empty()) wake_.cancel();  // reads held back for it go on
+  }
+  if (waiting_dead_letters_.empty() || dead_letter_retry_armed_) return;
+  dead_letter_retry_armed_ = true;
+  dead_letter_retry_.expires_after(std::chrono::milliseconds(20));
+  dead_letter_retry_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;  // the timer destroyed with the relay
+    dead_letter_retry_armed_ = false;
+    send_waiting_dead_letters();
+  });
 }
 
 }  // namespace walrelay

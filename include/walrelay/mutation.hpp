@@ -23,6 +23,8 @@ enum class Break {
   snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
   snapshot_retake_new_slot,   // an interrupted snapshot's slot dropped and made again (losing what it held)
   snapshot_retake_unfiltered, // an interrupted snapshot taken again with every row, not only those its view saw
+  rabbitmq_keep_queued,     // RabbitMQ: a lost connection fails only the publishes in flight; queued ones go out next
+  dead_letter_drop_when_full,  // a dead-letter copy that finds the sink's queue full is dropped, its record settled
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <utility>  // before Boost 1.74 asio: its awaitable.hpp needs std::exchange
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <regex>
 #include <stdexcept>
@@ -22,6 +23,7 @@
 #include <pgoutput/pgoutput.hpp>
 
 #include "walrelay/config.hpp"
+#include "walrelay/dead_letter.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/lsn_ledger.hpp"
 #include "walrelay/metrics.hpp"
@@ -179,6 +181,9 @@ class Relay final : public StatusSource {
   // source transactions would otherwise commit past the record.
   void halt_on_record(std::string reason);
   void dead_letter_refused(const Delivery& delivery, const std::string& where);
+  // Hands the waiting dead-letter copies to the sink, in order, as far as it
+  // takes them; tries again shortly while some wait.
+  void send_waiting_dead_letters();
   void check_ledger();
   prometheus::Counter& relayed_counter(std::uint16_t table, std::string_view topic);
 
@@ -275,6 +280,20 @@ class Relay final : public StatusSource {
   // (idle: up to 10 s apart), not once per wait, and re-armed only earlier.
   boost::asio::steady_timer tick_;
   bool tick_armed_ = false;
+  // Dead-letter copies of refused records that found the sink's queue full
+  // (RabbitMQ and NATS while their connection is down): each record stays
+  // unsettled, counted in failed_records_, while its copy waits here; no
+  // record is read meanwhile (has_room), and a replay drops them (the slot
+  // gives the records again).
+  struct WaitingDeadLetter {
+    DeadLetter dead;
+    std::uint64_t token;
+    std::size_t bytes;
+    std::string where;
+  };
+  std::deque<WaitingDeadLetter> waiting_dead_letters_;
+  boost::asio::steady_timer dead_letter_retry_;
+  bool dead_letter_retry_armed_ = false;
   SessionClock clock_;  // the streaming session's: reset by stream(), pulled in by status_soon()
 
   // Lets a counter map be searched by string_view without building a string.

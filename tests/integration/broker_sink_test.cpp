@@ -12,10 +12,13 @@
 // in-flight bound.
 #include <csignal>
 #include <fstream>
+#include <future>
 
 #include <nlohmann/json.hpp>
 
+#include "in_process.hpp"
 #include "test_util.hpp"
+#include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
 
 using namespace it;
 using nlohmann::json;
@@ -217,6 +220,44 @@ void check_delivered(Fixture& f, const std::vector<KafkaRecord>& recs, std::size
   else CHECK(seen.duplicates() <= repeat_bound);
   check_order_per_key(recs);
 }
+
+// A RabbitMQ user of the test's own, allowed everything: what the test does
+// to its connections (close them, refuse its login) touches no other test's.
+struct RabbitMqUser {
+  std::string name, password = "own-s3cret";
+  explicit RabbitMqUser(Fixture& f) : name(f.slot + "_own") {
+    (void)RabbitMq::address();  // the node runs
+    create();
+  }
+  ~RabbitMqUser() { drop(); }
+  RabbitMqUser(const RabbitMqUser&) = delete;
+  RabbitMqUser& operator=(const RabbitMqUser&) = delete;
+  void create() {
+    Services::control("rabbitmqctl add_user " + name + " " + password);
+    Services::control("rabbitmqctl set_permissions -p / " + name + " '.*' '.*' '.*'");
+  }
+  // Deleting the user closes its connections and refuses its logins until create().
+  void drop() {
+    try {
+      Services::control("rabbitmqctl delete_user " + name);
+    } catch (...) {
+    }
+  }
+  std::string config() const {
+    return "sink.rabbitmq.connection.username=" + name + "\nsink.rabbitmq.connection.password=" + password + "\n";
+  }
+  // The user's connections open now.
+  std::size_t connections() const {
+    auto r = run_command(Services::get().scripts + "/services.sh rabbitmqctl -q list_connections user 2>&1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    std::size_t n = 0;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);)
+      if (line == name) ++n;
+    return n;
+  }
+};
 
 // The LSN inside a transaction that writes one event, before its commit.
 std::uint64_t event_inside(Fixture& f, const std::string& type, const std::string& key) {
@@ -793,4 +834,165 @@ TEMPLATE_TEST_CASE("sinks: --check connects to the broker - ok when it answers, 
                                                    : "problem: sink.rabbitmq.connection.host: could not connect to RabbitMQ";
   CHECK(check.log().find(named) != std::string::npos);
   CHECK(check.log().find("kafka") == std::string::npos);
+}
+
+// RabbitMQ's connection thread takes records from a queue the loop fills. A
+// lost connection must fail every record not confirmed, in flight or still
+// queued: one still queued would otherwise go out first on the next
+// connection, ahead of the failed ones the relay sends again from the slot.
+// The sink runs in the test's process so that the test can hold its thread
+// at each step (limit_taking_for_test, pause_for_test); the broker is real.
+TEST_CASE("sinks: RabbitMQ - a connection lost with records still queued behind the ones on the wire fails them all - "
+          "the first copy of each event arrives in commit order per key, none lost",
+          "[rabbitmq][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f);
+  RabbitMqUser user(f);
+  auto config = walrelay::parse_config(
+      with_key(RabbitMq::config(f, user.config() +
+                                       "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"),
+               "slot.status.interval.ms", "0"),
+      "rabbitmq_reconnect_test", {});
+  InProcessRelay<walrelay::RabbitMqSink> p(config, [](boost::asio::io_context& io, const walrelay::Config& c) {
+    return std::make_unique<walrelay::RabbitMqSink>(io, walrelay::rabbitmq_config(c));
+  });
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 30s, 20ms));
+  f.db().exec(insert_event(f.table, "Order", "k0", "jsonb_build_object('seq', 0)"));
+  auto warm = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= warm; }, 30s, 20ms));
+  REQUIRE(user.connections() == 1);
+
+  // Ten events on two keys, each its own transaction; the thread takes none.
+  p.sink->limit_taking_for_test(0);
+  const int events = 10, on_the_wire = 5;
+  for (int seq = 1; seq <= events; ++seq)
+    f.db().exec(insert_event(f.table, "Order", "k" + std::to_string(seq % 2),
+                             "jsonb_build_object('seq', " + std::to_string(seq) + ")"));
+  REQUIRE(eventually([&] { return p.status().inflight_records == static_cast<std::uint64_t>(events); }, 30s, 20ms));
+  // The server closes the connection while the thread is paused: it has not seen that yet.
+  p.sink->pause_for_test(true);
+  Services::control("rabbitmqctl close_all_user_connections " + user.name + " walrelay-test");
+  REQUIRE(eventually([&] { return user.connections() == 0; }, 30s, 50ms));
+  // The loop is held from here until every record has an outcome, so that
+  // nothing it does on seeing the failures (the replay's abort_queued) can
+  // stand in for the connection's thread failing what is queued.
+  std::promise<void> held, release;
+  auto released = release.get_future();
+  boost::asio::post(p.io, [&] {
+    held.set_value();
+    released.wait();
+  });
+  struct Release {
+    std::promise<void>& p;
+    bool done = false;
+    ~Release() {
+      if (!done) p.set_value();
+    }
+  } unhold{release};
+  held.get_future().wait();
+  // The first five go out on the closed connection and fail; the other five stay queued.
+  p.sink->limit_taking_for_test(on_the_wire);
+  p.sink->pause_for_test(false);
+  REQUIRE(eventually([&] { return user.connections() == 1; }, 30s, 50ms));  // connected again
+  // Whatever is still queued may go now, on the new connection.
+  p.sink->limit_taking_for_test(std::nullopt);
+  // Each record has its outcome: the five on the wire failed, and the five
+  // queued failed with them (or, wrongly, were confirmed on the new connection).
+  REQUIRE(eventually([&] { return p.sink->outcomes_waiting_for_test() == static_cast<std::size_t>(events); }, 30s,
+                     10ms));
+  unhold.done = true;
+  release.set_value();
+  auto& lost = p.metrics.delivery_errors("connection_lost");
+  REQUIRE(eventually([&] { return lost.Value() >= on_the_wire; }, 30s, 20ms));  // the premise
+
+  auto recs = read_settled(f, *to);
+  check_delivered<RabbitMq>(f, recs, events + 1, 2 * events);
+  CHECK(p.metrics.replays.Value() >= 1);
+  CHECK(p.stop() == walrelay::exit_ok);
+}
+
+// An unroutable record (basic.return) reported just before the connection
+// drops: its dead-letter copy finds the sink disconnected (hand_over says
+// queue_full). A transient state: the copy waits and goes once connected
+// again, never a halt, never dropped, nothing confirmed past the record.
+// The loop is held while the thread reports the return and the connection
+// goes (its user deleted, so no new one is let in), so that the loop sees
+// both in one poll.
+TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds the connection down waits for the "
+          "broker - no halt, the copy arrives once, nothing confirmed past it meanwhile",
+          "[rabbitmq][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f, f.topic("Routed"));  // f.topic("Lost") has no queue: unroutable
+  auto dead = RabbitMq::dead_letters(f);
+  RabbitMqUser user(f);
+  auto config = walrelay::parse_config(
+      with_key(RabbitMq::config(f, user.config() +
+                                       "status.update.interval.ms=100\nreconnect.backoff.ms=100\nshutdown.timeout.ms=2000\n"
+                                   "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                       RabbitMq::dead_letter_topic(f) + "\n"),
+               "slot.status.interval.ms", "0"),
+      "rabbitmq_dead_letter_wait_test", {});
+  InProcessRelay<walrelay::RabbitMqSink> p(config, [](boost::asio::io_context& io, const walrelay::Config& c) {
+    return std::make_unique<walrelay::RabbitMqSink>(io, walrelay::rabbitmq_config(c));
+  });
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 30s, 20ms));
+  f.db().exec(insert_event(f.table, "Routed", "k", "jsonb_build_object('seq', 1)"));
+  auto warm = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= warm; }, 30s, 20ms));
+
+  // The unroutable record waits in the queue; then the loop is held.
+  p.sink->pause_for_test(true);
+  auto in_lost = event_inside(f, "Lost", "k");
+  REQUIRE(eventually([&] { return p.status().inflight_records == 1; }, 30s, 20ms));
+  std::promise<void> held, release;
+  auto released = release.get_future();
+  boost::asio::post(p.io, [&] {
+    held.set_value();
+    released.wait();
+  });
+  struct Release {
+    std::promise<void>& p;
+    bool done = false;
+    ~Release() {
+      if (!done) p.set_value();
+    }
+  } unhold{release};
+  held.get_future().wait();
+  // The thread publishes it and reports the return; the loop has not seen it.
+  p.sink->pause_for_test(false);
+  REQUIRE(eventually([&] { return p.sink->outcomes_waiting_for_test() == 1; }, 30s, 10ms));
+  {
+    // The connection goes, and no new one is let in until create() below.
+    user.drop();
+    // The thread has seen the connection go (it tries again meanwhile).
+    REQUIRE(eventually(
+        [&] {
+          try {
+            p.sink->check_connectivity(0);
+            return false;
+          } catch (const std::runtime_error&) {
+            return true;
+          }
+        },
+        30s, 50ms));
+    unhold.done = true;
+    release.set_value();
+    // status() runs on the loop after the poll the return's report posted.
+    CHECK(p.status().state != walrelay::RelayState::halted);
+    p.wait_status_updates(3);
+    CHECK(p.status().state != walrelay::RelayState::halted);
+    CHECK(f.db().confirmed_flush(f.slot) < in_lost);
+    CHECK(p.metrics.delivery_errors("unroutable").Value() == 1);
+    user.create();
+  }
+  f.db().exec(insert_event(f.table, "Routed", "k", "jsonb_build_object('seq', 3)"));
+  auto recs = read_settled(f, *to);
+  CHECK(recs.size() == 2);  // Routed 1 and 3
+  auto copies = dead->read(1);
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].header("id") == f.db().scalar("SELECT id FROM " + f.table + " WHERE aggregatetype = 'Lost'"));
+  CHECK(copies[0].header("walrelay.error.reason") == std::optional<std::string>("unroutable"));
+  CHECK(p.stop() == walrelay::exit_ok);
 }

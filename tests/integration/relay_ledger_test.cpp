@@ -56,6 +56,10 @@ class FakeSink final : public walrelay::Sink {
     for (auto& h : headers)
       if (h.name == "id" && h.value) rec.id = std::string(*h.value);
     std::lock_guard lock(mutex_);
+    if (dead_letters_full_) {
+      ++dead_letters_refused_;
+      return walrelay::SubmitStatus::queue_full;
+    }
     records_.push_back(std::move(rec));
     return walrelay::SubmitStatus::accepted;
   }
@@ -84,6 +88,16 @@ class FakeSink final : public walrelay::Sink {
         30s, 10ms);
     if (!ok) FAIL("the relay handed over " << out.size() << " of " << n << " records");
     return out;
+  }
+  // While set, dead-letter copies find the queue full (as RabbitMQ's and
+  // NATS's do while their connection is down).
+  void dead_letters_full(bool full) {
+    std::lock_guard lock(mutex_);
+    dead_letters_full_ = full;
+  }
+  int dead_letters_refused() const {
+    std::lock_guard lock(mutex_);
+    return dead_letters_refused_;
   }
   // Reports on the record with this token, on the relay's loop, and waits for it.
   void acknowledge(const Record& r) { report(r, true, "", false); }
@@ -120,6 +134,8 @@ class FakeSink final : public walrelay::Sink {
   asio::io_context& io_;
   mutable std::mutex mutex_;
   std::vector<Record> records_;
+  bool dead_letters_full_ = false;
+  int dead_letters_refused_ = 0;
 };
 
 // A Relay on its own loop thread, with the fake sink, streaming.
@@ -237,6 +253,41 @@ TEST_CASE("relay with a fake sink: a record the broker refuses for its own reaso
   // nothing in flight it may follow the server past WAL without events, a
   // RUNNING_XACTS record say, as a `<= after_good` once found in CI.)
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_big; }, 10s, 20ms));
+}
+
+TEST_CASE("relay with a fake sink: a dead-letter copy that finds the queue full waits for room - no halt, nothing "
+          "confirmed past the record, the copy handed over once there is room",
+          "[relay][ledger]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  InProcess p(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + f.slot + ".dlq\n");
+  auto in_refused = inside(f, "refused");
+  auto recs = p.sink->wait_for(1);
+  // The broker returned the record (unroutable) just before the connection
+  // dropped: its dead-letter copy finds no room.
+  p.sink->dead_letters_full(true);
+  p.sink->fail(recs[0], "unroutable", false);
+  REQUIRE(eventually([&] { return p.sink->dead_letters_refused() >= 3; }, 10s, 10ms));  // the premise: refused, retried
+  CHECK(p.status().state == walrelay::RelayState::streaming);
+  // Backpressure meanwhile: the next event waits behind the copy.
+  auto in_after = inside(f, "after");
+  p.wait_status_updates(3);
+  CHECK(p.sink->records().size() == 1);
+  CHECK(f.db().confirmed_flush(f.slot) < in_refused);
+  CHECK(p.status().state == walrelay::RelayState::streaming);
+  // Connected again: the copy goes, once, then what waited behind it.
+  p.sink->dead_letters_full(false);
+  auto dead = p.sink->wait_for(1, [](auto& r) { return r.dead_letter; });
+  CHECK(dead[0].id == recs[0].id);
+  CHECK(dead[0].reason == "unroutable");
+  auto after = p.sink->wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
+  p.sink->acknowledge(after[0]);
+  p.wait_status_updates(3);
+  CHECK(f.db().confirmed_flush(f.slot) < in_refused);
+  p.sink->acknowledge(dead[0]);
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_after; }, 10s, 20ms));
+  CHECK(p.sink->records().size() == 3);  // the record, its one copy, the next
+  CHECK(p.stop() == walrelay::exit_ok);
 }
 
 TEST_CASE("relay with a fake sink: a transient failure sends the record again from the slot, never dead-lettered, nothing confirmed "

@@ -32,12 +32,15 @@ catchers[snapshot_commit_chunks]='snapshot: exactly once - the snapshot is one K
 catchers[snapshot_retake_new_slot]='snapshot: events that leave no row - at least once*'
 catchers[snapshot_retake_unfiltered]='snapshot: events that leave no row - exactly once*'
 catchers[nats_ack_at_publish]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Nats'
+catchers[rabbitmq_keep_queued]='sinks: RabbitMQ - a connection lost with records still queued behind the ones on the wire*'
+catchers[dead_letter_drop_when_full]='relay with a fake sink: a dead-letter copy that finds the queue full waits for room*
+sinks: RabbitMQ - an unroutable record whose dead-letter copy finds the connection down*'
 
 breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
                              registry_dead_letters nats_ack_at_publish snapshot_resume_as_done
                              redrive_commit_early snapshot_commit_chunks snapshot_retake_new_slot
-                             snapshot_retake_unfiltered)
+                             snapshot_retake_unfiltered rabbitmq_keep_queued dead_letter_drop_when_full)
 
 # Each (break, test) pair runs on its own slot and tables, so two run at once
 # (WALRELAY_MUTATION_JOBS): the tests mostly wait on the servers. Verdicts

@@ -24,6 +24,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include "walrelay/mutation.hpp"
+
 namespace walrelay {
 
 namespace {
@@ -74,6 +76,7 @@ class Connection {
     auto backoff = std::chrono::milliseconds(0);
     while (!stopping()) {
       if (!conn_) {
+        fail_stale();
         if (auto error = connect(); !error.empty()) {
           disconnect();
           set_state(false, error);
@@ -89,7 +92,7 @@ class Connection {
     }
     // Stopping: what is unconfirmed is reported as not delivered (the relay
     // confirms nothing past it), then the connection closes.
-    fail_inflight("walrelay is stopping");
+    fail_unconfirmed("walrelay is stopping");
     if (conn_) {
       amqp_channel_close(conn_, channel, AMQP_REPLY_SUCCESS);
       amqp_connection_close(conn_, AMQP_REPLY_SUCCESS);
@@ -140,6 +143,9 @@ class Connection {
 
   void report(Outgoing record, bool ok, bool transient, std::string code, std::string message) {
     std::lock_guard lock(shared_->mu);
+    report_locked(std::move(record), ok, transient, std::move(code), std::move(message));
+  }
+  void report_locked(Outgoing record, bool ok, bool transient, std::string code, std::string message) {
     shared_->done.push_back(Outcome{std::move(record), ok, transient, std::move(code), std::move(message)});
     wake_loop_locked();
   }
@@ -195,35 +201,80 @@ class Connection {
     conn_ = nullptr;
   }
 
-  // The connection is gone: every publish not confirmed fails transiently
+  // The connection is gone: every record not confirmed fails transiently
   // (the relay sends it again from the slot), and a new one is made.
   void lose(const std::string& why) {
     spdlog::warn("rabbitmq: {}; connecting again", why);
-    fail_inflight(why);
+    fail_unconfirmed(why);
     disconnect();
     set_state(false, why);
   }
 
-  void fail_inflight(const std::string& why) {
+  // Fails, in the order they were handed over, the publishes in flight, those
+  // of the batch not sent, and those still queued: one left queued would go
+  // out first on the next connection, ahead of the failed ones the relay
+  // sends again from the slot (per-key order). What the loop hands over
+  // before it has seen these failures fails too (turn(), by `losses`).
+  void fail_unconfirmed(const std::string& why) {
+    std::lock_guard lock(shared_->mu);
     for (auto& f : inflight_)
-      if (!f.settled) report(std::move(f.record), false, true, "connection_lost", why);
+      if (!f.settled) report_locked(std::move(f.record), false, true, "connection_lost", why);
     inflight_.clear();
     returned_.clear();
+    for (auto& out : batch_) report_locked(std::move(out), false, true, "connection_lost", why);
+    batch_.clear();
+    // The queued ones left to go out first on the next connection, as
+    // before 5d34acd.
+    if (mutation::active(mutation::Break::rabbitmq_keep_queued)) return;
+    for (auto& out : shared_->to_send)
+      report_locked(std::move(out), false, true, "connection_lost", why + " (it was queued behind a failed one)");
+    shared_->to_send.clear();
+    ++shared_->losses;
+  }
+
+  // While no connection is made: what the loop handed over before it saw
+  // the last loss fails now rather than when a connection is back.
+  void fail_stale() {
+    std::lock_guard lock(shared_->mu);
+    auto& queue = shared_->to_send;
+    auto fresh =
+        std::find_if(queue.begin(), queue.end(), [&](const Outgoing& o) { return o.losses_seen == shared_->losses; });
+    for (auto it = queue.begin(); it != fresh; ++it)
+      report_locked(std::move(*it), false, true, "connection_lost", "the connection was lost before it was sent");
+    queue.erase(queue.begin(), fresh);
   }
 
   // One turn: publish what waits, then read what the broker sent. Returns
   // why the connection is unusable, or "".
   std::string turn() {
     {
-      std::lock_guard lock(shared_->mu);
-      batch_.swap(shared_->to_send);
+      std::unique_lock lock(shared_->mu);
+      if (shared_->test_paused) {
+        shared_->test_pause_reached = true;
+        shared_->cv.notify_all();
+        shared_->cv.wait(lock, [&] { return !shared_->test_paused || shared_->stop; });
+        shared_->test_pause_reached = false;
+        return {};
+      }
+      auto& queue = shared_->to_send;
+      const std::size_t take = std::min(queue.size(), shared_->test_take_limit.value_or(queue.size()));
+      if (shared_->test_take_limit) *shared_->test_take_limit -= take;
+      for (std::size_t i = 0; i < take; ++i) {
+        // Handed over before the loop saw the last lost connection's
+        // failures: it may not overtake them.
+        if (queue[i].losses_seen != shared_->losses)
+          report_locked(std::move(queue[i]), false, true, "connection_lost",
+                        "the connection was lost before it was sent");
+        else
+          batch_.push_back(std::move(queue[i]));
+      }
+      queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(take));
     }
-    for (auto& out : batch_) {
-      if (auto e = publish(out); !e.empty()) {
-        // This one and those after it were never sent: they fail too.
-        for (auto* p = &out; p != batch_.data() + batch_.size(); ++p)
-          report(std::move(*p), false, true, "connection_lost", e);
-        batch_.clear();
+    for (std::size_t i = 0; i < batch_.size(); ++i) {
+      if (auto e = publish(batch_[i]); !e.empty()) {
+        // This one and those after it were never sent: lose() fails them
+        // after those in flight.
+        batch_.erase(batch_.begin(), batch_.begin() + static_cast<std::ptrdiff_t>(i));
         return e;
       }
     }
@@ -401,6 +452,7 @@ RabbitMqSink::~RabbitMqSink() {
 SubmitStatus RabbitMqSink::hand_over(Outgoing out) {
   // Not connected (yet, or again): backpressure, the slot holds.
   if (!connected_ || outstanding_ >= static_cast<std::size_t>(config_.max_pending)) return SubmitStatus::queue_full;
+  out.losses_seen = losses_seen_;
   {
     std::lock_guard lock(shared_->mu);
     shared_->to_send.push_back(std::move(out));
@@ -450,6 +502,7 @@ void RabbitMqSink::poll() {
   {
     std::lock_guard lock(shared_->mu);
     scratch_.swap(shared_->done);
+    losses_seen_ = shared_->losses;  // the failures of every loss so far are in scratch_ (or were before)
     if (connected_ != shared_->connected || last_error_ != shared_->error) {
       connected_ = shared_->connected;
       last_error_ = shared_->error;
@@ -478,6 +531,42 @@ void RabbitMqSink::poll() {
     if (on_delivery_) on_delivery_(d);
   }
   scratch_.clear();
+}
+
+void RabbitMqSink::abort_queued() {
+  {
+    std::lock_guard lock(shared_->mu);
+    for (auto& out : shared_->to_send)
+      shared_->done.push_back(Outcome{std::move(out), false, true, "purged",
+                                      "not sent: a record before it failed and is sent again from the slot first"});
+    shared_->to_send.clear();
+  }
+  // Reported on the loop's next poll (the relay's drain polls).
+}
+
+void RabbitMqSink::limit_taking_for_test(std::optional<std::size_t> take) {
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->test_take_limit = take;
+  }
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto w = ::write(shared_->wake_fd, &one, sizeof one);
+}
+
+void RabbitMqSink::pause_for_test(bool pause) {
+  std::unique_lock lock(shared_->mu);
+  shared_->test_paused = pause;
+  shared_->cv.notify_all();
+  if (!pause) return;
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto w = ::write(shared_->wake_fd, &one, sizeof one);
+  if (!shared_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->test_pause_reached; }))
+    throw std::runtime_error("rabbitmq: the connection's thread did not pause within 30 s");
+}
+
+std::size_t RabbitMqSink::outcomes_waiting_for_test() {
+  std::lock_guard lock(shared_->mu);
+  return shared_->done.size();
 }
 
 void RabbitMqSink::check_connectivity(int timeout_ms) {

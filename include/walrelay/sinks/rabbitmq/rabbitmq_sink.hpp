@@ -43,13 +43,22 @@ class RabbitMqSink final : public Sink {
                                   const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
                                   std::size_t bytes) override;
   void poll() override;
-  // Records handed to the connection's thread are its to send: a lost
-  // connection fails them all, in order.
-  void abort_queued() override {}
+  // Fails every record still queued for the connection's thread (a lost
+  // connection fails them itself, with those in flight, in order).
+  void abort_queued() override;
   bool healthy() const override { return connected_; }
   std::string health_reason() const override { return last_error_; }
   std::optional<std::string> fatal_error() const override { return std::nullopt; }
   void check_connectivity(int timeout_ms) override;
+
+  // Tests only, to hold the connection's thread at a chosen step: `take`
+  // bounds how many more records it takes from the queue (nullopt: all, as
+  // always); pause_for_test(true) stops it between two turns (nothing read,
+  // nothing published) and returns once it has stopped.
+  void limit_taking_for_test(std::optional<std::size_t> take);
+  void pause_for_test(bool pause);
+  // Tests only: outcomes the thread has handed back that poll() has not taken yet.
+  std::size_t outcomes_waiting_for_test();
 
   // The header that carries the record's key (AMQP messages have none).
   static constexpr const char* key_header = "key";
@@ -65,6 +74,7 @@ class RabbitMqSink final : public Sink {
     std::size_t bytes = 0;
     bool dead_letter = false;
     std::string reason;  // for a dead-letter copy: why
+    std::uint64_t losses_seen = 0;  // lost connections the loop had seen when it handed this over
   };
   struct Outcome {
     Outgoing record;
@@ -80,10 +90,18 @@ class RabbitMqSink final : public Sink {
     std::vector<Outcome> done;
     bool connected = false;
     std::string error = "no RabbitMQ connection yet";
+    // Connections lost so far. A record handed over by a loop that had not
+    // yet seen the last loss's failures is failed, never published: it would
+    // overtake them.
+    std::uint64_t losses = 0;
     bool stop = false;
     bool wake_posted = false;
     int wake_fd = -1;  // an eventfd the thread polls beside its socket
     RabbitMqSink* sink = nullptr;
+    // The tests' hold (limit_taking_for_test, pause_for_test).
+    std::optional<std::size_t> test_take_limit;
+    bool test_paused = false;
+    bool test_pause_reached = false;
   };
 
  private:
@@ -93,6 +111,7 @@ class RabbitMqSink final : public Sink {
   RabbitMqConfig config_;
   std::shared_ptr<Shared> shared_;
   std::size_t outstanding_ = 0;  // handed over, not yet reported
+  std::uint64_t losses_seen_ = 0;  // Shared::losses as of the last poll()
   bool connected_ = false;
   std::string last_error_ = "no RabbitMQ connection yet";
   std::vector<Outcome> scratch_;
