@@ -117,6 +117,47 @@ TEST_CASE("schema registry: Avro records from JSON rows decode with confluent-ka
   CHECK(relay.metric("walrelay_schema_registry_requests_total{outcome=\"ok\"}") == std::optional<double>(1));
 }
 
+TEST_CASE("schema registry: Avro logical types are taken by what they mean: a decimal from a number or a string at "
+          "its scale, a timestamp, a date and a uuid from their ISO forms, read back by confluent-kafka's "
+          "AvroDeserializer, and an amount that would need rounding is dead-lettered naming the field",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "AVRO", R"({"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
+    {"name": "total", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+    {"name": "fee", "type": ["null", {"type": "fixed", "name": "Fee", "size": 4, "logicalType": "decimal",
+                                      "precision": 9, "scale": 3}], "default": null},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}}]})");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config(avro_config() + "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  const std::string ref = "0f8fad5b-d9cb-469f-a165-70867728950e";
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'E', '{\"total\": 52.50, \"fee\": -0.125, \"at\": \"2024-05-01T14:00:00.123+02:00\", "
+              "\"day\": \"2024-05-01\", \"ref\": \"" + ref + "\"}'),"
+              "('Order', 'o-2', 'E', '{\"total\": \"52.50\", \"at\": 1714564800123, \"day\": 19844, \"ref\": \"" +
+              ref + "\"}'),"
+              "('Order', 'o-3', 'E', '{\"total\": 52.505, \"at\": 0, \"day\": 0, \"ref\": \"" + ref + "\"}'),"
+              "('Order', 'o-4', 'E', '{\"total\": 99999999.99, \"at\": 0, \"day\": 0, \"ref\": \"" + ref + "\"}')");
+  auto records = by_key(read_registry(topic, "avro", 3));
+  // read.py prints a Decimal as its text, times in ISO 8601.
+  CHECK(records["o-1"]["value"] == json::parse(R"({"total": "52.50", "fee": "-0.125",
+      "at": "2024-05-01T12:00:00.123000+00:00", "day": "2024-05-01", "ref": ")" + ref + R"("})"));
+  CHECK(records["o-2"]["value"] == json::parse(R"({"total": "52.50", "fee": null,
+      "at": "2024-05-01T12:00:00.123000+00:00", "day": "2024-05-01", "ref": ")" + ref + R"("})"));
+  CHECK(records["o-4"]["value"]["total"] == "99999999.99");
+  auto dead = read_topic(dlq, 1);
+  REQUIRE(dead.size() == 1);
+  CHECK_THAT(dead[0].value.value_or(""), Catch::Contains("\"aggregateid\":\"o-3\""));
+  const auto why = dead[0].header("__connect.errors.exception.message").value_or("");
+  CHECK_THAT(why, Catch::Contains("/total") && Catch::Contains("52.505") && Catch::Contains("scale 2"));
+  CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"schema_mismatch\"}") == std::optional<double>(1));
+}
+
 TEST_CASE("schema registry: JSON Schema and Protobuf records decode with confluent-kafka's JSONDeserializer and "
           "ProtobufDeserializer",
           "[relay][registry]") {
