@@ -199,6 +199,57 @@ TEST_CASE("schema registry: JSON Schema and Protobuf records decode with conflue
   }
 }
 
+TEST_CASE("schema registry: Protobuf's well-known types (Timestamp, Duration, the wrappers), int64 and enums by name "
+          "from JSON decode with confluent-kafka's ProtobufDeserializer, and an unknown enum name is dead-lettered",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "PROTOBUF", R"(syntax = "proto3";
+package acme;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/wrappers.proto";
+message Order {
+  google.protobuf.Timestamp at = 1;
+  google.protobuf.Duration wait = 2;
+  google.protobuf.Int32Value qty = 3;
+  google.protobuf.StringValue label = 4;
+  int64 big = 5;
+  Status status = 6;
+}
+enum Status { NEW = 0; PAID = 1; }
+)");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.protobuf.ProtobufConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() +
+                          "\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'E', '{\"at\": \"2024-05-01T14:00:00.123+02:00\", \"wait\": \"1.5s\", \"qty\": 3, "
+              "\"label\": \"x\", \"big\": \"9007199254740993\", \"status\": \"PAID\"}'),"
+              "('Order', 'o-2', 'E', '{\"big\": 9007199254740993, \"qty\": 0}'),"
+              "('Order', 'o-3', 'E', '{\"status\": \"LOST\"}')");
+  auto records = by_key(read_registry(topic, "protobuf", 2));
+  auto& one = records["o-1"]["value"];
+  CHECK(one["at"] == "2024-05-01T12:00:00.123Z");
+  CHECK(one["wait"] == "1.500s");
+  CHECK(one["qty"] == 3);
+  CHECK(one["label"] == "x");
+  CHECK(one["big"] == "9007199254740993");
+  CHECK(one["status"] == "PAID");
+  auto& two = records["o-2"]["value"];
+  CHECK(two["big"] == "9007199254740993");
+  CHECK(two["qty"] == 0);  // a wrapper holding 0 is there, unlike a plain int32 at 0
+  CHECK_FALSE(two.contains("label"));
+  CHECK(two["status"] == "NEW");
+  auto dead = read_topic(dlq, 1);
+  REQUIRE(dead.size() == 1);
+  CHECK_THAT(dead[0].value.value_or(""), Catch::Contains("\"aggregateid\":\"o-3\""));
+  CHECK_THAT(dead[0].header("__connect.errors.exception.message").value_or(""), Catch::Contains("LOST"));
+}
+
 TEST_CASE("schema registry: a subject with no schema holds the stream (the slot stays behind, /readyz says why) "
           "until the schema is registered, and nothing is dead-lettered",
           "[relay][registry]") {

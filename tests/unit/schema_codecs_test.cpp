@@ -337,3 +337,33 @@ TEST_CASE("Avro: a logical type on a type it does not annotate is ignored, as th
   OneField b(R"({"type": "bytes", "logicalType": "decimal", "precision": 2, "scale": 3})");
   CHECK(b(R"("ab")") == "046162");
 }
+
+TEST_CASE("Protobuf: Timestamp, Duration, the wrappers, int64 as a string or an exact number, and enums by name, as "
+          "Protobuf's JSON mapping has them",
+          "[schema_registry]") {
+  auto codec = make_schema_codec(RegistryFormat::protobuf, schema("PROTOBUF", R"(
+    syntax = "proto3";
+    package acme;
+    import "google/protobuf/timestamp.proto";
+    import "google/protobuf/duration.proto";
+    import "google/protobuf/wrappers.proto";
+    message Order {
+      google.protobuf.Timestamp at = 1; google.protobuf.Duration wait = 2; google.protobuf.Int32Value qty = 3;
+      google.protobuf.StringValue label = 4; int64 big = 5; Status status = 6;
+    }
+    enum Status { NEW = 0; PAID = 1; }
+  )"));
+  CHECK(hex(encode_ok(*codec, R"({"at": "2024-05-01T14:00:00.123+02:00", "wait": "1.5s", "qty": 3, "label": "x",
+                                  "big": "9007199254740993", "status": "PAID"})")) ==
+        "0a0b08c0ddc8b10610c0a9d33a" "120808011080cab5ee01" "1a020803" "2203" "0a0178" "288180808080808010" "3001");
+  // 2^53 + 1 as a JSON number: exact, not through a double.
+  CHECK(hex(encode_ok(*codec, R"({"big": 9007199254740993})")) == "288180808080808010");
+  std::string out;
+  for (auto bad : {R"({"status": "LOST"})", R"({"at": "2024-05-01T12:00:00"})", R"({"wait": "soon"})",
+                   R"({"qty": 2147483648})", R"({"big": 1.5})"}) {
+    INFO(bad);
+    auto e = codec->encode(bad, out);
+    REQUIRE(e);
+    CHECK(e->reason == "schema_mismatch");
+  }
+}
