@@ -4,6 +4,16 @@
 // record of it.
 #include <avro.h>
 
+// valijson reports a schema it cannot use by an exception, not abort(); its
+// RapidJSON adapter comes before any RapidJSON header (it sets RapidJSON's
+// assertions).
+#define VALIJSON_USE_EXCEPTIONS 1
+#include <valijson/adapters/rapidjson_adapter.hpp>
+#include <valijson/schema.hpp>
+#include <valijson/schema_parser.hpp>
+#include <valijson/validation_results.hpp>
+#include <valijson/validator.hpp>
+
 #include <google/protobuf/compiler/parser.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor_database.h>
@@ -13,7 +23,6 @@
 #include <google/protobuf/util/json_util.h>
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
-#include <rapidjson/schema.h>
 #include <rapidjson/stringbuffer.h>
 #include <simdjson.h>
 
@@ -966,19 +975,84 @@ class AvroCodec final : public SchemaCodec {
 
 // ---------------------------------------------------------------- JSON Schema
 
+// The keywords of drafts 2019-09 and 2020-12 that a draft 4 to 7 validator
+// skips as unknown, and that confluent-kafka's JSONDeserializer checks when a
+// schema names no draft (it takes the newest).
+const char* const later_draft_keywords[] = {
+    "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "prefixItems",
+    "minContains",       "maxContains",      "$anchor",               "$dynamicRef",      "$dynamicAnchor",
+    "$recursiveRef",     "$recursiveAnchor", "$vocabulary"};
+
+// The first keyword of a later draft in a schema, where it is (a JSON
+// pointer), or nothing. Only schema positions are looked at: a property
+// named "prefixItems" is a name, an enum's values are data.
+std::optional<std::string> later_draft_keyword(const rapidjson::Value& node, const std::string& at) {
+  if (node.IsArray()) {
+    for (rapidjson::SizeType i = 0; i < node.Size(); ++i)
+      if (auto found = later_draft_keyword(node[i], at + "/" + std::to_string(i))) return found;
+    return std::nullopt;
+  }
+  if (!node.IsObject()) return std::nullopt;
+  for (auto& member : node.GetObject()) {
+    const std::string key(member.name.GetString(), member.name.GetStringLength());
+    std::string here = at;
+    append_pointer(here, key);
+    for (const char* later : later_draft_keywords)
+      if (key == later) return "\"" + key + "\" at " + (at.empty() ? "/" : at);
+    if (key == "enum" || key == "const" || key == "default" || key == "examples" || key == "required") continue;
+    const bool named_schemas = key == "properties" || key == "patternProperties" || key == "definitions" ||
+                               key == "$defs" || key == "dependencies";
+    if (named_schemas && member.value.IsObject()) {
+      for (auto& named : member.value.GetObject()) {
+        std::string there = here;
+        append_pointer(there, std::string_view(named.name.GetString(), named.name.GetStringLength()));
+        if (auto found = later_draft_keyword(named.value, there)) return found;
+      }
+      continue;
+    }
+    if (auto found = later_draft_keyword(member.value, here)) return found;
+  }
+  return std::nullopt;
+}
+
 // The payload is written as it is, once it validates (Confluent's JSON
-// Schema serializer writes the JSON text after the frame).
+// Schema serializer writes the JSON text after the frame). Validated by
+// valijson, by the schema's own draft: 4, or 6 and 7 (draft 7's rules: 6
+// is 7 without if/then/else and a few annotations).
 class JsonSchemaCodec final : public SchemaCodec {
  public:
   explicit JsonSchemaCodec(const RegisteredSchema& registered) {
+    const std::string what = "subject \"" + registered.subject + "\" schema id " + std::to_string(registered.id);
     rapidjson::Document d;
     d.Parse(registered.text.data(), registered.text.size());
     if (d.HasParseError())
-      throw RegistryError("bad_schema", "subject \"" + registered.subject + "\" schema id " +
-                                            std::to_string(registered.id) + " is not JSON: " +
-                                            rapidjson::GetParseError_En(d.GetParseError()));
-    schema_ = std::make_unique<rapidjson::SchemaDocument>(d);
-    validator_.emplace(*schema_);
+      throw RegistryError("bad_schema", what + " is not JSON: " + rapidjson::GetParseError_En(d.GetParseError()));
+    auto version = valijson::SchemaParser::kDraft7;
+    std::string draft;
+    if (d.IsObject() && d.HasMember("$schema") && d["$schema"].IsString()) {
+      draft.assign(d["$schema"].GetString(), d["$schema"].GetStringLength());
+      const auto is = [&](const char* name) { return draft.find(name) != std::string::npos; };
+      if (is("json-schema.org/draft-04/schema")) version = valijson::SchemaParser::kDraft4;
+      else if (!is("json-schema.org/draft-06/schema") && !is("json-schema.org/draft-07/schema"))
+        throw RegistryError("bad_schema", what + " is JSON Schema \"" + draft +
+                                              "\", and walrelay validates drafts 4, 6 and 7 only: register it "
+                                              "with \"$schema\": \"http://json-schema.org/draft-07/schema#\" "
+                                              "(Confluent's tools write draft-07) if its keywords are draft 7's");
+    } else if (auto later = later_draft_keyword(d, "")) {
+      // No draft named: a reader takes the newest, whose keywords a draft 7
+      // validator would skip.
+      throw RegistryError("bad_schema", what + " names no draft (\"$schema\") and uses " + *later +
+                                            ", a keyword of JSON Schema 2019-09/2020-12 that walrelay cannot "
+                                            "check (it validates drafts 4, 6 and 7): say which draft it is");
+    }
+    try {
+      valijson::SchemaParser parser(version);
+      valijson::adapters::RapidJsonAdapter adapter(d);
+      parser.populateSchema(adapter, schema_);
+    } catch (const std::exception& e) {
+      throw RegistryError("bad_schema", what + " is not a JSON Schema walrelay can check: " + e.what() +
+                                            " (a $ref to another document is not fetched)");
+    }
   }
 
   std::optional<MapError> encode(std::string_view json, std::string& out) override {
@@ -995,25 +1069,25 @@ class JsonSchemaCodec final : public SchemaCodec {
       return MapError{"bad_content", std::string("the payload is not JSON: ") +
                                          rapidjson::GetParseError_En(document.GetParseError()) + " at byte " +
                                          std::to_string(document.GetErrorOffset())};
-    // (The validator's state is malloc'd and freed: one validator serves all.)
-    auto& validator = *validator_;
-    validator.Reset();
-    if (!document.Accept(validator)) {
-      rapidjson::StringBuffer where, rule;
-      validator.GetInvalidDocumentPointer().StringifyUriFragment(where);
-      validator.GetInvalidSchemaPointer().StringifyUriFragment(rule);
-      std::string at = where.GetString();
-      if (!at.empty() && at[0] == '#') at.erase(0, 1);
-      return mismatch(at, std::string("fails \"") + validator.GetInvalidSchemaKeyword() + "\" (schema " +
-                              rule.GetString() + ")");
+    valijson::ValidationResults results;
+    if (!validator_.validate(schema_, valijson::adapters::RapidJsonAdapter(document), &results)) {
+      // The deepest error says most; its context is ["<root>", "[name]", "[0]", ...].
+      valijson::ValidationResults::Error error, deepest;
+      while (results.popError(error))
+        if (deepest.context.empty() || error.context.size() > deepest.context.size()) deepest = error;
+      std::string at;
+      for (auto& part : deepest.context)
+        if (part.size() >= 2 && part.front() == '[' && part.back() == ']')
+          append_pointer(at, std::string_view(part).substr(1, part.size() - 2));
+      return mismatch(at, deepest.description);
     }
     out.append(json);
     return std::nullopt;
   }
 
  private:
-  std::unique_ptr<rapidjson::SchemaDocument> schema_;
-  std::optional<rapidjson::SchemaValidator> validator_;
+  valijson::Schema schema_;
+  valijson::Validator validator_;
   rapidjson::MemoryPoolAllocator<> pool_;  // the documents' memory
 };
 

@@ -250,6 +250,44 @@ enum Status { NEW = 0; PAID = 1; }
   CHECK_THAT(dead[0].header("__connect.errors.exception.message").value_or(""), Catch::Contains("LOST"));
 }
 
+TEST_CASE("schema registry: a draft-07 JSON Schema is checked by its own draft: payloads that break exclusiveMinimum, "
+          "const, if/then or propertyNames are dead-lettered, not sent for confluent-kafka's JSONDeserializer to refuse",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "JSON", R"({"$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "properties": {"amount": {"type": "number", "exclusiveMinimum": 0}, "kind": {"const": "order"},
+                   "extra": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}},
+    "if": {"properties": {"kind": {"const": "order"}}, "required": ["kind"]},
+    "then": {"required": ["amount"]}})");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.json.JsonSchemaConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() +
+                          "\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'bad-exclusive', 'E', '{\"kind\": \"order\", \"amount\": 0}'),"
+              "('Order', 'bad-const', 'E', '{\"kind\": \"invoice\"}'),"
+              "('Order', 'bad-then', 'E', '{\"kind\": \"order\"}'),"
+              "('Order', 'bad-names', 'E', '{\"kind\": \"order\", \"amount\": 1, \"extra\": {\"A1\": 1}}'),"
+              "('Order', 'good', 'E', '{\"kind\": \"order\", \"amount\": 1, \"extra\": {\"ab\": 1}}')");
+  auto records = read_registry(topic, "json", 1);
+  CHECK(records[0]["key"] == "good");
+  CHECK(records[0]["value"] == json::parse(R"({"kind": "order", "amount": 1, "extra": {"ab": 1}})"));
+  auto dead = read_topic(dlq, 4);
+  REQUIRE(dead.size() == 4);
+  std::set<std::string> keys;
+  for (auto& d : dead)
+    for (auto key : {"bad-exclusive", "bad-const", "bad-then", "bad-names"})
+      if (d.value.value_or("").find(std::string("\"aggregateid\":\"") + key + "\"") != std::string::npos) keys.insert(key);
+  CHECK(keys.size() == 4);
+  // Nothing more reached the topic.
+  CHECK(count_records(topic) == 1);
+}
+
 TEST_CASE("schema registry: a subject with no schema holds the stream (the slot stays behind, /readyz says why) "
           "until the schema is registered, and nothing is dead-lettered",
           "[relay][registry]") {
