@@ -22,6 +22,7 @@ std::string_view name(Break b) {
     case Break::redrive_commit_early: return "redrive_commit_early";
     case Break::snapshot_commit_chunks: return "snapshot_commit_chunks";
     case Break::avro_decimal_rounds: return "avro_decimal_rounds";
+    case Break::json_schema_draft4: return "json_schema_draft4";
   }
   return "?";
 }
@@ -35,7 +36,7 @@ Break selected() {
                     Break::sigterm_no_wait, Break::confirm_past_abort,
                     Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
                     Break::redrive_commit_early, Break::snapshot_commit_chunks,
-                    Break::avro_decimal_rounds})
+                    Break::avro_decimal_rounds, Break::json_schema_draft4})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

@@ -1045,6 +1045,7 @@ class JsonSchemaCodec final : public SchemaCodec {
                                             ", a keyword of JSON Schema 2019-09/2020-12 that walrelay cannot "
                                             "check (it validates drafts 4, 6 and 7): say which draft it is");
     }
+    if (mutation::active(mutation::Break::json_schema_draft4)) version = valijson::SchemaParser::kDraft4;
     try {
       valijson::SchemaParser parser(version);
       valijson::adapters::RapidJsonAdapter adapter(d);

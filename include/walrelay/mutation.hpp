@@ -22,6 +22,7 @@ enum class Break {
   redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
   snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
   avro_decimal_rounds,      // an Avro decimal's digits past the schema's scale cut off instead of refused
+  json_schema_draft4,       // every JSON Schema validated by draft 4's rules, whatever its $schema says
 };
 
 #ifdef WALRELAY_MUTATION_TESTING
