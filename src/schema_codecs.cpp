@@ -560,7 +560,7 @@ class AvroCodec final : public SchemaCodec {
         std::string_view raw;
         std::string at;
         if (!doc.type().get(t) && t == simdjson::ondemand::json_type::number) {
-          if (!doc.raw_json_token().get(raw)) raw_numbers_[at] = raw;
+          if (!doc.raw_json_token().get(raw)) raw_numbers_.try_emplace(at, raw);
         } else {
           simdjson::ondemand::value root;
           if (!doc.get_value().get(root)) read_numbers(root, at);
@@ -601,7 +601,7 @@ class AvroCodec final : public SchemaCodec {
         at.resize(depth);
       }
     } else if (t == simdjson::ondemand::json_type::number) {
-      raw_numbers_[at] = v.raw_json_token();
+      raw_numbers_.try_emplace(at, v.raw_json_token());  // a key written twice: the first, as at_key takes it
     }
   }
 

@@ -215,6 +215,8 @@ TEST_CASE("Avro decimal (bytes): a JSON number or a decimal string, exactly at t
   CHECK(f("-99999999.99") == "0afdabf41c01");
   // More digits than a double holds, all zeros past the scale: exact.
   CHECK(f("52.50000000000000000000000") == "041482");
+  // A key written twice: the first, as for every other field (simdjson's at_key).
+  CHECK(f(R"(1.50, "v": 52.505)") == "040096");
   // A union with null takes the number for the decimal branch.
   OneField nullable(R"(["null", )" + money + "]", R"(, "default": null)");
   CHECK(nullable("52.50") == "02041482");
