@@ -435,6 +435,13 @@ TEST_CASE("JSON Schema: draft 4 and draft 6 by their own rules, and a draft walr
   // A property named like such a keyword is only a name.
   CHECK_NOTHROW(make_schema_codec(RegistryFormat::json_schema, schema("JSON", R"({"type": "object",
                   "properties": {"prefixItems": {"type": "string"}}})")));
+  // A $ref within the schema is followed.
+  auto with_ref = make_schema_codec(RegistryFormat::json_schema, schema("JSON", R"({
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "definitions": {"positive": {"type": "number", "exclusiveMinimum": 0}},
+    "properties": {"a": {"$ref": "#/definitions/positive"}}})"));
+  CHECK_FALSE(with_ref->encode(R"({"a":1})", out));
+  CHECK(with_ref->encode(R"({"a":0})", out));
   // A $ref to another document would need fetching, which walrelay does not do.
   CHECK_THROWS_WITH(make_schema_codec(RegistryFormat::json_schema, schema("JSON", R"({
                       "$schema": "http://json-schema.org/draft-07/schema#",
