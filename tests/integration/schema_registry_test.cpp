@@ -288,6 +288,34 @@ TEST_CASE("schema registry: a draft-07 JSON Schema is checked by its own draft: 
   CHECK(count_records(topic) == 1);
 }
 
+TEST_CASE("schema registry: a JSON Schema of draft 2020-12, which walrelay cannot check, holds the subject's records "
+          "with the reason in /readyz, and nothing is sent or dead-lettered",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "JSON", R"({"$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object", "prefixItems": [{"type": "string"}]})");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.json.JsonSchemaConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() +
+                          "\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'E', '{\"id\": 1}')");
+  const auto written = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return relay.metric("walrelay_schema_registry_requests_total{outcome=\"bad_schema\"}")
+                                      .value_or(0) >= 1; },
+                     30s));
+  auto ready = relay.get("/readyz");
+  CHECK(ready.status == 503);
+  CHECK_THAT(ready.body, Catch::Contains("2020-12") && Catch::Contains("drafts 4, 6 and 7"));
+  CHECK(f.db().confirmed_flush(f.slot) < written);
+  CHECK(count_records(topic) == 0);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+}
+
 TEST_CASE("schema registry: a subject with no schema holds the stream (the slot stays behind, /readyz says why) "
           "until the schema is registered, and nothing is dead-lettered",
           "[relay][registry]") {
