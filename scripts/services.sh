@@ -451,8 +451,8 @@ registry_stop() {
   rm -f "$d/port"
   # Its own line in the env file only: `stop` leaves the others' as they were.
   if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_REGISTRY=' "$RUN_DIR/env"; then
-    grep -v '^export WALRELAY_TEST_REGISTRY=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp" || true
-    mv "$RUN_DIR/env.tmp" "$RUN_DIR/env"
+    grep -v '^export WALRELAY_TEST_REGISTRY=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
+    mv "$RUN_DIR/env.tmp.$$" "$RUN_DIR/env"
   fi
 }
 
@@ -497,8 +497,8 @@ nats_stop() {
   [[ ${1:-} == keep-port ]] && return 0
   rm -rf "$d"
   if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env"; then
-    grep -v '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp" || true
-    mv "$RUN_DIR/env.tmp" "$RUN_DIR/env"
+    grep -v '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
+    mv "$RUN_DIR/env.tmp.$$" "$RUN_DIR/env"
   fi
 }
 
@@ -561,8 +561,8 @@ rabbit_stop() {
   [[ ${1:-} == keep-port ]] && return 0
   rm -rf "$d"
   if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_RABBITMQ=' "$RUN_DIR/env"; then
-    grep -v '^export WALRELAY_TEST_RABBITMQ=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp" || true
-    mv "$RUN_DIR/env.tmp" "$RUN_DIR/env"
+    grep -v '^export WALRELAY_TEST_RABBITMQ=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
+    mv "$RUN_DIR/env.tmp.$$" "$RUN_DIR/env"
   fi
 }
 
@@ -596,8 +596,8 @@ write_env() {
       echo "export WALRELAY_TEST_RABBITMQ=127.0.0.1:$(cat "$RUN_DIR/rabbitmq/port")"
     fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
-  } > "$env.tmp"
-  mv "$env.tmp" "$env"
+  } > "$env.tmp.$$"
+  mv "$env.tmp.$$" "$env"
 }
 
 what="${2:-all}"

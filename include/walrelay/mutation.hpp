@@ -25,6 +25,8 @@ enum class Break {
   snapshot_retake_unfiltered, // an interrupted snapshot taken again with every row, not only those its view saw
   rabbitmq_keep_queued,     // RabbitMQ: a lost connection fails only the publishes in flight; queued ones go out next
   dead_letter_drop_when_full,  // a dead-letter copy that finds the sink's queue full is dropped, its record settled
+  avro_decimal_rounds,      // an Avro decimal's digits past the schema's scale cut off instead of refused
+  json_schema_draft4,       // every JSON Schema validated by draft 4's rules, whatever its $schema says
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

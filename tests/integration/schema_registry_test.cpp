@@ -117,6 +117,47 @@ TEST_CASE("schema registry: Avro records from JSON rows decode with confluent-ka
   CHECK(relay.metric("walrelay_schema_registry_requests_total{outcome=\"ok\"}") == std::optional<double>(1));
 }
 
+TEST_CASE("schema registry: Avro logical types are taken by what they mean: a decimal from a number or a string at "
+          "its scale, a timestamp, a date and a uuid from their ISO forms, read back by confluent-kafka's "
+          "AvroDeserializer, and an amount that would need rounding is dead-lettered naming the field",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "AVRO", R"({"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
+    {"name": "total", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+    {"name": "fee", "type": ["null", {"type": "fixed", "name": "Fee", "size": 4, "logicalType": "decimal",
+                                      "precision": 9, "scale": 3}], "default": null},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}}]})");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config(avro_config() + "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  const std::string ref = "0f8fad5b-d9cb-469f-a165-70867728950e";
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'E', '{\"total\": 52.50, \"fee\": -0.125, \"at\": \"2024-05-01T14:00:00.123+02:00\", "
+              "\"day\": \"2024-05-01\", \"ref\": \"" + ref + "\"}'),"
+              "('Order', 'o-2', 'E', '{\"total\": \"52.50\", \"at\": 1714564800123, \"day\": 19844, \"ref\": \"" +
+              ref + "\"}'),"
+              "('Order', 'o-3', 'E', '{\"total\": 52.505, \"at\": 0, \"day\": 0, \"ref\": \"" + ref + "\"}'),"
+              "('Order', 'o-4', 'E', '{\"total\": 99999999.99, \"at\": 0, \"day\": 0, \"ref\": \"" + ref + "\"}')");
+  auto records = by_key(read_registry(topic, "avro", 3));
+  // read.py prints a Decimal as its text, times in ISO 8601.
+  CHECK(records["o-1"]["value"] == json::parse(R"({"total": "52.50", "fee": "-0.125",
+      "at": "2024-05-01T12:00:00.123000+00:00", "day": "2024-05-01", "ref": ")" + ref + R"("})"));
+  CHECK(records["o-2"]["value"] == json::parse(R"({"total": "52.50", "fee": null,
+      "at": "2024-05-01T12:00:00.123000+00:00", "day": "2024-05-01", "ref": ")" + ref + R"("})"));
+  CHECK(records["o-4"]["value"]["total"] == "99999999.99");
+  auto dead = read_topic(dlq, 1);
+  REQUIRE(dead.size() == 1);
+  CHECK_THAT(dead[0].value.value_or(""), Catch::Contains("\"aggregateid\":\"o-3\""));
+  const auto why = dead[0].header("__connect.errors.exception.message").value_or("");
+  CHECK_THAT(why, Catch::Contains("/total") && Catch::Contains("52.505") && Catch::Contains("scale 2"));
+  CHECK(relay.metric("walrelay_mapping_errors_total{reason=\"schema_mismatch\"}") == std::optional<double>(1));
+}
+
 TEST_CASE("schema registry: JSON Schema and Protobuf records decode with confluent-kafka's JSONDeserializer and "
           "ProtobufDeserializer",
           "[relay][registry]") {
@@ -156,6 +197,123 @@ TEST_CASE("schema registry: JSON Schema and Protobuf records decode with conflue
       }
     }
   }
+}
+
+TEST_CASE("schema registry: Protobuf's well-known types (Timestamp, Duration, the wrappers), int64 and enums by name "
+          "from JSON decode with confluent-kafka's ProtobufDeserializer, and an unknown enum name is dead-lettered",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "PROTOBUF", R"(syntax = "proto3";
+package acme;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/wrappers.proto";
+message Order {
+  google.protobuf.Timestamp at = 1;
+  google.protobuf.Duration wait = 2;
+  google.protobuf.Int32Value qty = 3;
+  google.protobuf.StringValue label = 4;
+  int64 big = 5;
+  Status status = 6;
+}
+enum Status { NEW = 0; PAID = 1; }
+)");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.protobuf.ProtobufConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() +
+                          "\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'E', '{\"at\": \"2024-05-01T14:00:00.123+02:00\", \"wait\": \"1.5s\", \"qty\": 3, "
+              "\"label\": \"x\", \"big\": \"9007199254740993\", \"status\": \"PAID\"}'),"
+              "('Order', 'o-2', 'E', '{\"big\": 9007199254740993, \"qty\": 0}'),"
+              "('Order', 'o-3', 'E', '{\"status\": \"LOST\"}')");
+  auto records = by_key(read_registry(topic, "protobuf", 2));
+  auto& one = records["o-1"]["value"];
+  CHECK(one["at"] == "2024-05-01T12:00:00.123Z");
+  CHECK(one["wait"] == "1.500s");
+  CHECK(one["qty"] == 3);
+  CHECK(one["label"] == "x");
+  CHECK(one["big"] == "9007199254740993");
+  CHECK(one["status"] == "PAID");
+  auto& two = records["o-2"]["value"];
+  CHECK(two["big"] == "9007199254740993");
+  CHECK(two["qty"] == 0);  // a wrapper holding 0 is there, unlike a plain int32 at 0
+  CHECK_FALSE(two.contains("label"));
+  CHECK(two["status"] == "NEW");
+  auto dead = read_topic(dlq, 1);
+  REQUIRE(dead.size() == 1);
+  CHECK_THAT(dead[0].value.value_or(""), Catch::Contains("\"aggregateid\":\"o-3\""));
+  CHECK_THAT(dead[0].header("__connect.errors.exception.message").value_or(""), Catch::Contains("LOST"));
+}
+
+TEST_CASE("schema registry: a draft-07 JSON Schema is checked by its own draft: payloads that break exclusiveMinimum, "
+          "const, if/then or propertyNames are dead-lettered, not sent for confluent-kafka's JSONDeserializer to refuse",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "JSON", R"({"$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "properties": {"amount": {"type": "number", "exclusiveMinimum": 0}, "kind": {"const": "order"},
+                   "extra": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}},
+    "if": {"properties": {"kind": {"const": "order"}}, "required": ["kind"]},
+    "then": {"required": ["amount"]}})");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.json.JsonSchemaConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() +
+                          "\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'bad-exclusive', 'E', '{\"kind\": \"order\", \"amount\": 0}'),"
+              "('Order', 'bad-const', 'E', '{\"kind\": \"invoice\"}'),"
+              "('Order', 'bad-then', 'E', '{\"kind\": \"order\"}'),"
+              "('Order', 'bad-names', 'E', '{\"kind\": \"order\", \"amount\": 1, \"extra\": {\"A1\": 1}}'),"
+              "('Order', 'good', 'E', '{\"kind\": \"order\", \"amount\": 1, \"extra\": {\"ab\": 1}}')");
+  auto records = read_registry(topic, "json", 1);
+  CHECK(records[0]["key"] == "good");
+  CHECK(records[0]["value"] == json::parse(R"({"kind": "order", "amount": 1, "extra": {"ab": 1}})"));
+  auto dead = read_topic(dlq, 4);
+  REQUIRE(dead.size() == 4);
+  std::set<std::string> keys;
+  for (auto& d : dead)
+    for (auto key : {"bad-exclusive", "bad-const", "bad-then", "bad-names"})
+      if (d.value.value_or("").find(std::string("\"aggregateid\":\"") + key + "\"") != std::string::npos) keys.insert(key);
+  CHECK(keys.size() == 4);
+  // Nothing more reached the topic.
+  CHECK(count_records(topic) == 1);
+}
+
+TEST_CASE("schema registry: a JSON Schema of draft 2020-12, which walrelay cannot check, holds the subject's records "
+          "with the reason in /readyz, and nothing is sent or dead-lettered",
+          "[relay][registry]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  const std::string topic = f.topic("Order");
+  register_schema(topic + "-value", "JSON", R"({"$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object", "prefixItems": [{"type": "string"}]})");
+  const std::string dlq = unique_name("dlq");
+  Walrelay relay(f.config("value.converter=io.confluent.connect.json.JsonSchemaConverter\n"
+                          "value.converter.schema.registry.url=" + ccompat() +
+                          "\nerrors.tolerance=all\nerrors.deadletterqueue.topic.name=" + dlq + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES "
+              "('Order', 'o-1', 'E', '{\"id\": 1}')");
+  const auto written = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return relay.metric("walrelay_schema_registry_requests_total{outcome=\"bad_schema\"}")
+                                      .value_or(0) >= 1; },
+                     30s));
+  auto ready = relay.get("/readyz");
+  CHECK(ready.status == 503);
+  CHECK_THAT(ready.body, Catch::Contains("2020-12") && Catch::Contains("drafts 4, 6 and 7"));
+  CHECK(f.db().confirmed_flush(f.slot) < written);
+  CHECK(count_records(topic) == 0);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
 }
 
 TEST_CASE("schema registry: a subject with no schema holds the stream (the slot stays behind, /readyz says why) "

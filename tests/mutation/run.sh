@@ -31,6 +31,8 @@ catchers[snapshot_resume_as_done]='snapshot: kill -9 in the middle of the snapsh
 catchers[snapshot_commit_chunks]='snapshot: exactly once - the snapshot is one Kafka transaction*'
 catchers[snapshot_retake_new_slot]='snapshot: events that leave no row - at least once*'
 catchers[snapshot_retake_unfiltered]='snapshot: events that leave no row - exactly once*'
+catchers[avro_decimal_rounds]='schema registry: Avro logical types are taken by what they mean*'
+catchers[json_schema_draft4]='schema registry: a draft-07 JSON Schema is checked by its own draft*'
 catchers[nats_ack_at_publish]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Nats'
 catchers[rabbitmq_keep_queued]='sinks: RabbitMQ - a connection lost with records still queued behind the ones on the wire*'
 catchers[dead_letter_drop_when_full]='relay with a fake sink: a dead-letter copy that finds the queue full waits for room*
@@ -40,7 +42,8 @@ breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
                              registry_dead_letters nats_ack_at_publish snapshot_resume_as_done
                              redrive_commit_early snapshot_commit_chunks snapshot_retake_new_slot
-                             snapshot_retake_unfiltered rabbitmq_keep_queued dead_letter_drop_when_full)
+                             snapshot_retake_unfiltered rabbitmq_keep_queued dead_letter_drop_when_full
+                             avro_decimal_rounds json_schema_draft4)
 
 # Each (break, test) pair runs on its own slot and tables, so two run at once
 # (WALRELAY_MUTATION_JOBS): the tests mostly wait on the servers. Verdicts
