@@ -22,6 +22,7 @@ std::string_view name(Break b) {
     case Break::redrive_commit_early: return "redrive_commit_early";
     case Break::snapshot_commit_chunks: return "snapshot_commit_chunks";
     case Break::ledger_unbounded: return "ledger_unbounded";
+    case Break::redrive_read_uncommitted: return "redrive_read_uncommitted";
   }
   return "?";
 }
@@ -34,7 +35,8 @@ Break selected() {
     for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
                     Break::sigterm_no_wait, Break::confirm_past_abort,
                     Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
-                    Break::redrive_commit_early, Break::snapshot_commit_chunks, Break::ledger_unbounded})
+                    Break::redrive_commit_early, Break::snapshot_commit_chunks, Break::ledger_unbounded,
+                    Break::redrive_read_uncommitted})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

@@ -22,6 +22,7 @@ enum class Break {
   redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
   snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
   ledger_unbounded,         // the ledger keeps every transaction acknowledged behind an unacknowledged one
+  redrive_read_uncommitted, // redrive reads the dead-letter topic read_uncommitted: aborted transactions' copies too
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

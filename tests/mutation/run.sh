@@ -31,11 +31,13 @@ catchers[snapshot_resume_as_done]='snapshot: kill -9 in the middle of the snapsh
 catchers[snapshot_commit_chunks]='snapshot: exactly once - the snapshot is one Kafka transaction*'
 catchers[nats_ack_at_publish]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Nats'
 catchers[ledger_unbounded]='relay with a mock cluster: a record retried forever*'
+catchers[redrive_read_uncommitted]='redrive: a dead-letter topic written in exactly-once mode*'
 
 breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
                              registry_dead_letters nats_ack_at_publish snapshot_resume_as_done
-                             redrive_commit_early snapshot_commit_chunks ledger_unbounded)
+                             redrive_commit_early snapshot_commit_chunks ledger_unbounded
+                             redrive_read_uncommitted)
 
 # Each (break, test) pair runs on its own slot and tables, so two run at once
 # (WALRELAY_MUTATION_JOBS): the tests mostly wait on the servers. Verdicts
