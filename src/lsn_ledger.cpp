@@ -34,7 +34,7 @@ void LsnLedger::fold(Entry it) {
   Txn& prev = *std::prev(it);
   if (!prev.committed || prev.abandoned) return;  // an abandoned entry confirms nothing: it cannot carry an end
   // The slot can be confirmed past `it` only once `prev` is done too: one
-  // entry, prev's records in flight, it's end. Its retired transactions come
+  // entry, prev's records in flight, its end. Its retired transactions come
   // along, their commit times as offsets from prev's.
   prev.end_lsn = std::max(prev.end_lsn, it->end_lsn);
   const double shift = static_cast<double>(it->commit_time - prev.commit_time);
