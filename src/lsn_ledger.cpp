@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "walrelay/mutation.hpp"
+
 namespace walrelay {
 
 LsnLedger::TxnId LsnLedger::open(std::int64_t commit_time_us, Lsn commit_lsn) {
@@ -12,12 +14,37 @@ LsnLedger::TxnId LsnLedger::open(std::int64_t commit_time_us, Lsn commit_lsn) {
   return id;
 }
 
-LsnLedger::Txn* LsnLedger::find(TxnId id) {
-  // Ids are dense and ascending, but entries are popped from the front and
-  // empty committed ones coalesce, so search from the back (newest is likeliest).
-  if (txns_.empty() || id < txns_.front().id || id > txns_.back().id) return nullptr;
+LsnLedger::Entry LsnLedger::locate(TxnId id) {
+  // Ids are ascending but not dense: entries are popped from the front and
+  // done ones fold into the entry before them.
+  if (txns_.empty() || id < txns_.front().id || id > txns_.back().id) return txns_.end();
   auto it = std::lower_bound(txns_.begin(), txns_.end(), id, [](const Txn& t, TxnId v) { return t.id < v; });
-  return (it != txns_.end() && it->id == id) ? &*it : nullptr;
+  return (it != txns_.end() && it->id == id) ? it : txns_.end();
+}
+
+void LsnLedger::fold(Entry it) {
+  if (mutation::active(mutation::Break::ledger_unbounded)) return;
+  if (it == txns_.end() || it == txns_.begin() || !it->committed || it->pending > 0) return;
+  if (it->abandoned) {
+    // It confirms nothing and waits for nothing more: gone. The entry after
+    // it may now fold into the one before.
+    fold(txns_.erase(it));
+    return;
+  }
+  Txn& prev = *std::prev(it);
+  if (!prev.committed || prev.abandoned) return;  // an abandoned entry confirms nothing: it cannot carry an end
+  // The slot can be confirmed past `it` only once `prev` is done too: one
+  // entry, prev's records in flight, its end. Its retired transactions come
+  // along, their commit times as offsets from prev's.
+  prev.end_lsn = std::max(prev.end_lsn, it->end_lsn);
+  const double shift = static_cast<double>(it->commit_time - prev.commit_time);
+  if (it->had_records) {
+    ++prev.folded_with_records;
+    prev.folded_commit_offsets += shift;
+  }
+  prev.folded_with_records += it->folded_with_records;
+  prev.folded_commit_offsets += it->folded_commit_offsets + shift * static_cast<double>(it->folded_with_records);
+  txns_.erase(it);
 }
 
 void LsnLedger::violate(std::string what) {
@@ -43,30 +70,25 @@ void LsnLedger::commit(TxnId txn, Lsn end_lsn) {
   t->committed = true;
   t->end_lsn = end_lsn;
   if (open_ == txn) open_.reset();
-  // Coalesce a run of empty committed transactions into one entry so that a
-  // busy non-outbox workload behind a slow record does not grow the deque.
-  if (t->pending == 0 && txns_.size() >= 2) {
-    Txn& prev = txns_[txns_.size() - 2];
-    if (&txns_.back() == t && prev.committed && !prev.abandoned && prev.pending == 0) {
-      prev.end_lsn = std::max(prev.end_lsn, end_lsn);
-      txns_.pop_back();
-    }
-  }
+  fold(locate(txn));
   advance();
 }
 
 void LsnLedger::abandon_open() {
   if (!open_) return;
-  if (Txn* t = find(*open_)) {
-    t->committed = true;
-    t->abandoned = true;
+  auto it = locate(*open_);
+  if (it != txns_.end()) {
+    it->committed = true;
+    it->abandoned = true;
   }
   open_.reset();
+  fold(it);
   advance();
 }
 
 bool LsnLedger::settle(TxnId txn, std::size_t bytes, const char* what) {
-  Txn* t = find(txn);
+  auto it = locate(txn);
+  Txn* t = it == txns_.end() ? nullptr : &*it;
   if (inflight_records_ == 0 || !t || t->pending == 0) {
     violate(std::string(what) + " of a record of transaction " + std::to_string(txn) + ", which has " +
             (t ? "no record in flight" : "no entry (already complete or never opened)") + "; " +
@@ -76,7 +98,8 @@ bool LsnLedger::settle(TxnId txn, std::size_t bytes, const char* what) {
   --inflight_records_;
   inflight_bytes_ -= std::min<std::uint64_t>(bytes, inflight_bytes_);
   --t->pending;
-  if (t == &txns_.front()) advance();
+  fold(it);
+  advance();
   return true;
 }
 
@@ -102,7 +125,14 @@ void LsnLedger::advance() {
     if (!t.committed || t.pending > 0) break;
     if (!t.abandoned) {
       flushed_ = std::max(flushed_, t.end_lsn);
-      if (t.had_records && on_retired_) on_retired_(t.commit_time);
+      if (on_retired_) {
+        if (t.had_records) on_retired_(t.commit_time);
+        if (t.folded_with_records > 0) {
+          const auto mean = t.commit_time + static_cast<std::int64_t>(t.folded_commit_offsets /
+                                                                      static_cast<double>(t.folded_with_records));
+          for (std::uint64_t i = 0; i < t.folded_with_records; ++i) on_retired_(mean);
+        }
+      }
     }
     txns_.pop_front();
   }

@@ -254,6 +254,9 @@ Metrics::Metrics()
                                  "Records handed to the Kafka producer and not yet acknowledged.")),
       inflight_bytes(add_gauge(*registry_, "walrelay_inflight_bytes",
                                "Bytes of records handed to the producer and not yet acknowledged.")),
+      ledger_transactions(add_gauge(*registry_, "walrelay_ledger_transactions",
+                                    "Entries of the LSN ledger: source transactions with records not yet "
+                                    "acknowledged, and those they hold back. Bounded by what is in flight.")),
       received_lsn(add_gauge(*registry_, "walrelay_received_lsn",
                              "End LSN of the newest WAL received, as a byte position.")),
       flushed_lsn(add_gauge(*registry_, "walrelay_flushed_lsn",

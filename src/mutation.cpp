@@ -27,6 +27,8 @@ std::string_view name(Break b) {
     case Break::dead_letter_drop_when_full: return "dead_letter_drop_when_full";
     case Break::avro_decimal_rounds: return "avro_decimal_rounds";
     case Break::json_schema_draft4: return "json_schema_draft4";
+    case Break::ledger_unbounded: return "ledger_unbounded";
+    case Break::redrive_read_uncommitted: return "redrive_read_uncommitted";
   }
   return "?";
 }
@@ -41,7 +43,8 @@ Break selected() {
                     Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
                     Break::redrive_commit_early, Break::snapshot_commit_chunks, Break::snapshot_retake_new_slot,
                     Break::snapshot_retake_unfiltered, Break::rabbitmq_keep_queued,
-                    Break::dead_letter_drop_when_full, Break::avro_decimal_rounds, Break::json_schema_draft4})
+                    Break::dead_letter_drop_when_full, Break::avro_decimal_rounds, Break::json_schema_draft4,
+                    Break::ledger_unbounded, Break::redrive_read_uncommitted})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

@@ -4,6 +4,7 @@
 #include <librdkafka/rdkafka.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <regex>
@@ -99,7 +100,15 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
   set("group.id", group);
   set("enable.auto.commit", "false");
   set("enable.auto.offset.store", "false");
-  set("isolation.level", "read_committed");
+  // Committed records only: an aborted transaction's dead letters (a relay
+  // in exactly-once mode killed or aborted mid-transaction) are not dead
+  // letters at all, and are skipped with its markers.
+  set("isolation.level",
+      mutation::active(mutation::Break::redrive_read_uncommitted) ? "read_uncommitted" : "read_committed");
+  // The end of a partition is known by reaching it, not by the offset of the
+  // last record read: a transactional writer's partition ends with a control
+  // record (its commit or abort marker) that is never delivered.
+  set("enable.partition.eof", "true");
   set("auto.offset.reset", "earliest");
   set("log.queue", "true");  // never served: its logs stay off the loop's sinks
   rd_kafka_t* raw = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
@@ -114,7 +123,8 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
   });
 
   // The partitions and where each ends now: the redrive stops there, so the
-  // records it writes back are left for the next one.
+  // records it writes back are left for the next one. Read committed, the end
+  // is the last stable offset: a transaction still open is the next one's.
   std::map<int, std::int64_t> end;
   {
     rd_kafka_topic_t* rkt = rd_kafka_topic_new(consumer.get(), dlq.c_str(), nullptr);
@@ -153,7 +163,9 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
     next[tp.partition] = tp.offset >= 0 ? tp.offset : low;
     if (end[tp.partition] > next[tp.partition]) waiting += static_cast<std::uint64_t>(end[tp.partition] - next[tp.partition]);
   }
-  spdlog::info("redrive: {} record(s) of {} to send again (consumer group {})", waiting, dlq, group);
+  spdlog::info("redrive: up to {} record(s) of {} to send again (consumer group {}; fewer when a transactional "
+               "writer's markers or aborted records are among them)",
+               waiting, dlq, group);
   if (waiting == 0) co_return exit_ok;
   if (auto e = rd_kafka_assign(consumer.get(), assignment.get())) {
     spdlog::critical("redrive: could not assign {}: {}", dlq, rd_kafka_err2str(e));
@@ -181,7 +193,10 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
   };
   std::unordered_map<std::uint64_t, Pending> pending;
   std::map<int, std::set<std::int64_t>> unsettled;
-  std::map<int, std::int64_t> consumed = next;  // per partition: one past the last record read
+  // Per partition: how far it is read, one past the last record delivered,
+  // or the end once the consumer reached it (past markers and aborted
+  // records, which a read_committed consumer never delivers).
+  std::map<int, std::int64_t> consumed = next;
   std::uint64_t next_token = 1, redriven = 0, returned = 0, read = 0;
   std::optional<std::string> failure;
 
@@ -275,13 +290,25 @@ asio::awaitable<int> run_redrive(asio::io_context& io, const Config& config, Sin
       continue;
     }
     std::unique_ptr<rd_kafka_message_t, void (*)(rd_kafka_message_t*)> guard(m, &rd_kafka_message_destroy);
+    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+      // Its offset is the next one to fetch: everything before it was
+      // delivered or is not to be (markers, aborted records). Never past the
+      // end fixed at the start: what came since is the next redrive's.
+      auto p = end.find(m->partition);
+      if (p != end.end()) consumed[p->first] = std::max(consumed[p->first], std::min(m->offset, p->second));
+      continue;
+    }
     if (m->err) {
-      if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
-        spdlog::warn("redrive: reading {}: {}", dlq, rd_kafka_message_errstr(m));
+      spdlog::warn("redrive: reading {}: {}", dlq, rd_kafka_message_errstr(m));
       continue;
     }
     const int p = m->partition;
-    if (m->offset >= end[p]) continue;  // written after the start: the next redrive's
+    if (m->offset >= end[p]) {
+      // Written after the start: the next redrive's. Everything before the
+      // end was delivered, in the partition's order, or is not to be.
+      consumed[p] = std::max(consumed[p], end[p]);
+      continue;
+    }
     consumed[p] = m->offset + 1;
     ++read;
     const Headers h = headers_of(m);

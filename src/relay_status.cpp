@@ -44,6 +44,7 @@ void Relay::update_gauges() const {
   metrics_.lag_seconds.Set(l.seconds);
   metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
   metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
+  metrics_.ledger_transactions.Set(static_cast<double>(ledger_.pending_transactions()));
   metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() &&
                              (!schema_encoder_ || schema_encoder_->problem().empty())
                          ? 1

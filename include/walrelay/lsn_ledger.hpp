@@ -7,6 +7,12 @@
 // speeds) never move it further. It never goes backwards, except when a reset
 // says so.
 //
+// Bounded by what is in flight, not by how long a record takes: a transaction
+// fully acknowledged behind an earlier one is folded into it (the earlier one
+// keeps its unacknowledged count and takes the later end LSN: the slot can
+// only be confirmed past both together), so one record retried for hours keeps
+// a handful of entries, not one per transaction since.
+//
 // Its own bookkeeping is checked on every call, in every build: a double
 // acknowledgement or an acknowledgement of an unknown record would otherwise
 // pin or advance the slot wrongly forever. The first violation is kept, and
@@ -68,6 +74,8 @@ class LsnLedger {
   std::uint64_t inflight_bytes() const { return inflight_bytes_; }
   bool has_open() const { return open_.has_value(); }
   bool idle() const { return inflight_records_ == 0 && !open_; }
+  // Entries in the ledger: transactions with records in flight, the done
+  // ones each of them holds back (folded into one), the open one.
   std::size_t pending_transactions() const { return txns_.size(); }
   // Commit time (PostgreSQL epoch micros) of the oldest transaction not fully acked.
   std::optional<std::int64_t> oldest_unacked_commit_time() const;
@@ -79,6 +87,8 @@ class LsnLedger {
   bool had_records(TxnId txn) const;
   // Called once for each committed transaction that carried records, when it
   // and every earlier one are acknowledged (its end LSN becomes confirmable).
+  // Transactions folded together retire together, each with their mean
+  // commit time: the count and the sum of the latencies stay exact.
   void on_retired(std::function<void(std::int64_t commit_time_us)> callback) { on_retired_ = std::move(callback); }
 
  private:
@@ -88,13 +98,25 @@ class LsnLedger {
     std::int64_t commit_time;  // from Begin
     Lsn commit_lsn;            // from Begin
     std::uint32_t pending = 0; // records not yet acked
+    // Transactions with records folded into this entry after it (done, behind
+    // it), and the sum of their commit times' offsets from commit_time.
+    std::uint64_t folded_with_records = 0;
+    double folded_commit_offsets = 0;
     bool had_records = false;
     bool committed = false;
     bool abandoned = false;    // never advances flushed_
   };
-  Txn* find(TxnId id);
+  using Entry = std::deque<Txn>::iterator;
+  Entry locate(TxnId id);
+  Txn* find(TxnId id) {
+    auto it = locate(id);
+    return it == txns_.end() ? nullptr : &*it;
+  }
   const Txn* find(TxnId id) const { return const_cast<LsnLedger*>(this)->find(id); }
   void advance();
+  // The entry may be done (committed, nothing in flight): folds it into the
+  // one before it, or drops it when abandoned. The front is advance()'s.
+  void fold(Entry it);
   void violate(std::string what);
   // Removes one record of txn from the counts; false (and a violation) when
   // there is none to remove.

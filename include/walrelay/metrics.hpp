@@ -64,6 +64,7 @@ class Metrics {
   prometheus::Counter& replay_job_rows;       // walrelay_replay_job_rows_total (sent again, acknowledged)
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
   prometheus::Gauge& inflight_bytes;          // walrelay_inflight_bytes
+  prometheus::Gauge& ledger_transactions;     // walrelay_ledger_transactions
   prometheus::Gauge& received_lsn;            // walrelay_received_lsn (as a number)
   prometheus::Gauge& flushed_lsn;             // walrelay_flushed_lsn
   // From pg_replication_slots and pg_current_wal_lsn() (slot.status.interval.ms):

@@ -27,6 +27,8 @@ enum class Break {
   dead_letter_drop_when_full,  // a dead-letter copy that finds the sink's queue full is dropped, its record settled
   avro_decimal_rounds,      // an Avro decimal's digits past the schema's scale cut off instead of refused
   json_schema_draft4,       // every JSON Schema validated by draft 4's rules, whatever its $schema says
+  ledger_unbounded,         // the ledger keeps every transaction acknowledged behind an unacknowledged one
+  redrive_read_uncommitted, // redrive reads the dead-letter topic read_uncommitted: aborted transactions' copies too
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

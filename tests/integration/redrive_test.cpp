@@ -3,6 +3,7 @@
 // configuration; what still fails goes back; a kill -9 in the middle loses
 // none. Read back with kcat.
 #include <csignal>
+#include <cstdio>
 
 #include "test_util.hpp"
 
@@ -135,4 +136,86 @@ TEST_CASE("redrive: a row that still cannot be mapped goes back with its attempt
   std::size_t second = 0;
   for (auto& d : dead) second += d.header("walrelay.redrive.attempts") == "2" ? 1 : 0;
   CHECK(second == 10);
+}
+
+TEST_CASE("redrive: a dead-letter topic written in exactly-once mode - its transaction markers and an aborted or "
+          "open transaction's records do not hold the redrive\\, and those records are not redriven",
+          "[redrive][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string dlq = f.topic_prefix + "dlq";
+  const std::string eos = "exactly.once.support=required\ntransaction.boundary.interval.ms=50\noffsets.storage.topic=" +
+                          f.slot + ".offsets\n";
+  // Where a redrive would send the records of the transactions that did not commit.
+  const std::string not_committed = f.topic_prefix + "notcommitted";
+  const std::string other_writer = test_python() + " " + WALRELAY_SOURCE_DIR +
+                                   "/tests/integration/redrive/transactional_dead_letters.py --bootstrap " +
+                                   Services::get().kafka + " --topic " + dlq + " --target " + not_committed;
+  auto bad_rows = [&](int n) {
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'Bad Route!', "
+                "'k' || g, 'x', jsonb_build_object('seq', g) FROM generate_series(1, " + std::to_string(n) + ") g");
+  };
+  {
+    // Dead letters written inside walrelay's Kafka transactions, an aborted
+    // transaction's between them.
+    Walrelay relay(dlq_config(f, eos));
+    relay.start();
+    relay.wait_streaming();
+    bad_rows(10);
+    REQUIRE(read_all(f, dlq, 60s).size() == 10);
+    auto r = run_command(other_writer + " --count 6 --id-prefix aborted- 2>&1");
+    INFO(r.output);
+    REQUIRE(exit_code(r) == 0);
+    bad_rows(10);
+    REQUIRE(read_all(f, dlq, 60s).size() == 20);
+    CHECK(relay.metric("walrelay_kafka_transactions_total{outcome=\"committed\"}").value_or(0) >= 2);
+  }
+  // The premise: the aborted records are in the topic, unseen by read_committed.
+  REQUIRE(run_command("timeout 60 kcat -b " + Services::get().kafka + " -X isolation.level=read_uncommitted -C -t '" +
+                      dlq + "' -o beginning -e -q -f '.' 2>/dev/null")
+              .output.size() == 26);
+  // And a transaction open while the redrive runs: aborted 20 s later.
+  const std::string status = "/tmp/" + f.slot + ".open-transaction";
+  std::remove(status.c_str());
+  REQUIRE(exit_code(run_command("nohup " + other_writer + " --count 6 --id-prefix open- --hold 20 --status " + status +
+                                " >/dev/null 2>&1 &")) == 0);
+  auto status_is = [&](const std::string& s) {
+    std::ifstream in(status);
+    std::string line;
+    return std::getline(in, line) && line == s;
+  };
+  REQUIRE(eventually([&] { return status_is("open"); }, 30s, 50ms));
+
+  const std::string fixed_topic = f.topic_prefix + "fixed";
+  Walrelay fixed(with_key(dlq_config(f, eos), "route.topic.replacement", fixed_topic));
+  // The build's walrelay, or the mutation run's.
+  const char* test_binary = std::getenv("WALRELAY_TEST_BINARY");
+  const std::string redrive = "timeout 60 " + std::string(test_binary && *test_binary ? test_binary : WALRELAY_BINARY) +
+                              " redrive --config " + fixed.config_path();
+  auto r = run_command(redrive + " 2>&1");
+  INFO(r.output);
+  REQUIRE(exit_code(r) == 0);  // today's code waited for the markers' offsets: killed by timeout (124)
+  CHECK(status_is("open"));    // it did not wait for the open transaction either
+  auto recs = read_topic(fixed_topic, 20, 30s);
+  auto seen = ids_of(recs);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(seen.count.size() == 20);
+  CHECK(seen.duplicates() == 0);
+
+  // Once the open transaction is aborted: a second run finishes, skipping
+  // its records, and a third finds nothing to do.
+  REQUIRE(eventually([&] { return status_is("aborted"); }, 60s, 100ms));
+  r = run_command(redrive + " 2>&1");
+  INFO(r.output);
+  CHECK(exit_code(r) == 0);
+  CHECK(r.output.find(" 0 record(s) of " + dlq + " read") != std::string::npos);  // the aborted ones skipped
+  r = run_command(redrive + " 2>&1");
+  INFO(r.output);
+  CHECK(exit_code(r) == 0);
+  CHECK(r.output.find(" 0 record(s)") != std::string::npos);
+  // Nothing of the transactions that did not commit was sent on, and nothing
+  // was sent twice.
+  CHECK(count_records(not_committed) == 0);
+  CHECK(count_records(fixed_topic) == 20);
+  CHECK(count_records(dlq) == 20);
 }

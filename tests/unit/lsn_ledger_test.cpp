@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -258,4 +259,108 @@ TEST_CASE("ledger: a reset to a position puts flushed back there (exactly once a
   CHECK(l.flushed() == Lsn{100});
   l.ack(again, 10);
   CHECK(l.flushed() == Lsn{200});
+}
+
+TEST_CASE("ledger: one stuck record keeps the ledger bounded behind it\\, never confirms past it\\, and releases "
+          "everything once acknowledged",
+          "[ledger]") {
+  LsnLedger l(Lsn{100});
+  std::uint64_t retired = 0;
+  l.on_retired([&](std::int64_t) { ++retired; });
+  // A record retried forever (a partition with no leader).
+  auto stuck = l.open(1, Lsn{150});
+  l.add_record(stuck, 10);
+  l.commit(stuck, Lsn{200});
+  // A million later transactions, each acknowledged after the next one opened
+  // (acks arrive behind the stream), most with a record, some with none.
+  const std::uint64_t n = 1'000'000;
+  std::optional<LsnLedger::TxnId> previous;
+  std::size_t largest = 0;
+  std::uint64_t with_records = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto t = l.open(static_cast<std::int64_t>(i + 2));
+    const bool record = i % 10 != 0;
+    if (record) {
+      l.add_record(t, 10);
+      ++with_records;
+    }
+    l.commit(t, Lsn{300 + i});
+    if (previous) l.ack(*previous, 10);
+    previous = record ? std::optional(t) : std::nullopt;
+    largest = std::max(largest, l.pending_transactions());
+    if (i % 100'000 == 0) REQUIRE(l.flushed() == Lsn{100});
+  }
+  if (previous) l.ack(*previous, 10);
+  INFO("largest ledger: " << largest << " transactions");
+  CHECK(largest <= 3);
+  CHECK(l.pending_transactions() <= 2);
+  CHECK(l.flushed() == Lsn{100});  // never past the stuck record
+  CHECK(l.oldest_unacked_commit_time() == 1);
+  CHECK(l.inflight_records() == 1);
+  CHECK(retired == 0);
+  l.ack(stuck, 10);
+  CHECK(l.flushed() == Lsn{300 + n - 1});  // straight to the end
+  CHECK(l.idle());
+  CHECK(l.pending_transactions() == 0);
+  CHECK(retired == with_records + 1);  // each transaction with records counted once
+  CHECK_FALSE(l.violation());
+}
+
+TEST_CASE("ledger: randomized opens\\, commits\\, abandons and acks confirm exactly what an oracle does\\, in a "
+          "ledger bounded by what is in flight",
+          "[ledger]") {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    LsnLedger l(Lsn{10});
+    struct Txn {
+      LsnLedger::TxnId id;
+      std::uint64_t end = 0;
+      int pending = 0;
+      bool committed = false, abandoned = false;
+    };
+    std::vector<Txn> txns;            // every transaction, in order
+    std::vector<std::size_t> records;  // in flight: index into txns
+    std::uint64_t lsn = 10, oracle = 10;
+    std::size_t abandoned = 0;
+    std::optional<std::size_t> open;
+    for (int step = 0; step < 400; ++step) {
+      const unsigned op = rng() % 10;
+      if (!open && op < 3) {
+        txns.push_back({l.open(0)});
+        open = txns.size() - 1;
+      } else if (open && op < 5) {
+        l.add_record(txns[*open].id, 1);
+        ++txns[*open].pending;
+        records.push_back(*open);
+      } else if (open && op < 7) {
+        lsn += 10;
+        l.commit(txns[*open].id, Lsn{lsn});
+        txns[*open].end = lsn;
+        txns[*open].committed = true;
+        open.reset();
+      } else if (open && op == 7 && rng() % 4 == 0) {
+        l.abandon_open();
+        txns[*open].committed = txns[*open].abandoned = true;
+        ++abandoned;
+        open.reset();
+      } else if (!records.empty()) {
+        std::size_t k = rng() % records.size();
+        std::size_t i = records[k];
+        records.erase(records.begin() + static_cast<std::ptrdiff_t>(k));
+        l.ack(txns[i].id, 1);
+        --txns[i].pending;
+      }
+      // The oracle: the newest end such that it and every earlier transaction
+      // are committed and fully acknowledged; abandoned ones confirm nothing.
+      for (auto& t : txns) {
+        if (!t.committed || t.pending > 0) break;
+        if (!t.abandoned) oracle = std::max(oracle, t.end);
+      }
+      REQUIRE_FALSE(l.violation());
+      REQUIRE(l.flushed().value == oracle);
+      // Bounded: an entry per transaction with records in flight, one done
+      // entry ahead of each, the open one.
+      REQUIRE(l.pending_transactions() <= 2 * records.size() + abandoned + 2);
+    }
+  }
 }

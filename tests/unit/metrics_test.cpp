@@ -49,6 +49,7 @@ TEST_CASE("every walrelay metric is exposed with help and type", "[metrics]") {
       {"walrelay_replication_messages_total", "counter"}, {"walrelay_status_updates_total", "counter"},
       {"walrelay_reconnects_total", "counter"},       {"walrelay_decode_errors_total", "counter"},
       {"walrelay_inflight_records", "gauge"},         {"walrelay_inflight_bytes", "gauge"},
+      {"walrelay_ledger_transactions", "gauge"},
       {"walrelay_received_lsn", "gauge"},             {"walrelay_flushed_lsn", "gauge"},
       {"walrelay_server_wal_end_lsn", "gauge"},       {"walrelay_slot_lag_bytes", "gauge"},
       {"walrelay_slot_lag_seconds", "gauge"},         {"walrelay_ready", "gauge"},
