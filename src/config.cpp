@@ -567,6 +567,7 @@ const std::vector<KeySpec>& key_specs() {
          c.admin_listen = v;
        }},
       {"admin.token", string_field(&Config::admin_token)},
+      {"admin.replay.token", string_field(&Config::admin_replay_token)},
       {"log.level",
        [](Config& c, const std::string& k, const std::string& v) {
          static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "critical", "off"};
@@ -659,6 +660,9 @@ void validate(Config& c) {
       throw ConfigError("database.port", std::to_string(ports.size()) + " ports for " + std::to_string(hosts.size()) +
                                              " hosts: give one port for all, or one per host");
   }
+  if (!c.admin_replay_token.empty() && c.admin_replay_token == c.admin_token)
+    throw ConfigError("admin.replay.token", "is admin.token: give POST /replay a token of its own, one that the "
+                                            "readers of /metrics and /slot do not hold");
   for (auto& [table, statement] : c.snapshot_select_overrides) {
     const std::string key = "snapshot.select.statement.overrides." + table;
     bool listed = false;
@@ -1190,6 +1194,7 @@ std::string Config::describe() const {
   line("offsets.storage.topic", offsets_topic);
   line("admin.listen", admin_listen);
   line("admin.token", admin_token);
+  line("admin.replay.token", admin_replay_token);
   line("log.level", log_level);
   line("log.format", log_format == LogFormat::json ? "json" : "text");
   for (auto& [k, v] : kafka) line("kafka." + k, v);

@@ -215,7 +215,8 @@ struct Config {
 
   // admin and logs
   std::string admin_listen = "127.0.0.1:8080";
-  std::string admin_token;
+  std::string admin_token;          // GET /readyz, /metrics, /slot, /replay
+  std::string admin_replay_token;   // POST /replay (admin.replay.token); empty: no POST
   std::string log_level = "info";
   LogFormat log_format = LogFormat::text;
 
