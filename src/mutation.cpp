@@ -21,6 +21,7 @@ std::string_view name(Break b) {
     case Break::snapshot_resume_as_done: return "snapshot_resume_as_done";
     case Break::redrive_commit_early: return "redrive_commit_early";
     case Break::snapshot_commit_chunks: return "snapshot_commit_chunks";
+    case Break::operator_sql_simple_protocol: return "operator_sql_simple_protocol";
   }
   return "?";
 }
@@ -33,7 +34,8 @@ Break selected() {
     for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
                     Break::sigterm_no_wait, Break::confirm_past_abort,
                     Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
-                    Break::redrive_commit_early, Break::snapshot_commit_chunks})
+                    Break::redrive_commit_early, Break::snapshot_commit_chunks,
+                    Break::operator_sql_simple_protocol})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

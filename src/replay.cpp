@@ -11,6 +11,7 @@
 #include "walrelay/command_support.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/metrics.hpp"
+#include "walrelay/mutation.hpp"
 #include "walrelay/outbox_mapper.hpp"
 #include "walrelay/pg_connection.hpp"
 #include "walrelay/schema_registry.hpp"
@@ -166,14 +167,21 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
     // Parsed and analysed first, nothing run: what the server says of the
     // condition's own text (a syntax error, an unknown column, several
     // statements) is about that text only, and is shown as it is.
-    co_await conn.prepare(count_sql, std::chrono::seconds(30));
+    if (!mutation::active(mutation::Break::operator_sql_simple_protocol))
+      co_await conn.prepare(count_sql, std::chrono::seconds(30));
   } catch (const PgError& e) {
     p.refusal = replay_condition_refused(where, condition, e);
     spdlog::critical("replay: {}", p.refusal);
     co_return exit_config;
   }
   try {
-    auto n = co_await conn.query_prepared(std::chrono::hours(1));
+    // Not a conditional expression: with co_await in both arms, this GCC
+    // build crashed (segmentation fault in walrelay replay).
+    PgRows n;
+    if (mutation::active(mutation::Break::operator_sql_simple_protocol))
+      n = co_await conn.query(count_sql, {}, std::chrono::hours(1));
+    else
+      n = co_await conn.query_prepared(std::chrono::hours(1));
     if (!conn.in_transaction()) throw PgError("the count ended the replay's transaction", "25000");
     count = std::stoull(n.rows.at(0).at(0).value_or("0"));
   } catch (const PgError& e) {

@@ -21,6 +21,7 @@ enum class Break {
   snapshot_resume_as_done,  // an interrupted initial snapshot's slot streamed from as if the snapshot had finished
   redrive_commit_early,     // redrive commits the dead-letter offsets as far as it has read, acknowledged or not
   snapshot_commit_chunks,   // exactly once: each chunk of the snapshot committed at the consistent point
+  operator_sql_simple_protocol,  // replay's count and the snapshot's override sent as simple queries, unchecked
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

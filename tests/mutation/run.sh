@@ -30,11 +30,14 @@ catchers[redrive_commit_early]='redrive: after a fix every dead letter reaches i
 catchers[snapshot_resume_as_done]='snapshot: kill -9 in the middle of the snapshot*'
 catchers[snapshot_commit_chunks]='snapshot: exactly once - the snapshot is one Kafka transaction*'
 catchers[nats_ack_at_publish]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Nats'
+catchers[operator_sql_simple_protocol]="replay: POST /replay's where cannot leave its read-only transaction*
+snapshot: an override cannot leave the snapshot's read-only transaction*"
 
 breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
                              registry_dead_letters nats_ack_at_publish snapshot_resume_as_done
-                             redrive_commit_early snapshot_commit_chunks)
+                             redrive_commit_early snapshot_commit_chunks
+                             operator_sql_simple_protocol)
 
 # Each (break, test) pair runs on its own slot and tables, so two run at once
 # (WALRELAY_MUTATION_JOBS): the tests mostly wait on the servers. Verdicts
