@@ -526,29 +526,32 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
   const bool known = is_health || is_replay || path == "/readyz" || path == "/metrics" || path == "/slot";
   const bool is_get = request.method() == http::verb::get || request.method() == http::verb::head;
 
-  if (!is_health && !options_.token.empty() &&
-      !bearer_matches(to_std(request[http::field::authorization]), options_.token)) {
+  const bool is_post_replay = is_replay && request.method() == http::verb::post;
+  const std::string_view authorization = to_std(request[http::field::authorization]);
+  // The readers' token (a Prometheus scraper's) allows reads only; the
+  // replay token, when set, allows them too.
+  const bool reader = options_.token.empty() || bearer_matches(authorization, options_.token) ||
+                      (!options_.replay_token.empty() && bearer_matches(authorization, options_.replay_token));
+  if (is_post_replay && options_.replay_token.empty()) {
+    // Sending rows again is an operator's act: never on an endpoint that
+    // anyone on the network path, or a scraper's credential, may call.
+    reply(http::status::forbidden, text_plain,
+          "POST /replay needs admin.replay.token: set it (not admin.token, which the readers of /metrics hold), and "
+          "send Authorization: Bearer <token> (or run walrelay replay beside the relay)\n");
+  } else if (is_post_replay ? !bearer_matches(authorization, options_.replay_token) : (!is_health && !reader)) {
     reply(http::status::unauthorized, text_plain, "unauthorized\n");
     response.set(http::field::www_authenticate, "Bearer");
   } else if (!known) {
     reply(http::status::not_found, text_plain, "not found\n");
-  } else if (!is_get && !(is_replay && request.method() == http::verb::post)) {
+  } else if (!is_get && !is_post_replay) {
     reply(http::status::method_not_allowed, text_plain, "method not allowed\n");
     response.set(http::field::allow, is_replay ? "GET, HEAD, POST" : "GET, HEAD");
   } else if (is_get && !request.body().empty()) {
     reply(http::status::payload_too_large, text_plain, "request body not allowed\n");
     response.keep_alive(false);
-  } else if (is_replay && !is_get) {
-    // Sending rows again is an operator's act: never on an endpoint that
-    // anyone on the network path may call.
-    if (options_.token.empty()) {
-      reply(http::status::forbidden, text_plain,
-            "POST /replay needs admin.token: set it, and send Authorization: Bearer <token> "
-            "(or run walrelay replay beside the relay)\n");
-    } else {
-      auto answer = replay_->start(to_std(request.body()));
-      reply(static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
-    }
+  } else if (is_post_replay) {
+    auto answer = replay_->start(to_std(request.body()));
+    reply(static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
   } else if (is_replay) {
     reply(http::status::ok, json_content_type, replay_->status_json());
   } else if (is_health) {

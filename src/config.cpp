@@ -567,6 +567,7 @@ const std::vector<KeySpec>& key_specs() {
          c.admin_listen = v;
        }},
       {"admin.token", string_field(&Config::admin_token)},
+      {"admin.replay.token", string_field(&Config::admin_replay_token)},
       {"log.level",
        [](Config& c, const std::string& k, const std::string& v) {
          static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "critical", "off"};
@@ -662,6 +663,9 @@ void validate(Config& c) {
       throw ConfigError("database.port", std::to_string(ports.size()) + " ports for " + std::to_string(hosts.size()) +
                                              " hosts: give one port for all, or one per host");
   }
+  if (!c.admin_replay_token.empty() && c.admin_replay_token == c.admin_token)
+    throw ConfigError("admin.replay.token", "is admin.token: give POST /replay a token of its own, one that the "
+                                            "readers of /metrics and /slot do not hold");
   for (auto& [table, statement] : c.snapshot_select_overrides) {
     const std::string key = "snapshot.select.statement.overrides." + table;
     bool listed = false;
@@ -824,14 +828,34 @@ const char* registry_converter_name(RegistryFormat format) {
   return "";
 }
 
-std::string redact_url(const std::string& url) {
-  // scheme://user:password@host...: the user info goes.
-  const auto scheme = url.find("://");
-  if (scheme == std::string::npos) return url;
-  const auto host_end = url.find('/', scheme + 3);
-  const auto at = url.rfind('@', host_end == std::string::npos ? std::string::npos : host_end);
-  if (at == std::string::npos || at < scheme) return url;
-  return url.substr(0, scheme + 3) + "********@" + url.substr(at + 1);
+std::string redact_url(const std::string& text) {
+  // scheme://user:password@host...: everything from :// to the last @ before
+  // the next URL (or the end) goes. Not the first /: a password may hold one
+  // unencoded, and a client may still read it so; the host in a URL whose
+  // path holds an @ is masked too, which hides too much, never too little.
+  std::string out;
+  std::size_t from = 0;
+  for (;;) {
+    const auto scheme = text.find("://", from);
+    if (scheme == std::string::npos) break;
+    const auto start = scheme + 3;
+    const auto next = text.find("://", start);
+    const auto at = text.rfind('@', next == std::string::npos ? std::string::npos : next);
+    out.append(text, from, start - from);
+    if (at != std::string::npos && at >= start) {
+      out += "********";
+      from = at;
+    } else {
+      from = start;
+    }
+  }
+  out.append(text, from, std::string::npos);
+  return out;
+}
+
+std::string shown_setting(const std::string& key, const std::string& value) {
+  if (is_secret_key(key)) return value.empty() ? value : "********";
+  return redact_url(value);
 }
 
 const char* placement_name(Placement placement) {
@@ -899,11 +923,19 @@ std::vector<std::string> config_warnings(const Config& c) {
   return out;
 }
 
+const std::vector<std::string>& secret_key_words() {
+  // deploy/docker/entrypoint.sh's is_secret lists the same words (a unit
+  // test checks that the two agree on every key).
+  static const std::vector<std::string> words = {"password",    "token",   "secret",
+                                                 "sasl.jaas",   "ssl.key.pem", "ssl_key",
+                                                 "user.info",   "oauthbearer.config"};
+  return words;
+}
+
 bool is_secret_key(const std::string& key) {
-  auto has = [&](const char* s) { return key.find(s) != std::string::npos; };
-  return has("password") || has("token") || has("secret") || has("sasl.jaas") || has("ssl.key.pem") ||
-         has("user.info") ||
-         has("ssl_key") || has("oauthbearer.config");
+  for (auto& word : secret_key_words())
+    if (key.find(word) != std::string::npos) return true;
+  return false;
 }
 
 Config parse_config(const std::string& text, const std::string& source_name, const std::vector<std::string>& environ) {
@@ -922,7 +954,8 @@ Config parse_config(const std::string& text, const std::string& source_name, con
       if (t.empty() || t[0] == '#' || t[0] == '!') continue;
       auto eq = t.find('=');
       if (eq == std::string::npos)
-        throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" + t + "\"");
+        throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" +
+                                  shown_setting(t, t) + "\"");
       auto key = trim(t.substr(0, eq));
       auto value = trim(t.substr(eq + 1));
       if (key.empty()) throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": empty key");
@@ -1060,7 +1093,7 @@ std::string Config::conninfo_redacted(bool replication) const {
 std::string Config::describe() const {
   std::ostringstream out;
   auto line = [&](const std::string& k, const std::string& v) {
-    out << k << '=' << ((is_secret_key(k) && !v.empty()) ? std::string("********") : v) << '\n';
+    out << k << '=' << shown_setting(k, v) << '\n';
   };
   line("database.hostname", database_hostname);
   line("database.port", database_port);
@@ -1139,7 +1172,7 @@ std::string Config::describe() const {
     // (it has no schema of its own: auto.register.schemas=false and
     // use.latest.version=true are what it does).
     std::string urls;
-    for (auto& u : registry.urls) urls += (urls.empty() ? "" : ",") + redact_url(u);
+    for (auto& u : registry.urls) urls += (urls.empty() ? "" : ",") + u;
     line("value.converter.schema.registry.url", urls);
     line("value.converter.basic.auth.credentials.source", registry.basic_auth_user_info.empty() ? "URL" : "USER_INFO");
     line("value.converter.basic.auth.user.info", registry.basic_auth_user_info);
@@ -1193,6 +1226,7 @@ std::string Config::describe() const {
   line("offsets.storage.topic", offsets_topic);
   line("admin.listen", admin_listen);
   line("admin.token", admin_token);
+  line("admin.replay.token", admin_replay_token);
   line("log.level", log_level);
   line("log.format", log_format == LogFormat::json ? "json" : "text");
   for (auto& [k, v] : kafka) line("kafka." + k, v);

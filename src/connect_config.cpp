@@ -343,7 +343,7 @@ void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::
     return nullptr;
   };
   auto note = [&](const RawSetting& s, const std::string& why) {
-    notes.push_back(s.key + "=" + (is_secret_key(s.key) ? std::string("********") : s.value) + " (" + s.origin +
+    notes.push_back(s.key + "=" + shown_setting(s.key, s.value) + " (" + s.origin +
                     ") is not used: " + why);
   };
 

@@ -150,6 +150,7 @@ int replay_main(int argc, char** argv) {
   o.yes = vm.count("yes") > 0;
   o.dry_run = vm.count("dry-run") > 0;
   o.may_ask = true;
+  o.quote_server_errors = true;
   auto config = command_config(path, "replay");
   if (!config) return exit_config;
   return run_command_job(*config, [&](asio::io_context& io, Sink& sink, const bool& stop) {
@@ -337,6 +338,7 @@ int main(int argc, char** argv) {
   AdminOptions admin_options;
   admin_options.listen = config.admin_listen;
   admin_options.token = config.admin_token;
+  admin_options.replay_token = config.admin_replay_token;
   AdminServer admin(io, admin_options, relay, metrics);
   admin.set_replay(&replays);
   try {

@@ -29,6 +29,7 @@ std::string_view name(Break b) {
     case Break::json_schema_draft4: return "json_schema_draft4";
     case Break::ledger_unbounded: return "ledger_unbounded";
     case Break::redrive_read_uncommitted: return "redrive_read_uncommitted";
+    case Break::operator_sql_simple_protocol: return "operator_sql_simple_protocol";
   }
   return "?";
 }
@@ -44,7 +45,7 @@ Break selected() {
                     Break::redrive_commit_early, Break::snapshot_commit_chunks, Break::snapshot_retake_new_slot,
                     Break::snapshot_retake_unfiltered, Break::rabbitmq_keep_queued,
                     Break::dead_letter_drop_when_full, Break::avro_decimal_rounds, Break::json_schema_draft4,
-                    Break::ledger_unbounded, Break::redrive_read_uncommitted})
+                    Break::ledger_unbounded, Break::redrive_read_uncommitted, Break::operator_sql_simple_protocol})
       if (name(b) == env) return b;
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);

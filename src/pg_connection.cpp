@@ -13,6 +13,26 @@ namespace walrelay {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
+namespace {
+
+// A result's rows as text, NULL as nullopt; none for a result without rows.
+PgRows rows_of(const PgResultPtr& result) {
+  PgRows rows;
+  if (result && PQresultStatus(result.get()) == PGRES_TUPLES_OK) {
+    int nf = PQnfields(result.get()), nt = PQntuples(result.get());
+    for (int f = 0; f < nf; ++f) rows.columns.emplace_back(PQfname(result.get(), f));
+    for (int t = 0; t < nt; ++t) {
+      auto& row = rows.rows.emplace_back();
+      for (int f = 0; f < nf; ++f)
+        row.push_back(PQgetisnull(result.get(), t, f) ? std::nullopt
+                                                       : std::optional<std::string>(PQgetvalue(result.get(), t, f)));
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
 std::string pg_message(PGconn* conn) {
   std::string m = conn ? PQerrorMessage(conn) : "out of memory";
   while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
@@ -258,13 +278,15 @@ asio::awaitable<PgResultPtr> PgConnection::last_result(std::chrono::steady_clock
     }
     if (status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE) {
       const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      const char* primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
       std::string msg = PQresultErrorMessage(r);
       while (!msg.empty() && msg.back() == '\n') msg.pop_back();
       std::string sqlstate = state ? state : "";
+      std::string primary_message = primary ? primary : "";
       PQclear(r);
       // Drain the rest so the connection stays usable.
       while (PGresult* rest = PQgetResult(conn_)) PQclear(rest);
-      throw PgError(msg, sqlstate);
+      throw PgError(msg, sqlstate, primary_message);
     }
     last.reset(r);
   }
@@ -285,19 +307,27 @@ asio::awaitable<PgRows> PgConnection::query(const std::string& sql, const std::v
                            nullptr, 0);
   }
   if (!ok) throw_conn_error("could not send a query");
-  auto result = co_await last_result(deadline);
-  PgRows rows;
-  if (result && PQresultStatus(result.get()) == PGRES_TUPLES_OK) {
-    int nf = PQnfields(result.get()), nt = PQntuples(result.get());
-    for (int f = 0; f < nf; ++f) rows.columns.emplace_back(PQfname(result.get(), f));
-    for (int t = 0; t < nt; ++t) {
-      auto& row = rows.rows.emplace_back();
-      for (int f = 0; f < nf; ++f)
-        row.push_back(PQgetisnull(result.get(), t, f) ? std::nullopt
-                                                       : std::optional<std::string>(PQgetvalue(result.get(), t, f)));
-    }
-  }
-  co_return rows;
+  co_return rows_of(co_await last_result(deadline));
+}
+
+asio::awaitable<void> PgConnection::prepare(const std::string& sql, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not prepare a statement: not connected", "");
+  if (!PQsendPrepare(conn_, "", sql.c_str(), 0, nullptr)) throw_conn_error("could not send a statement to prepare");
+  co_await last_result(std::chrono::steady_clock::now() + timeout);
+}
+
+asio::awaitable<PgRows> PgConnection::query_prepared(std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  if (!PQsendQueryPrepared(conn_, "", 0, nullptr, nullptr, nullptr, 0)) throw_conn_error("could not send a query");
+  co_return rows_of(co_await last_result(std::chrono::steady_clock::now() + timeout));
+}
+
+asio::awaitable<PgRows> PgConnection::query_one(const std::string& sql, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  // PQsendQueryParams even without parameters: the extended protocol.
+  if (!PQsendQueryParams(conn_, sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0))
+    throw_conn_error("could not send a query");
+  co_return rows_of(co_await last_result(std::chrono::steady_clock::now() + timeout));
 }
 
 asio::awaitable<PgResultPtr> PgConnection::query_result(const std::string& sql, std::chrono::milliseconds timeout) {

@@ -279,6 +279,18 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
                    (visible_at_point.empty() ? std::string() : " AND " + visible_at_point) + order;
       t.key = "snapshot.select.statement.overrides." + name.qualified();
     }
+    // The walsender takes simple queries only, which run every statement of
+    // a text: an override's SELECT is first parsed on an ordinary connection
+    // with the extended protocol, which refuses more than one.
+    if (override_it != config_.snapshot_select_overrides.end() &&
+        !mutation::active(mutation::Break::operator_sql_simple_protocol)) {
+      try {
+        co_await check_one_statement(conn.io(), config_, t.select);
+      } catch (const PgError& e) {
+        throw Fatal(t.key + ": the initial snapshot's query of " + name.qualified() +
+                    " must be one statement (the override is a condition or a SELECT): " + e.what());
+      }
+    }
     try {
       t.estimated = co_await estimate_rows(conn, t.select);
     } catch (const PgError& e) {

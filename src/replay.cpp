@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <map>
 #include <stdexcept>
 
 #include "walrelay/command_support.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/metrics.hpp"
+#include "walrelay/mutation.hpp"
 #include "walrelay/outbox_mapper.hpp"
 #include "walrelay/pg_connection.hpp"
 #include "walrelay/schema_registry.hpp"
@@ -42,6 +44,53 @@ std::string replay_condition(const Config& config, const ReplayOptions& o,
   std::string out;
   for (auto& p : parts) out += (out.empty() ? "" : " AND ") + p;
   return out;
+}
+
+namespace {
+
+// A few SQLSTATEs by their names (PostgreSQL's errcodes), for a refusal that
+// may not quote the server's message.
+std::string sqlstate_name(const std::string& code) {
+  static const std::map<std::string, std::string> names = {
+      {"21000", "cardinality_violation"},     {"22001", "string_data_right_truncation"},
+      {"22003", "numeric_value_out_of_range"}, {"22007", "invalid_datetime_format"},
+      {"22008", "datetime_field_overflow"},   {"22012", "division_by_zero"},
+      {"22023", "invalid_parameter_value"},   {"22P02", "invalid_text_representation"},
+      {"23514", "check_violation"},           {"25006", "read_only_sql_transaction"},
+      {"25000", "invalid_transaction_state"}, {"42501", "insufficient_privilege"},
+      {"42P01", "undefined_table"},           {"42703", "undefined_column"},
+      {"42704", "undefined_object"},          {"42883", "undefined_function"},
+      {"53200", "out_of_memory"},             {"54001", "statement_too_complex"},
+      {"55P03", "lock_not_available"},        {"57014", "query_canceled"},
+      {"P0001", "raise_exception"},
+  };
+  auto it = names.find(code);
+  return it == names.end() ? std::string() : " " + it->second;
+}
+
+}  // namespace
+
+std::string replay_condition_refused(const std::string& table, const std::string& condition, const PgError& e) {
+  return fmt::format("the condition on {} is refused: {} (SQLSTATE {}); where is one SQL condition on the table's "
+                     "rows, run as one statement in a read-only transaction: {}",
+                     table, e.primary().empty() ? std::string(e.what()) : e.primary(),
+                     e.sqlstate().empty() ? "none" : e.sqlstate(), condition);
+}
+
+std::string replay_condition_failed(const std::string& table, const std::string& condition, const PgError& e,
+                                    bool quote_server_message) {
+  // Only the SQLSTATE: the server's message of an error raised while the rows
+  // are read may quote what they hold (a failed cast quotes the value), and
+  // GET /replay's reader need not be allowed to read the table.
+  const std::string shown =
+      fmt::format("reading the rows of {} where {} failed: SQLSTATE {}{} (the server's message is not shown, as it "
+                  "may quote the rows' values: run the count in psql to read it)",
+                  table, condition, e.sqlstate().empty() ? "none" : e.sqlstate(), sqlstate_name(e.sqlstate()));
+  if (quote_server_message)
+    spdlog::critical("replay: reading the rows of {} where {} failed: {}", table, condition, e.what());
+  else
+    spdlog::critical("replay: {}", shown);
+  return shown;
 }
 
 TableName replay_table(const Config& config, const ReplayOptions& o) {
@@ -95,6 +144,9 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
   p.condition = condition;
 
   // One snapshot for the count and the rows: what was counted is what is sent.
+  // READ ONLY, and every statement that carries the operator's condition goes
+  // through the extended protocol, which takes one statement: the condition
+  // can neither end this transaction nor run a statement of its own.
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   TableRows rows;
   std::uint64_t count = 0;
@@ -103,14 +155,37 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
   std::string select;
   try {
     rows = co_await describe_table(conn, *table);
-    select = "SELECT " + rows.select_list + " FROM " + rows.quoted_table + " WHERE " + condition + " ORDER BY " +
-             conn.quote_identifier(order_column);
-    auto n = co_await conn.query("SELECT count(*) FROM " + rows.quoted_table + " WHERE " + condition,
-                                 {}, std::chrono::hours(1));
+  } catch (const PgError& e) {
+    p.refusal = fmt::format("{} cannot be read: {}", where, e.what());
+    spdlog::critical("replay: {}", p.refusal);
+    co_return exit_config;
+  }
+  select = "SELECT " + rows.select_list + " FROM " + rows.quoted_table + " WHERE " + condition + " ORDER BY " +
+           conn.quote_identifier(order_column);
+  const std::string count_sql = "SELECT count(*) FROM " + rows.quoted_table + " WHERE " + condition;
+  try {
+    // Parsed and analysed first, nothing run: what the server says of the
+    // condition's own text (a syntax error, an unknown column, several
+    // statements) is about that text only, and is shown as it is.
+    if (!mutation::active(mutation::Break::operator_sql_simple_protocol))
+      co_await conn.prepare(count_sql, std::chrono::seconds(30));
+  } catch (const PgError& e) {
+    p.refusal = replay_condition_refused(where, condition, e);
+    spdlog::critical("replay: {}", p.refusal);
+    co_return exit_config;
+  }
+  try {
+    // Not a conditional expression: with co_await in both arms, this GCC
+    // build crashed (segmentation fault in walrelay replay).
+    PgRows n;
+    if (mutation::active(mutation::Break::operator_sql_simple_protocol))
+      n = co_await conn.query(count_sql, {}, std::chrono::hours(1));
+    else
+      n = co_await conn.query_prepared(std::chrono::hours(1));
+    if (!conn.in_transaction()) throw PgError("the count ended the replay's transaction", "25000");
     count = std::stoull(n.rows.at(0).at(0).value_or("0"));
   } catch (const PgError& e) {
-    p.refusal = fmt::format("the rows of {} where {} cannot be read: {}", where, condition, e.what());
-    spdlog::critical("replay: {}", p.refusal);
+    p.refusal = replay_condition_failed(where, condition, e, o.quote_server_errors);
     co_return exit_config;
   }
   p.rows_matched = count;
@@ -172,14 +247,30 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
       spdlog::error("replay: a record to {} was not delivered: {} ({})", d.topic, d.error_message, d.error_code);
   });
 
-  co_await conn.query("DECLARE walrelay_replay NO SCROLL CURSOR FOR " + select);
+  try {
+    co_await conn.query_one("DECLARE walrelay_replay NO SCROLL CURSOR FOR " + select, std::chrono::seconds(30));
+    if (!conn.in_transaction()) throw PgError("the cursor's declaration ended the replay's transaction", "25000");
+  } catch (const PgError& e) {
+    p.refusal = replay_condition_failed(where, condition, e, o.quote_server_errors);
+    co_return exit_config;
+  }
   const std::string fetch = "FETCH FORWARD " + std::to_string(config.snapshot_fetch_size) + " FROM walrelay_replay";
   const std::int64_t now = pgoutput::pg_epoch_micros_now();
   OutboxRecord record;
   auto started = std::chrono::steady_clock::now(), logged = started;
-  bool halted = false;
+  bool halted = false, read_failed = false;
   while (!stop && !halted) {
-    auto result = co_await conn.query_result(fetch, std::chrono::hours(24));
+    PgResultPtr result(nullptr, &PQclear);
+    try {
+      // The cursor runs the condition again, in the same snapshot: what
+      // failed here would have failed the count, but a FETCH is reported the
+      // same way.
+      result = co_await conn.query_result(fetch, std::chrono::hours(24));
+    } catch (const PgError& e) {
+      p.refusal = replay_condition_failed(where, condition, e, o.quote_server_errors);
+      halted = read_failed = true;
+      break;
+    }
     const int n = result ? PQntuples(result.get()) : 0;
     if (n == 0) break;
     for (int r = 0; r < n && !stop && !halted; ++r) {
@@ -241,6 +332,7 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
                  tally.sent);
     co_return exit_failure;
   }
+  if (read_failed) co_return exit_failure;
   co_return tally.failed + tally.unmapped + tally.inflight > 0 ? exit_halted : exit_ok;
 }
 

@@ -49,4 +49,12 @@ asio::awaitable<std::uint64_t> estimate_rows(PgConnection& conn, const std::stri
   co_return at == std::string::npos ? 0 : std::strtoull(line.c_str() + at + 5, nullptr, 10);
 }
 
+asio::awaitable<void> check_one_statement(asio::io_context& io, const Config& config, const std::string& select) {
+  PgConnection conn(io);
+  co_await conn.connect(config.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+  co_await conn.query("BEGIN READ ONLY");
+  co_await conn.prepare(select, std::chrono::seconds(30));
+  conn.close();  // the transaction ends with the connection
+}
+
 }  // namespace walrelay

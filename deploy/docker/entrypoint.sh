@@ -38,13 +38,40 @@ key_of() {
   printf '%s' "${name//_/.}"
 }
 
-# True when a key's value must never be written to a file (the same words
-# walrelay masks in its own logs).
+# walrelay's one rule for showing a setting (shown_setting in src/config.cpp;
+# tests/unit/config_test.cpp checks that the two agree on every key):
+# True when a key's value must never be written (the words of
+# secret_key_words()).
 is_secret() {
   case $1 in
-    *password*|*token*|*secret*|*sasl.jaas*|*ssl.key.pem*|*ssl_key*|*oauthbearer.config*) return 0 ;;
+    *password*|*token*|*secret*|*sasl.jaas*|*ssl.key.pem*|*ssl_key*|*user.info*|*oauthbearer.config*) return 0 ;;
     *) return 1 ;;
   esac
+}
+
+# Prints text with the user info of every URL in it masked (redact_url): from
+# each :// to the last @ before the next ://.
+redact_urls() {
+  local rest=$1 out='' segment
+  while [[ $rest == *'://'* ]]; do
+    out+=${rest%%'://'*}'://'
+    rest=${rest#*'://'}
+    segment=${rest%%'://'*}
+    if [[ $segment == *@* ]]; then
+      out+='********'
+      rest=@${rest#"${segment%@*}"@}
+    fi
+  done
+  printf '%s' "$out$rest"
+}
+
+# Prints a setting's value as walrelay would show it.
+shown_setting() {
+  if is_secret "$1"; then
+    [[ -z $2 ]] || printf '********'
+  else
+    redact_urls "$2"
+  fi
 }
 
 render() {
@@ -66,7 +93,7 @@ render() {
       elif [[ $value == *$'\n'* || $value == *$'\r'* ]]; then
         echo "#   $name (${key}): (multi-line value)"
       else
-        echo "#   $name (${key}): $value"
+        echo "#   $name (${key}): $(shown_setting "$key" "$value")"
       fi
     done < <(compgen -e | LC_ALL=C sort)
     if [[ -z ${WALRELAY_ADMIN_LISTEN:-} ]]; then

@@ -15,7 +15,8 @@ namespace walrelay {
 
 struct AdminOptions {
   std::string listen = "127.0.0.1:8080";   // host:port; [::1]:port for IPv6
-  std::string token;                        // empty: no auth; else Bearer token on all but /healthz
+  std::string token;                        // empty: no auth; else Bearer token on all reads but /healthz
+  std::string replay_token;                 // POST /replay's Bearer token; empty: POST /replay is forbidden
   std::size_t max_connections = 64;         // at the cap, the longest-idle connection gives way to a new one
   std::size_t max_header_bytes = 8192;
   std::size_t max_body_bytes = 16 * 1024;   // POST /replay's JSON; a GET with a body is refused
@@ -24,7 +25,8 @@ struct AdminOptions {
 };
 
 // What POST /replay starts and GET /replay shows (replay_job.hpp). The
-// endpoint accepts a POST only when admin.token is set and presented.
+// endpoint accepts a POST only when admin.replay.token is set and presented;
+// admin.token, the readers' (a Prometheus scraper's), never allows it.
 class ReplayControl {
  public:
   struct Answer {

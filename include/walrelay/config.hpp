@@ -72,8 +72,10 @@ enum class SubjectNameStrategy { topic, record, topic_record };
 
 // The converter's class name, as value.converter spells it.
 const char* registry_converter_name(RegistryFormat format);
-// A URL with its user info (user:password@) masked, for logs.
-std::string redact_url(const std::string& url);
+// Text with the user info (user:password@) of every URL in it masked, for
+// logs, errors and printed settings: from each :// to the last @ before the
+// next :// (a password may hold a / or an @).
+std::string redact_url(const std::string& text);
 
 struct SchemaRegistryConfig {
   RegistryFormat format = RegistryFormat::none;
@@ -215,7 +217,8 @@ struct Config {
 
   // admin and logs
   std::string admin_listen = "127.0.0.1:8080";
-  std::string admin_token;
+  std::string admin_token;          // GET /readyz, /metrics, /slot, /replay
+  std::string admin_replay_token;   // POST /replay (admin.replay.token); empty: no POST
   std::string log_level = "info";
   LogFormat log_format = LogFormat::text;
 
@@ -269,8 +272,15 @@ std::optional<std::string> illegal_topic_reason(std::string_view name);
 // start (logged as warnings).
 std::vector<std::string> config_warnings(const Config& config);
 
-// True for keys whose values are never shown (passwords, tokens, sasl secrets).
+// True for keys whose values are never shown (passwords, tokens, sasl
+// secrets, user info): a key holding one of secret_key_words().
 bool is_secret_key(const std::string& key);
+const std::vector<std::string>& secret_key_words();
+// A setting's value as printed or logged anywhere (--print-config, --check,
+// the notes on a translated configuration, the container's rendered file):
+// ******** for a secret key, else the value with every URL's user info
+// masked. The one rule for showing a setting.
+std::string shown_setting(const std::string& key, const std::string& value);
 
 // A key's value as an integer in [min, max], or as true/false (any case);
 // throws ConfigError naming the key. For the sinks' own keys too.

@@ -29,6 +29,7 @@ enum class Break {
   json_schema_draft4,       // every JSON Schema validated by draft 4's rules, whatever its $schema says
   ledger_unbounded,         // the ledger keeps every transaction acknowledged behind an unacknowledged one
   redrive_read_uncommitted, // redrive reads the dead-letter topic read_uncommitted: aborted transactions' copies too
+  operator_sql_simple_protocol,  // replay's count and the snapshot's override sent as simple queries, unchecked
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

@@ -23,12 +23,16 @@ namespace walrelay {
 // A server or connection error with its SQLSTATE ("" when libpq made it up).
 class PgError : public std::runtime_error {
  public:
-  PgError(std::string message, std::string sqlstate)
-      : std::runtime_error(std::move(message)), sqlstate_(std::move(sqlstate)) {}
+  PgError(std::string message, std::string sqlstate, std::string primary = {})
+      : std::runtime_error(std::move(message)), sqlstate_(std::move(sqlstate)), primary_(std::move(primary)) {}
   const std::string& sqlstate() const { return sqlstate_; }
+  // The server's primary message alone (no DETAIL, HINT or the query's
+  // text); "" when libpq made the error up.
+  const std::string& primary() const { return primary_; }
 
  private:
   std::string sqlstate_;
+  std::string primary_;
 };
 
 using PgResultPtr = std::unique_ptr<PGresult, decltype(&PQclear)>;
@@ -55,6 +59,18 @@ class PgConnection {
   // Runs one statement and hands over libpq's result as it is: for reading
   // many rows without a copy of each value (the initial snapshot's FETCH).
   boost::asio::awaitable<PgResultPtr> query_result(const std::string& sql, std::chrono::milliseconds timeout);
+  // The extended protocol, for SQL that carries text walrelay did not write
+  // (an operator's condition): the server takes exactly one statement, so
+  // nothing in the text can end the transaction or run a second statement
+  // after it. Not on a walsender connection, which takes simple queries only.
+  // prepare parses and analyses `sql` as the unnamed statement without
+  // running it; query_prepared runs it; query_one does both at once.
+  boost::asio::awaitable<void> prepare(const std::string& sql, std::chrono::milliseconds timeout);
+  boost::asio::awaitable<PgRows> query_prepared(std::chrono::milliseconds timeout);
+  boost::asio::awaitable<PgRows> query_one(const std::string& sql, std::chrono::milliseconds timeout);
+  // Inside a transaction block that has not failed (libpq's view after the
+  // last answer).
+  bool in_transaction() const { return conn_ && PQtransactionStatus(conn_) == PQTRANS_INTRANS; }
   // Sends START_REPLICATION (or any command entering COPY BOTH) and waits for it.
   boost::asio::awaitable<void> start_copy_both(const std::string& command, std::chrono::milliseconds timeout);
 

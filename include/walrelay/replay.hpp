@@ -15,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "walrelay/config.hpp"
+#include "walrelay/pg_connection.hpp"
 #include "walrelay/sink.hpp"
 
 namespace walrelay {
@@ -29,6 +30,11 @@ struct ReplayOptions {
   std::uint64_t confirm_above = 1000;
   bool dry_run = false;            // count and say what would be sent
   bool may_ask = false;            // above confirm_above without yes: ask on a terminal (the CLI), else refuse
+  // The server's message of a condition that fails on the rows goes to the
+  // log (the CLI's operator holds the configuration and may read every row);
+  // otherwise (POST /replay) only its SQLSTATE, as the message may quote a
+  // row's value.
+  bool quote_server_errors = false;
 };
 
 // What a replay has done so far, for POST /replay's job (GET /replay).
@@ -53,6 +59,16 @@ TableName replay_table(const Config& config, const ReplayOptions& options);
 std::string replay_condition(const Config& config, const ReplayOptions& options,
                              const std::function<std::string(const std::string&)>& quote_identifier,
                              const std::function<std::string(const std::string&)>& quote_literal);
+
+// A refusal of the condition's text (the server's parse of it: several
+// statements, a syntax error, an unknown column), quoting the server's
+// primary message, which names only what the text names.
+std::string replay_condition_refused(const std::string& table, const std::string& condition, const PgError& error);
+// A condition that failed while the rows were read: the SQLSTATE only, never
+// the server's message, which may quote a row's value; logged as well (with
+// the server's message when `quote_server_message`).
+std::string replay_condition_failed(const std::string& table, const std::string& condition, const PgError& error,
+                                    bool quote_server_message);
 
 // Runs the replay; returns the exit code (0 all sent and acknowledged, 1
 // refused or interrupted, 2 bad options, 3 rows that could not be mapped or

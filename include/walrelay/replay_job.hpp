@@ -1,7 +1,7 @@
 // POST /replay: `walrelay replay` run by the daemon itself, on its loop, for
 // operators who reach walrelay through its admin endpoint rather than a
 // shell beside it. One replay at a time; GET /replay shows the current or
-// last one. The admin server allows the POST only with admin.token.
+// last one. The admin server allows the POST only with admin.replay.token.
 #pragma once
 
 #include <chrono>

@@ -43,4 +43,12 @@ boost::asio::awaitable<TableRows> describe_table(PgConnection& conn, const Table
 // The planner's estimate of a query's rows (EXPLAIN), 0 when it gives none.
 boost::asio::awaitable<std::uint64_t> estimate_rows(PgConnection& conn, const std::string& select);
 
+// Parses `select` (nothing run) on an ordinary connection of its own, in a
+// READ ONLY transaction, with the extended protocol: PgError when it is not
+// exactly one statement the server accepts. For SQL that carries an
+// operator's text and must then run on a walsender, which takes simple
+// queries only.
+boost::asio::awaitable<void> check_one_statement(boost::asio::io_context& io, const Config& config,
+                                                 const std::string& select);
+
 }  // namespace walrelay

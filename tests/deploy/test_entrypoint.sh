@@ -29,6 +29,8 @@ run_entry() {
 out=$(run_entry WALRELAY_DATABASE_HOSTNAME=db.internal WALRELAY_DATABASE_PASSWORD=s3cret-pw \
   WALRELAY_KAFKA_BOOTSTRAP_SERVERS=k1:9092,k2:9092 WALRELAY_KAFKA_SASL_PASSWORD=kafka-pw \
   WALRELAY_ADMIN_TOKEN=tok-123 WALRELAY_ROUTE_TOPIC_REPLACEMENT='events.${routedByValue}' \
+  WALRELAY_VALUE_CONVERTER_BASIC_AUTH_USER_INFO=bob:basic-pw WALRELAY_ADMIN_REPLAY_TOKEN=replay-tok \
+  WALRELAY_SINK_NATS_JETSTREAM_URL=nats://relay:nats/pw@nats1:4222,nats://nats2:4222 \
   "WALRELAY_LOG_LEVEL=$(printf 'info\nevil=1')" NOT_OURS=x \
   bash "$entry")
 grep -qxF "ARGS: --config $tmp/run/walrelay.properties" <<<"$out" || fail "wrong arguments: $out"
@@ -39,12 +41,15 @@ for line in "CONF: #   WALRELAY_DATABASE_HOSTNAME (database.hostname): db.intern
             "CONF: #   WALRELAY_DATABASE_PASSWORD (database.password): ********" \
             "CONF: #   WALRELAY_KAFKA_SASL_PASSWORD (kafka.sasl.password): ********" \
             "CONF: #   WALRELAY_ADMIN_TOKEN (admin.token): ********" \
+            "CONF: #   WALRELAY_ADMIN_REPLAY_TOKEN (admin.replay.token): ********" \
+            "CONF: #   WALRELAY_VALUE_CONVERTER_BASIC_AUTH_USER_INFO (value.converter.basic.auth.user.info): ********" \
+            "CONF: #   WALRELAY_SINK_NATS_JETSTREAM_URL (sink.nats.jetstream.url): nats://********@nats1:4222,nats://nats2:4222" \
             "CONF: #   WALRELAY_LOG_LEVEL (log.level): (multi-line value)" \
             "CONF: admin.listen=0.0.0.0:8080"; do
   grep -qxF -- "$line" <<<"$out" || fail "missing line: $line"$'\n'"$out"
 done
 ok "variables recorded as comments"
-for secret in s3cret-pw kafka-pw tok-123 evil NOT_OURS; do
+for secret in s3cret-pw kafka-pw tok-123 basic-pw bob: replay-tok nats/pw relay: evil NOT_OURS; do
   ! grep -qF "$secret" <<<"$out" || fail "$secret leaked into the rendered file"
 done
 ok "no secret, multi-line value or foreign variable written"

@@ -21,9 +21,11 @@ CommandResult replay(Walrelay& relay, const std::string& args, const std::string
 
 // POST /replay with curl: the status code, then the body.
 HttpResponse post_replay(Walrelay& relay, const std::string& json, const std::string& token) {
+  std::string quoted;  // for the shell's single quotes: ' as '\''
+  for (char c : json) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   auto r = run_command("curl -s -o /dev/stdout -w '\\n%{http_code}' -X POST -H 'Content-Type: application/json' " +
                        (token.empty() ? std::string() : "-H 'Authorization: Bearer " + token + "' ") + "--data '" +
-                       json + "' http://127.0.0.1:" + std::to_string(relay.admin_port()) + "/replay");
+                       quoted + "' http://127.0.0.1:" + std::to_string(relay.admin_port()) + "/replay");
   HttpResponse resp;
   const auto nl = r.output.rfind('\n');
   if (nl == std::string::npos) return resp;
@@ -158,13 +160,13 @@ TEST_CASE("replay: an id range\\, a condition\\, the confirmation above a count\
   CHECK(count_records(f.topic("Ids")) == 2300);
 }
 
-TEST_CASE("replay: POST /replay with admin.token sends a time range again\\, one job at a time\\, and is refused "
+TEST_CASE("replay: POST /replay with admin.replay.token sends a time range again\\, one job at a time\\, and is refused "
           "without the token\\, above the count without yes\\, or with a bad body",
           "[replay]") {
   const std::string token = "replay-t0ken";
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
-  Walrelay relay(f.config("table.field.event.timestamp=created_at\nadmin.token=" + token + "\n"));
+  Walrelay relay(f.config("table.field.event.timestamp=created_at\nadmin.replay.token=" + token + "\n"));
   relay.start();
   relay.wait_streaming();
   f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) SELECT 'Post', "
@@ -219,7 +221,7 @@ TEST_CASE("replay: POST /replay with admin.token sends a time range again\\, one
   CHECK(relay.get("/readyz", token).status == 200);
 }
 
-TEST_CASE("replay: without admin.token POST /replay is forbidden and says what to set", "[replay]") {
+TEST_CASE("replay: without admin.replay.token POST /replay is forbidden and says what to set", "[replay]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Walrelay relay(f.config(""));
@@ -229,7 +231,118 @@ TEST_CASE("replay: without admin.token POST /replay is forbidden and says what t
   REQUIRE(read_all(f, f.topic("NoTok"), 60s).size() == 1);
   auto r = post_replay(relay, R"({"where": "true", "yes": true})", "");
   CHECK(r.status == 403);
-  CHECK(r.body.find("admin.token") != std::string::npos);
+  CHECK(r.body.find("admin.replay.token") != std::string::npos);
   CHECK(relay.get("/replay").body == "{\"state\":\"none\"}\n");
   CHECK(count_records(f.topic("NoTok")) == 1);
+}
+
+TEST_CASE("replay: POST /replay's where cannot leave its read-only transaction - a second statement is refused and "
+          "nothing is deleted",
+          "[replay]") {
+  const std::string reader = "scraper-t0ken", operator_token = "operator-t0ken";
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("admin.token=" + reader + "\nadmin.replay.token=" + operator_token + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'Inj', 'k', 'x', "
+              "jsonb_build_object('seq', g) FROM generate_series(0, 9) g");
+  REQUIRE(read_all(f, f.topic("Inj"), 60s).size() == 10);
+  REQUIRE(f.db().scalar("SELECT count(*) FROM " + f.table) == "10");
+
+  // The condition closes its parenthesis, commits the READ ONLY transaction
+  // and deletes as walrelay's role (the simple protocol ran all four).
+  const std::string injection = "true); COMMIT; DELETE FROM " + f.table + "; SELECT (1";
+  auto r = post_replay(relay, R"({"where": ")" + injection + R"(", "dry_run": true})", operator_token);
+  INFO(r.body);
+  if (r.status == 202) {
+    auto done = replay_finished(relay, operator_token);
+    INFO(done);
+    CHECK(done.find("\"state\":\"refused\"") != std::string::npos);
+    CHECK(done.find("\"rows_matched\":null") != std::string::npos);
+    CHECK(done.find("one statement") != std::string::npos);
+  } else {
+    CHECK(r.status == 400);
+    CHECK(r.body.find("one statement") != std::string::npos);
+  }
+  CHECK(f.db().scalar("SELECT count(*) FROM " + f.table) == "10");
+
+  // Within one statement, a write is still refused: the transaction is READ ONLY.
+  f.db().exec("CREATE SEQUENCE IF NOT EXISTS walrelay_replay_probe");
+  r = post_replay(relay, R"({"where": "nextval('walrelay_replay_probe') > 0", "dry_run": true})", operator_token);
+  REQUIRE(r.status == 202);
+  auto done = replay_finished(relay, operator_token);
+  INFO(done);
+  CHECK(done.find("\"state\":\"refused\"") != std::string::npos);
+  CHECK(done.find("25006") != std::string::npos);  // read_only_sql_transaction
+  CHECK(f.db().scalar("SELECT last_value FROM walrelay_replay_probe") == "1");
+  CHECK(f.db().scalar("SELECT is_called::text FROM walrelay_replay_probe") == "false");
+  f.db().exec("DROP SEQUENCE walrelay_replay_probe");
+
+  // A sound condition after both: counted as before.
+  r = post_replay(relay, R"({"where": "payload->>'seq' = '3'", "dry_run": true})", operator_token);
+  REQUIRE(r.status == 202);
+  done = replay_finished(relay, operator_token);
+  CHECK(done.find("\"rows_matched\":1") != std::string::npos);
+  CHECK(relay.running());
+}
+
+TEST_CASE("replay: the token of the read endpoints cannot start a replay - admin.replay.token can", "[replay]") {
+  const std::string reader = "scraper-t0ken", operator_token = "operator-t0ken";
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  {
+    // admin.token alone: the reads work with it, POST /replay is forbidden
+    // and names the key to set.
+    Walrelay relay(f.config("admin.token=" + reader + "\n"));
+    relay.start();
+    relay.wait_streaming();
+    CHECK(relay.get("/replay", reader).status == 200);
+    auto r = post_replay(relay, R"({"where": "true", "dry_run": true})", reader);
+    CHECK(r.status == 403);
+    CHECK(r.body.find("admin.replay.token") != std::string::npos);
+    CHECK(relay.get("/replay", reader).body == "{\"state\":\"none\"}\n");
+  }
+  Walrelay relay(f.config("admin.token=" + reader + "\nadmin.replay.token=" + operator_token + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  // Both tokens set: the scraper's is refused for POST, the replay token starts it.
+  auto r = post_replay(relay, R"({"where": "true", "dry_run": true})", reader);
+  CHECK(r.status == 401);
+  r = post_replay(relay, R"({"where": "true", "dry_run": true})", "");
+  CHECK(r.status == 401);
+  CHECK(relay.get("/replay", reader).body == "{\"state\":\"none\"}\n");
+  CHECK(relay.metric("walrelay_replay_job_rows_total", reader) == 0);
+  r = post_replay(relay, R"({"where": "true", "dry_run": true})", operator_token);
+  CHECK(r.status == 202);
+  auto done = replay_finished(relay, reader);  // the job is read with the read token
+  CHECK(done.find("\"state\":\"done\"") != std::string::npos);
+}
+
+TEST_CASE("replay: GET /replay's message names a failing condition's SQLSTATE without the data it read",
+          "[replay]") {
+  const std::string operator_token = "operator-t0ken";
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("admin.replay.token=" + operator_token + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Err", "k", "jsonb_build_object('secret', 'hunter2-in-a-row')"));
+  REQUIRE(read_all(f, f.topic("Err"), 60s).size() == 1);
+  // A cast of a value the role reads: the server's message quotes the value.
+  auto r = post_replay(relay, R"({"where": "(payload->>'secret')::int > 0", "dry_run": true})", operator_token);
+  REQUIRE(r.status == 202);
+  auto done = replay_finished(relay, operator_token);
+  INFO(done);
+  CHECK(done.find("\"state\":\"refused\"") != std::string::npos);
+  CHECK(done.find("22P02") != std::string::npos);
+  CHECK(done.find("hunter2") == std::string::npos);
+  // A mistake in the condition's own text is named as the server names it.
+  r = post_replay(relay, R"({"where": "no_such_column = 1", "dry_run": true})", operator_token);
+  REQUIRE(r.status == 202);
+  done = replay_finished(relay, operator_token);
+  CHECK(done.find("42703") != std::string::npos);
+  CHECK(done.find("no_such_column") != std::string::npos);
+  // And the relay's log does not carry the value either.
+  CHECK(relay.log().find("hunter2") == std::string::npos);
 }

@@ -452,6 +452,24 @@ TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot\\, a
   CHECK(bad.log().find("no_such_column") != std::string::npos);
 }
 
+TEST_CASE("snapshot: an override cannot leave the snapshot's read-only transaction - a second statement is refused "
+          "naming its key and nothing is deleted",
+          "[snapshot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Inj", 10);
+  // The override closes its parenthesis, commits the snapshot's READ ONLY
+  // transaction and deletes as walrelay's role; its last statement takes the
+  // ORDER BY "id" that follows, so that the whole text runs.
+  Walrelay bad(f.config("snapshot.mode=initial\nsnapshot.select.statement.overrides." + f.table + "=true); COMMIT; "
+                        "DELETE FROM " + f.table + "; SELECT 1 AS id WHERE (true\n"));
+  CHECK(bad.run({"--config", bad.config_path()}, 60s) == 3);
+  INFO(bad.log());
+  CHECK(bad.log().find("snapshot.select.statement.overrides." + f.table) != std::string::npos);
+  CHECK(bad.log().find("one statement") != std::string::npos);
+  CHECK(f.db().scalar("SELECT count(*) FROM " + f.table) == "10");
+}
+
 TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot is told what to grant\\, and a "
           "start after the grant takes the snapshot",
           "[snapshot]") {

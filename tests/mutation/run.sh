@@ -39,13 +39,16 @@ catchers[dead_letter_drop_when_full]='relay with a fake sink: a dead-letter copy
 sinks: RabbitMQ - an unroutable record whose dead-letter copy finds the connection down*'
 catchers[ledger_unbounded]='relay with a mock cluster: a record retried forever*'
 catchers[redrive_read_uncommitted]='redrive: a dead-letter topic written in exactly-once mode*'
+catchers[operator_sql_simple_protocol]="replay: POST /replay's where cannot leave its read-only transaction*
+snapshot: an override cannot leave the snapshot's read-only transaction*"
 
 breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
                              registry_dead_letters nats_ack_at_publish snapshot_resume_as_done
                              redrive_commit_early snapshot_commit_chunks snapshot_retake_new_slot
                              snapshot_retake_unfiltered rabbitmq_keep_queued dead_letter_drop_when_full
-                             avro_decimal_rounds json_schema_draft4 ledger_unbounded redrive_read_uncommitted)
+                             avro_decimal_rounds json_schema_draft4 ledger_unbounded redrive_read_uncommitted
+                             operator_sql_simple_protocol)
 
 # Each (break, test) pair runs on its own slot and tables, so two run at once
 # (WALRELAY_MUTATION_JOBS): the tests mostly wait on the servers. Verdicts

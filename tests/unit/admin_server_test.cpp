@@ -856,9 +856,9 @@ std::string post(std::string_view target, std::string_view body, std::string_vie
 
 }  // namespace
 
-TEST_CASE("POST /replay needs admin.token set and presented - GET /replay shows the job", "[admin]") {
+TEST_CASE("POST /replay needs admin.replay.token set and presented - GET /replay shows the job", "[admin]") {
   const std::string body = R"({"since": "2026-02-01", "until": "2026-03-01"})";
-  SECTION("without admin.token: 403 saying what to set, and nothing started") {
+  SECTION("without any token: 403 saying what to set, and nothing started") {
     TestServer server;
     FakeReplay replay;
     server.on_loop([&] { server.admin.set_replay(&replay); });
@@ -867,7 +867,7 @@ TEST_CASE("POST /replay needs admin.token set and presented - GET /replay shows 
     auto reply = client.request(post("/replay", body));
     REQUIRE_FALSE(reply.ec);
     CHECK(reply.response.result() == http::status::forbidden);
-    CHECK(reply.response.body().find("admin.token") != std::string::npos);
+    CHECK(reply.response.body().find("admin.replay.token") != std::string::npos);
     CHECK(replay.bodies().empty());
     // Reading the job's state is like /slot: allowed without a token.
     auto state = fetch(server.port(), "/replay");
@@ -875,9 +875,52 @@ TEST_CASE("POST /replay needs admin.token set and presented - GET /replay shows 
     CHECK(state.response.result() == http::status::ok);
     CHECK(state.response.body() == "{\"state\":\"none\"}\n");
   }
-  SECTION("with admin.token: 401 without it or with a wrong one, the job's answer with it") {
+  SECTION("admin.token alone (a scraper's): POST /replay is forbidden, naming admin.replay.token") {
     auto options = test_options();
-    options.token = "s3cret-token";
+    options.token = "scraper-token";
+    TestServer server(options);
+    FakeReplay replay;
+    server.on_loop([&] { server.admin.set_replay(&replay); });
+    Client client(server.port());
+    REQUIRE_FALSE(client.connect_ec);
+    auto with_reader = client.request(post("/replay", body, "Authorization: Bearer scraper-token\r\n"));
+    REQUIRE_FALSE(with_reader.ec);
+    CHECK(with_reader.response.result() == http::status::forbidden);
+    CHECK(with_reader.response.body().find("admin.replay.token") != std::string::npos);
+    CHECK(replay.bodies().empty());
+    auto state = fetch(server.port(), "/replay", "Authorization: Bearer scraper-token\r\n");
+    REQUIRE_FALSE(state.ec);
+    CHECK(state.response.result() == http::status::ok);
+  }
+  SECTION("both tokens: the readers' token is refused for POST /replay, the replay token reads and posts") {
+    auto options = test_options();
+    options.token = "scraper-token";
+    options.replay_token = "s3cret-token";
+    TestServer server(options);
+    FakeReplay replay;
+    server.on_loop([&] { server.admin.set_replay(&replay); });
+    Client client(server.port());
+    REQUIRE_FALSE(client.connect_ec);
+    auto with_reader = client.request(post("/replay", body, "Authorization: Bearer scraper-token\r\n"));
+    REQUIRE_FALSE(with_reader.ec);
+    CHECK(with_reader.response.result() == http::status::unauthorized);
+    CHECK(replay.bodies().empty());
+    auto good = client.request(post("/replay", body, "Authorization: Bearer s3cret-token\r\n"));
+    REQUIRE_FALSE(good.ec);
+    CHECK(good.response.result() == http::status::accepted);
+    CHECK(replay.bodies().size() == 1);
+    for (const char* token : {"scraper-token", "s3cret-token"}) {
+      auto state = fetch(server.port(), "/replay", std::string("Authorization: Bearer ") + token + "\r\n");
+      REQUIRE_FALSE(state.ec);
+      CHECK(state.response.result() == http::status::ok);
+    }
+    auto metrics = fetch(server.port(), "/metrics", "Authorization: Bearer nope\r\n");
+    REQUIRE_FALSE(metrics.ec);
+    CHECK(metrics.response.result() == http::status::unauthorized);
+  }
+  SECTION("with admin.replay.token: 401 without it or with a wrong one, the job's answer with it") {
+    auto options = test_options();
+    options.replay_token = "s3cret-token";
     TestServer server(options);
     FakeReplay replay;
     server.on_loop([&] { server.admin.set_replay(&replay); });
@@ -904,7 +947,7 @@ TEST_CASE("POST /replay needs admin.token set and presented - GET /replay shows 
   }
   SECTION("a body over the limit is refused before it reaches the job") {
     auto options = test_options();
-    options.token = "t";
+    options.replay_token = "t";
     TestServer server(options);
     FakeReplay replay;
     server.on_loop([&] { server.admin.set_replay(&replay); });

@@ -22,11 +22,13 @@ namespace walrelay {
 namespace {
 
 // librdkafka's syslog levels: 0-3 error, 4 warning, 5-6 info, 7 debug.
+// A line may name a URL with its user info (an OAUTHBEARER token endpoint's).
 void log_line(int level, const char* fac, const char* buf) {
-  if (level <= 3) spdlog::error("kafka: {}: {}", fac, buf);
-  else if (level == 4) spdlog::warn("kafka: {}: {}", fac, buf);
-  else if (level <= 6) spdlog::info("kafka: {}: {}", fac, buf);
-  else spdlog::debug("kafka: {}: {}", fac, buf);
+  const std::string line = redact_url(buf);
+  if (level <= 3) spdlog::error("kafka: {}: {}", fac, line);
+  else if (level == 4) spdlog::warn("kafka: {}: {}", fac, line);
+  else if (level <= 6) spdlog::info("kafka: {}: {}", fac, line);
+  else spdlog::debug("kafka: {}: {}", fac, line);
 }
 
 // Errors that belong to the record itself: sending it again would fail the

@@ -82,7 +82,7 @@ void on_async_error(natsConnection* nc, natsSubscription*, natsStatus err, void*
   const char* text = nullptr;
   natsConnection_GetLastError(nc, &text);
   std::lock_guard lock(ref->inbox->mu);
-  ref->inbox->async_error = text && *text ? text : natsStatus_GetText(err);
+  ref->inbox->async_error = redact_url(text && *text ? text : natsStatus_GetText(err));
   ref->inbox->async_error_new = true;
   wake_locked(ref->inbox, *ref->io, ref->self);
 }
@@ -93,10 +93,11 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// The library's last error (its text may name the server's URL, user info and all).
 std::string last_error(natsStatus s) {
   natsStatus ignored;
   const char* text = nats_GetLastError(&ignored);
-  return text && *text ? text : natsStatus_GetText(s);
+  return redact_url(text && *text ? text : natsStatus_GetText(s));
 }
 
 // A header value NATS can carry: its headers are text lines.
