@@ -928,7 +928,8 @@ const std::vector<std::string>& secret_key_words() {
   // test checks that the two agree on every key).
   static const std::vector<std::string> words = {"password",    "token",   "secret",
                                                  "sasl.jaas",   "ssl.key.pem", "ssl_key",
-                                                 "user.info",   "oauthbearer.config"};
+                                                 "user.info",   "oauthbearer.config", "seed",
+                                                 "jwt"};
   return words;
 }
 

@@ -466,6 +466,15 @@ void Relay::halt_on_record(std::string reason) {
 // A record the broker refused for its own reason, under errors.tolerance=all:
 // its dead-letter copy takes over its ledger entry.
 void Relay::dead_letter_refused(const Delivery& d, const std::string& where) {
+  if (replay_reason_) {
+    // Everything from the slot's confirmed position is about to be sent
+    // again, this record too, and the ledger is reset: a copy queued now
+    // would outlive the reset. It stays failed; the broker refuses it again
+    // after the replay, and then it is dead-lettered.
+    spdlog::error("{} could not deliver the {}: {} ({}); a replay is under way, which sends it again", context(),
+                  where, d.error_message, d.error_code);
+    return;
+  }
   spdlog::error("{} could not deliver the {}: {} ({}); sending it to {}", context(), where, d.error_message,
                 d.error_code, config_.dlq_topic);
   const DeadLetter dead = refused_record(d, config_.dlq_context_headers);

@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -69,6 +71,103 @@ std::string sqlstate_name(const std::string& code) {
 }
 
 }  // namespace
+
+std::optional<std::vector<std::string>> called_function_names(std::string_view sql) {
+  std::vector<std::string> names;
+  const auto ident_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || (c & 0x80); };
+  const auto ident_char = [&](char c) { return ident_start(c) || std::isdigit(static_cast<unsigned char>(c)) || c == '$'; };
+  std::size_t i = 0;
+  const std::size_t n = sql.size();
+  // Skips white space and comments (nested /* */ as PostgreSQL's).
+  auto skip_space = [&] {
+    while (i < n) {
+      if (std::isspace(static_cast<unsigned char>(sql[i]))) {
+        ++i;
+      } else if (sql.substr(i, 2) == "--") {
+        while (i < n && sql[i] != '\n') ++i;
+      } else if (sql.substr(i, 2) == "/*") {
+        int depth = 0;
+        while (i < n) {
+          if (sql.substr(i, 2) == "/*") depth++, i += 2;
+          else if (sql.substr(i, 2) == "*/") { i += 2; if (--depth == 0) break; }
+          else ++i;
+        }
+      } else {
+        break;
+      }
+    }
+  };
+  while (i < n) {
+    skip_space();
+    if (i >= n) break;
+    const char c = sql[i];
+    if ((c == 'u' || c == 'U') && sql.substr(i + 1, 2) == "&\"") return std::nullopt;
+    if (c == '\'' || ((c == 'e' || c == 'E' || c == 'b' || c == 'B' || c == 'x' || c == 'X' || c == 'n' ||
+                       c == 'N') && i + 1 < n && sql[i + 1] == '\'')) {
+      const bool escapes = c == 'e' || c == 'E';
+      i += c == '\'' ? 1 : 2;
+      while (i < n) {
+        if (escapes && sql[i] == '\\') { i += 2; continue; }
+        if (sql[i] == '\'') {
+          if (i + 1 < n && sql[i + 1] == '\'') { i += 2; continue; }
+          ++i;
+          break;
+        }
+        ++i;
+      }
+      continue;
+    }
+    if (c == '$') {
+      // $tag$ ... $tag$ (or a parameter $1, skipped as a word).
+      std::size_t j = i + 1;
+      while (j < n && ident_char(sql[j]) && sql[j] != '$') ++j;
+      if (j < n && sql[j] == '$' && !std::isdigit(static_cast<unsigned char>(sql[i + 1]))) {
+        const std::string_view tag = sql.substr(i, j - i + 1);
+        auto end = sql.find(tag, j + 1);
+        i = end == std::string_view::npos ? n : end + tag.size();
+        continue;
+      }
+      i = j;
+      continue;
+    }
+    std::string name;
+    bool read = false;
+    // A name, qualified or not: the last part is the function's.
+    while (i < n && (ident_start(sql[i]) || sql[i] == '"')) {
+      if (sql[i] == '"') {
+        name.clear();
+        ++i;
+        while (i < n) {
+          if (sql[i] == '"') {
+            if (i + 1 < n && sql[i + 1] == '"') { name += '"'; i += 2; continue; }
+            ++i;
+            break;
+          }
+          name += sql[i++];
+        }
+      } else {
+        name.clear();
+        while (i < n && ident_char(sql[i])) name += static_cast<char>(std::tolower(static_cast<unsigned char>(sql[i++])));
+      }
+      read = true;
+      skip_space();
+      if (i < n && sql[i] == '.') {
+        ++i;
+        skip_space();
+        continue;
+      }
+      break;
+    }
+    if (read) {
+      if (i < n && sql[i] == '(') names.push_back(name);
+      continue;
+    }
+    ++i;
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
 
 std::string replay_condition_refused(const std::string& table, const std::string& condition, const PgError& e) {
   return fmt::format("the condition on {} is refused: {} (SQLSTATE {}); where is one SQL condition on the table's "
@@ -173,6 +272,33 @@ asio::awaitable<int> run_replay(asio::io_context& io, const Config& config, Sink
     p.refusal = replay_condition_refused(where, condition, e);
     spdlog::critical("replay: {}", p.refusal);
     co_return exit_config;
+  }
+  // Read only does not stop a function with effects beyond the database's
+  // rows, run once per row as walrelay's role, which has REPLICATION
+  // (pg_replication_slot_advance, pg_terminate_backend, pg_sleep): the
+  // condition may call immutable and stable functions only.
+  {
+    auto called = called_function_names(condition);
+    std::string refused;
+    if (!called) {
+      refused = "a U& identifier, whose function names walrelay cannot check";
+    } else if (!called->empty()) {
+      std::string list;
+      for (auto& f : *called) list += (list.empty() ? "" : ",") + conn.quote_literal(f);
+      auto volatile_ones = co_await conn.query(
+          "SELECT string_agg(DISTINCT p.proname, ', ' ORDER BY p.proname) FROM pg_catalog.pg_proc p "
+          "WHERE p.provolatile = 'v' AND p.proname = ANY (ARRAY[" + list + "]::text[])");
+      if (!volatile_ones.rows.empty() && volatile_ones.rows[0][0])
+        refused = "volatile function(s) " + *volatile_ones.rows[0][0];
+    }
+    if (!refused.empty()) {
+      p.refusal = fmt::format("the condition on {} is refused: it calls {}. where may call immutable and stable "
+                              "functions only: it runs once per row as walrelay's role, which has REPLICATION, and "
+                              "a volatile function can act beyond the read-only transaction: {}",
+                              where, refused, condition);
+      spdlog::critical("replay: {}", p.refusal);
+      co_return exit_config;
+    }
   }
   try {
     // Not a conditional expression: with co_await in both arms, this GCC

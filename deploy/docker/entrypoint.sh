@@ -44,7 +44,7 @@ key_of() {
 # secret_key_words()).
 is_secret() {
   case $1 in
-    *password*|*token*|*secret*|*sasl.jaas*|*ssl.key.pem*|*ssl_key*|*user.info*|*oauthbearer.config*) return 0 ;;
+    *password*|*token*|*secret*|*sasl.jaas*|*ssl.key.pem*|*ssl_key*|*user.info*|*oauthbearer.config*|*seed*|*jwt*) return 0 ;;
     *) return 1 ;;
   esac
 }

@@ -8,7 +8,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio/awaitable.hpp>
@@ -64,6 +67,12 @@ std::string replay_condition(const Config& config, const ReplayOptions& options,
 // statements, a syntax error, an unknown column), quoting the server's
 // primary message, which names only what the text names.
 std::string replay_condition_refused(const std::string& table, const std::string& condition, const PgError& error);
+
+// The names of the functions an SQL condition calls (an identifier, or a
+// quoted one, followed by "("; the last part of a qualified name),
+// lowercased unless quoted, string constants and comments skipped; nullopt
+// for text whose names cannot be read that way (a U& identifier).
+std::optional<std::vector<std::string>> called_function_names(std::string_view sql);
 // A condition that failed while the rows were read: the SQLSTATE only, never
 // the server's message, which may quote a row's value; logged as well (with
 // the server's message when `quote_server_message`).

@@ -267,17 +267,32 @@ TEST_CASE("replay: POST /replay's where cannot leave its read-only transaction -
   }
   CHECK(f.db().scalar("SELECT count(*) FROM " + f.table) == "10");
 
-  // Within one statement, a write is still refused: the transaction is READ ONLY.
+  // Within one statement, a volatile function is refused before it runs:
+  // a write (nextval), and what read only does not stop, run as walrelay's
+  // role with REPLICATION: ending walrelay's walsender, moving its slot.
   f.db().exec("CREATE SEQUENCE IF NOT EXISTS walrelay_replay_probe");
   r = post_replay(relay, R"({"where": "nextval('walrelay_replay_probe') > 0", "dry_run": true})", operator_token);
   REQUIRE(r.status == 202);
   auto done = replay_finished(relay, operator_token);
   INFO(done);
   CHECK(done.find("\"state\":\"refused\"") != std::string::npos);
-  CHECK(done.find("25006") != std::string::npos);  // read_only_sql_transaction
+  CHECK(done.find("volatile function(s) nextval") != std::string::npos);
   CHECK(f.db().scalar("SELECT last_value FROM walrelay_replay_probe") == "1");
   CHECK(f.db().scalar("SELECT is_called::text FROM walrelay_replay_probe") == "false");
   f.db().exec("DROP SEQUENCE walrelay_replay_probe");
+  const auto starts = count_of(relay.log(), "streaming: START_REPLICATION");
+  const auto confirmed = f.db().confirmed_flush(f.slot);
+  r = post_replay(relay,
+                  R"x({"where": "false) OR (pg_catalog.pg_terminate_backend((SELECT active_pid FROM )x"
+                  R"x(pg_replication_slots WHERE slot_name = ')x" + f.slot + R"x('))", "dry_run": true})x",
+                  operator_token);
+  REQUIRE(r.status == 202);
+  done = replay_finished(relay, operator_token);
+  INFO(done);
+  CHECK(done.find("\"state\":\"refused\"") != std::string::npos);
+  CHECK(done.find("volatile function(s) pg_terminate_backend") != std::string::npos);
+  CHECK(count_of(relay.log(), "streaming: START_REPLICATION") == starts);
+  CHECK(f.db().confirmed_flush(f.slot) >= confirmed);
 
   // A sound condition after both: counted as before.
   r = post_replay(relay, R"({"where": "payload->>'seq' = '3'", "dry_run": true})", operator_token);

@@ -52,3 +52,18 @@ TEST_CASE("replay request: what is refused names the member", "[replay]") {
   CHECK(refusal(R"({"confirm_above": -1})").find("\"confirm_above\" must be a whole number") != std::string::npos);
   CHECK(refusal(R"({"where": "true"})").empty());
 }
+
+TEST_CASE("replay: the functions a condition calls are read from its text\\, quotes and comments skipped",
+          "[replay]") {
+  using walrelay::called_function_names;
+  using V = std::vector<std::string>;
+  CHECK(called_function_names("created_at > now() - interval '1 day'") == V{"now"});
+  CHECK(called_function_names("true) OR pg_catalog.pg_replication_slot_advance('s', pg_current_wal_lsn()) IS NULL "
+                              "OR (true") == V{"or", "pg_current_wal_lsn", "pg_replication_slot_advance"});
+  CHECK(called_function_names("\"PG_SLEEP\"(1) IS NULL AND Pg_Sleep (2) IS NULL") == V{"PG_SLEEP", "pg_sleep"});
+  CHECK(called_function_names("payload->>'pg_sleep(1)' = 'x' -- pg_terminate_backend(1)\n AND /* pg_sleep( */ "
+                              "id IN (1, 2)") == V{"in"});
+  CHECK(called_function_names("$q$ pg_sleep(1) $q$ = E'\\' pg_sleep(2)' AND schema . \"fn\" (3) > 0") == V{"fn"});
+  CHECK(called_function_names("type = 'it''s pg_sleep(1)'") == V{});
+  CHECK_FALSE(called_function_names("U&\"\\0070g_sleep\"(1) IS NULL"));
+}

@@ -232,16 +232,28 @@ class Connection {
     ++shared_->losses;
   }
 
-  // While no connection is made: what the loop handed over before it saw
-  // the last loss fails now rather than when a connection is back.
+  // What the loop handed over before it saw the last loss's failures (a
+  // prefix of the queue: the stamps only grow) may not be sent, and neither
+  // may anything queued behind it, which the loop handed over before it
+  // could know of this failure: all of it fails, in order, and counts as a
+  // loss, so that what the loop hands over before it sees these failures
+  // fails too. Returns whether it failed anything.
+  bool fail_stale_locked() {
+    auto& queue = shared_->to_send;
+    if (queue.empty() || queue.front().losses_seen == shared_->losses) return false;
+    for (auto& o : queue)
+      report_locked(std::move(o), false, true, "connection_lost",
+                    "the connection was lost before it (or a record queued before it) was sent");
+    queue.clear();
+    ++shared_->losses;
+    return true;
+  }
+
+  // While no connection is made: what is stale fails now rather than when a
+  // connection is back.
   void fail_stale() {
     std::lock_guard lock(shared_->mu);
-    auto& queue = shared_->to_send;
-    auto fresh =
-        std::find_if(queue.begin(), queue.end(), [&](const Outgoing& o) { return o.losses_seen == shared_->losses; });
-    for (auto it = queue.begin(); it != fresh; ++it)
-      report_locked(std::move(*it), false, true, "connection_lost", "the connection was lost before it was sent");
-    queue.erase(queue.begin(), fresh);
+    fail_stale_locked();
   }
 
   // One turn: publish what waits, then read what the broker sent. Returns
@@ -256,18 +268,13 @@ class Connection {
         shared_->test_pause_reached = false;
         return {};
       }
+      // Handed over before the loop saw the last lost connection's
+      // failures: it may not overtake them, nor may what follows it.
+      fail_stale_locked();
       auto& queue = shared_->to_send;
       const std::size_t take = std::min(queue.size(), shared_->test_take_limit.value_or(queue.size()));
       if (shared_->test_take_limit) *shared_->test_take_limit -= take;
-      for (std::size_t i = 0; i < take; ++i) {
-        // Handed over before the loop saw the last lost connection's
-        // failures: it may not overtake them.
-        if (queue[i].losses_seen != shared_->losses)
-          report_locked(std::move(queue[i]), false, true, "connection_lost",
-                        "the connection was lost before it was sent");
-        else
-          batch_.push_back(std::move(queue[i]));
-      }
+      for (std::size_t i = 0; i < take; ++i) batch_.push_back(std::move(queue[i]));
       queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(take));
     }
     for (std::size_t i = 0; i < batch_.size(); ++i) {
