@@ -558,6 +558,7 @@ const std::vector<KeySpec>& key_specs() {
       {"errors.deadletterqueue.topic.name", string_field(&Config::dlq_topic)},
       {"errors.deadletterqueue.context.headers.enable", bool_field(&Config::dlq_context_headers)},
       {"shutdown.timeout.ms", int_field(&Config::shutdown_timeout_ms, 0, 3600000)},
+      {"halt.action", enum_field(&Config::halt_action, {{"stay", HaltAction::stay}, {"exit", HaltAction::exit}})},
       {"admin.listen",
        [](Config& c, const std::string& k, const std::string& v) {
          auto colon = v.rfind(':');
@@ -1218,6 +1219,7 @@ std::string Config::describe() const {
   line("errors.deadletterqueue.topic.name", dlq_topic);
   line("errors.deadletterqueue.context.headers.enable", dlq_context_headers ? "true" : "false");
   line("shutdown.timeout.ms", std::to_string(shutdown_timeout_ms));
+  line("halt.action", halt_action == HaltAction::stay ? "stay" : "exit");
   line("sink.type", sink_type);
   for (auto& [k, v] : sink_settings) line(k, v);
   line("exactly.once.support", exactly_once ? "required" : "disabled");

@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   for (auto& n : config.notes) spdlog::info("{}", n);
 
   asio::io_context io(1);
-  Metrics metrics;
+  Metrics metrics(config.slot_name);
   std::unique_ptr<Sink> sink;
   try {
     sink = make_sink(io, config);

@@ -29,9 +29,9 @@ prometheus::Counter& add_counter(prometheus::Registry& registry, const std::stri
 }
 
 // Registers a gauge without labels and returns its only child.
-prometheus::Gauge& add_gauge(prometheus::Registry& registry, const std::string& name,
-                             const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+prometheus::Gauge& add_gauge(prometheus::Registry& registry, const std::string& name, const std::string& help,
+                             const prometheus::Labels& labels = {}) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
 }
 
 // Registers a histogram without labels, with buckets from 0.5 ms to 1 min.
@@ -202,7 +202,7 @@ std::vector<prometheus::MetricFamily> collect_process_metrics() {
 
 }  // namespace
 
-Metrics::Metrics()
+Metrics::Metrics(std::string_view slot)
     : registry_(std::make_shared<prometheus::Registry>()),
       bytes_relayed(add_counter(*registry_, "walrelay_bytes_relayed_total",
                                 "Bytes (key plus value) of records acknowledged by Kafka.")),
@@ -264,21 +264,19 @@ Metrics::Metrics()
       server_wal_end(add_gauge(*registry_, "walrelay_server_wal_end_lsn",
                                "The server's current WAL position (pg_current_wal_lsn), as a byte position.")),
       lag_bytes(add_gauge(*registry_, "walrelay_slot_lag_bytes",
-                          "The server's current WAL position minus the slot's confirmed_flush_lsn.")),
+                          "The server's current WAL position minus the slot's confirmed_flush_lsn.", {{"slot", std::string(slot)}})),
       retained_wal_bytes(add_gauge(*registry_, "walrelay_slot_retained_wal_bytes",
-                                   "WAL the slot keeps on the server: current WAL position minus restart_lsn.")),
+                                   "WAL the slot keeps on the server: current WAL position minus restart_lsn.", {{"slot", std::string(slot)}})),
       lag_seconds(add_gauge(*registry_, "walrelay_slot_lag_seconds",
-                            "Age in seconds of the oldest commit not yet acknowledged by Kafka.")),
+                            "Age in seconds of the oldest commit not yet acknowledged by Kafka.", {{"slot", std::string(slot)}})),
       ready(add_gauge(*registry_, "walrelay_ready",
-                      "1 while the relay is streaming with a healthy producer (/readyz is 200).")),
-      halted(add_gauge(*registry_, "walrelay_halted",
-                       "1 once the relay has stopped on an error that needs an operator.")),
+                      "1 while the relay is streaming with a healthy producer (/readyz is 200).", {{"slot", std::string(slot)}})),
       backpressure(add_gauge(*registry_, "walrelay_backpressure",
                              "1 while replication reads are paused because the producer is full.")),
       start_time(add_gauge(*registry_, "walrelay_start_time_seconds",
                            "Time the relay started, in Unix seconds.")),
       slot_invalidated(add_gauge(*registry_, "walrelay_slot_invalid",
-                                 "1 when the replication slot has been lost or dropped.")),
+                                 "1 when the replication slot has been lost or dropped.", {{"slot", std::string(slot)}})),
       commit_to_receive(add_latency_histogram(
           *registry_, "walrelay_commit_to_receive_seconds",
           "Per transaction with outbox events: its commit timestamp to walrelay receiving its Commit.")),
@@ -320,8 +318,21 @@ Metrics::Metrics()
       sink_info_family_(&prometheus::BuildGauge()
                              .Name("walrelay_sink_info")
                              .Help("1, labelled with the broker records go to (sink.type: kafka, nats-jetstream, rabbitmq).")
-                             .Register(*registry_)) {
+                             .Register(*registry_)),
+      halted_family_(&prometheus::BuildGauge()
+                          .Name("walrelay_halted")
+                          .Help("1, with the reason (record, stream, slot, source, producer, internal), once the relay "
+                                "has stopped on an error that needs an operator; 0 before.")
+                          .Register(*registry_)),
+      halted_(&halted_family_->Add({{"slot", std::string(slot)}})),
+      slot_(slot) {
   start_time.Set(unix_now_seconds());
+}
+
+void Metrics::set_halted(std::string_view reason) {
+  halted_family_->Remove(halted_);
+  halted_ = &halted_family_->Add({{"slot", slot_}, {"reason", std::string(reason)}});
+  halted_->Set(1);
 }
 
 void Metrics::set_sink(std::string_view sink) { sink_info_family_->Add({{"sink", std::string(sink)}}).Set(1); }
@@ -348,7 +359,7 @@ prometheus::Counter& Metrics::dead_lettered(std::string_view reason) {
 
 void Metrics::set_safe_wal_size(std::optional<double> bytes) {
   if (bytes) {
-    if (!safe_wal_size_) safe_wal_size_ = &safe_wal_size_family_->Add({});
+    if (!safe_wal_size_) safe_wal_size_ = &safe_wal_size_family_->Add({{"slot", slot_}});
     safe_wal_size_->Set(*bytes);
   } else if (safe_wal_size_) {
     safe_wal_size_family_->Remove(safe_wal_size_);

@@ -123,7 +123,7 @@ void Relay::start() {
   });
   slot_monitor_.start([this](std::string reason) {
     metrics_.slot_invalidated.Set(1);
-    halt(std::move(reason));
+    halt(std::move(reason), "slot");
   }, [this] { return state_ == RelayState::streaming; });
 }
 
@@ -155,8 +155,9 @@ void Relay::set_state(RelayState state, std::string reason) {
 }
 
 // Stops for a human: nothing past the cause is confirmed, what is in flight
-// before it is drained (up to shutdown.timeout.ms), exit code 3.
-void Relay::halt(std::string reason, int exit_code) {
+// before it is drained (up to shutdown.timeout.ms); then exit code 3, or the
+// halted state kept up (halt.action=stay).
+void Relay::halt(std::string reason, std::string_view cause, int exit_code) {
   if (halt_reason_) return;
   spdlog::critical("{} halted: {}", context(), reason);
   halt_reason_ = reason;
@@ -165,8 +166,9 @@ void Relay::halt(std::string reason, int exit_code) {
     drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
   if (transactional_) transactional_->stop_by(*drain_deadline_);
   set_state(RelayState::halted, std::move(reason));
-  metrics_.halted.Set(1);
-  slot_monitor_.stop();
+  metrics_.set_halted(cause);
+  // Staying up, the slot's lag and state go on being measured.
+  if (config_.halt_action == HaltAction::exit) slot_monitor_.stop();
   wake_.cancel();
   conn_.cancel_wait();
 }
@@ -202,7 +204,7 @@ void Relay::check_producer() {
     replay("the Kafka producer failed: " + *fatal);
     return;
   }
-  halt(*fatal, transactional_ && transactional_->fenced() ? exit_failure : exit_halted);
+  halt(*fatal, "producer", transactional_ && transactional_->fenced() ? exit_failure : exit_halted);
 }
 
 // Whether another record may be handed to the sink (max.inflight.*).
@@ -232,7 +234,7 @@ asio::awaitable<void> Relay::run() {
     try {
       co_await session();
     } catch (const Fatal& e) {
-      if (!halt_reason_) halt(e.what());
+      if (!halt_reason_) halt(e.what(), metrics_.slot_invalidated.Value() == 1 ? "slot" : "source");
     } catch (const PgError& e) {
       if (e.sqlstate() == sqlstate_object_in_use) {
         // Another walrelay holds the slot: wait as a standby, take over when it goes.
@@ -272,7 +274,7 @@ asio::awaitable<void> Relay::run() {
       if (renew_producer_) {
         renew_producer_ = false;
         if (!transactional_ || !co_await transactional_->renew()) {
-          halt(sink_.fatal_error().value_or("the Kafka producer failed"), exit_halted);
+          halt(sink_.fatal_error().value_or("the Kafka producer failed"), "producer", exit_halted);
           break;
         }
         metrics_.producer_replacements.Increment();
@@ -301,6 +303,7 @@ asio::awaitable<void> Relay::run() {
   }
   // Shutdown or halt: let what is in flight land, confirm as far as it goes.
   co_await drain(nullptr);
+  if (halt_reason_ && config_.halt_action == HaltAction::stay && !stop_requested_) co_await stay_halted();
   // A lost slot is a halt too: a restart would create a new slot and skip
   // events, so it must not look like a crash a supervisor retries.
   if (halt_reason_) exit_code_ = halt_exit_code_;
@@ -308,6 +311,22 @@ asio::awaitable<void> Relay::run() {
   spdlog::info("slot={} stopped; confirmed_flush_lsn={} exit code {}", config_.slot_name,
                sent_flushed_lsn_.to_string(), exit_code_);
   io_.stop();
+}
+
+// halt.action=stay: the process and its admin endpoint stay up in the halted
+// state (walrelay_halted 1 with its reason, /readyz 503 naming it, /healthz
+// 200: the process is alive and a restart would halt again) until a stop.
+// The replication connection is closed, so a standby may take the slot; the
+// slot's lag keeps being measured, as it keeps growing.
+asio::awaitable<void> Relay::stay_halted() {
+  spdlog::critical("slot={} halted, staying up (halt.action=stay) with the admin endpoint on: {}; fix the cause, then "
+                   "restart walrelay (SIGTERM exits with code {})",
+                   config_.slot_name, *halt_reason_, halt_exit_code_);
+  const auto every = std::chrono::milliseconds(std::max(1000, config_.slot_status_interval_ms));
+  while (!stop_requested_) {
+    update_gauges();
+    co_await sleep(every);
+  }
 }
 
 // One replication connection: connect, check and prepare, stream.

@@ -29,7 +29,7 @@ Relay::Step Relay::handle_copy_data(std::span<const std::byte> data) {
   if (!decoded) {
     metrics_.decode_errors.Increment();
     halt(std::string("could not decode a replication message: ") + pgoutput::to_string(decoded.error().code) +
-         " at byte " + std::to_string(decoded.error().offset) + " (" + std::string(decoded.error().detail) + ")");
+         " at byte " + std::to_string(decoded.error().offset) + " (" + std::string(decoded.error().detail) + ")", "stream");
     return Step::stop;
   }
   metrics_.messages_received.Increment();
@@ -51,7 +51,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
     metrics_.decode_errors.Increment();
     halt("could not decode a pgoutput message at " + xlog.wal_start.to_string() + ": " +
          pgoutput::to_string(decoded.error().code) + " at byte " + std::to_string(decoded.error().offset) + " (" +
-         std::string(decoded.error().detail) + ")");
+         std::string(decoded.error().detail) + ")", "stream");
     return Step::stop;
   }
   Step step = Step::done;
@@ -88,7 +88,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
             metrics_.decode_errors.Increment();
             halt("unexpected logical message at " + xlog.wal_start.to_string() +
                  (m.xid ? ": walrelay asked for committed transactions only"
-                        : ": walrelay did not ask for messages (message.prefix.include.list is empty)"));
+                        : ": walrelay did not ask for messages (message.prefix.include.list is empty)"), "stream");
             step = Step::stop;
           }
         } else if constexpr (std::is_same_v<T, pgoutput::Update>) {
@@ -106,7 +106,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           // assumes (committed transactions only, each whole).
           metrics_.decode_errors.Increment();
           halt(std::string("unexpected ") + pgoutput::message_name(decoded.value()) + " message at " +
-               xlog.wal_start.to_string() + ": walrelay asked for committed transactions only");
+               xlog.wal_start.to_string() + ": walrelay asked for committed transactions only", "stream");
           step = Step::stop;
         }
       },
@@ -119,7 +119,7 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
 // error under errors.tolerance.
 Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
   if (!txn_) {
-    halt("Insert outside a transaction at " + lsn.to_string());
+    halt("Insert outside a transaction at " + lsn.to_string(), "stream");
     return Step::stop;
   }
   if (auto error = mapper_.map(insert, commit_time_, record_)) {
@@ -187,7 +187,7 @@ Relay::Step Relay::invalid_operation(std::uint32_t relation_oid, Lsn lsn) {
                            ": an outbox takes inserts only";
   if (config_.op_invalid_behavior == InvalidOperation::fatal) {
     halt(what + " (table.op.invalid.behavior=fatal; publish inserts only: ALTER PUBLICATION " +
-         config_.publication_name + " SET (publish = 'insert'))");
+         config_.publication_name + " SET (publish = 'insert'))", "record");
     return Step::stop;
   }
   // The counter is found once per table, as skip_insert's: no label hashing per row.
@@ -209,7 +209,7 @@ Relay::Step Relay::skip_insert(const pgoutput::Insert& insert, Lsn lsn) {
   if (table.empty()) {
     metrics_.decode_errors.Increment();
     halt("Insert at " + lsn.to_string() + " for relation OID " + std::to_string(insert.relation_oid) +
-         " that no Relation message described: the stream is not what walrelay expects");
+         " that no Relation message described: the stream is not what walrelay expects", "stream");
     return Step::stop;
   }
   auto [it, first] = skipped_.try_emplace(insert.relation_oid, nullptr);
@@ -245,7 +245,7 @@ Relay::Step Relay::dead_letter_row(const pgoutput::Insert& insert, const MapErro
 bool Relay::tolerate(const std::string& what, std::string_view subject, const MapError& error) {
   if (config_.errors_tolerance == ErrorTolerance::none) {
     halt("could not " + what + ": " + error.message + " (errors.tolerance=none; nothing past " + std::string(subject) +
-         " is confirmed)");
+         " is confirmed)", "record");
     return false;
   }
   spdlog::error("{} could not {}: {}; sending it to {}", context(), what, error.message, config_.dlq_topic);
@@ -307,7 +307,7 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
     // of this very message excepted).
     if (txn_ && !message_txn_) {
       halt("non-transactional logical message at " + message.lsn.to_string() +
-           " inside a transaction: the stream is not what walrelay expects");
+           " inside a transaction: the stream is not what walrelay expects", "stream");
       return Step::stop;
     }
     metrics_.mapping_errors("non_transactional").Increment();
@@ -319,7 +319,7 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
   }
   if (skipping_txn_) return Step::done;
   if (!txn_) {
-    halt("transactional logical message outside a transaction at " + message.lsn.to_string());
+    halt("transactional logical message outside a transaction at " + message.lsn.to_string(), "stream");
     return Step::stop;
   }
   const auto index = static_cast<std::uint16_t>(config_.table_include_list.size() + static_cast<std::size_t>(source.source));
@@ -365,7 +365,7 @@ Relay::Step Relay::dead_letter_message(const pgoutput::LogicalMessage& message, 
 void Relay::check_ledger() {
   if (auto& v = ledger_.violation(); v && !halt_reason_)
     halt("internal error: the LSN ledger's bookkeeping broke (" + *v +
-         "); walrelay stops rather than confirm a position it cannot vouch for");
+         "); walrelay stops rather than confirm a position it cannot vouch for", "internal");
 }
 
 // walrelay_events_relayed_total's series for a table and topic, made once.
@@ -455,7 +455,7 @@ void Relay::on_delivery(const Delivery& d) {
 }
 
 void Relay::halt_on_record(std::string reason) {
-  halt(std::move(reason));
+  halt(std::move(reason), "record");
   // A record refused at submit never reached the Kafka transaction, which
   // could still commit, with the source transactions queued behind it and a
   // position past the record. Aborting takes them all back; the committed

@@ -59,6 +59,7 @@ StatusSnapshot Relay::status() const {
   s.slot_name = config_.slot_name;
   s.state = state_;
   s.state_reason = state_reason_;
+  s.halt_stays = config_.halt_action == HaltAction::stay;
   s.received_lsn = received_lsn_;
   s.confirmed_flush_lsn = sent_flushed_lsn_;
   s.server_wal_end = l.wal_end;

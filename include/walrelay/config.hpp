@@ -30,6 +30,12 @@ enum class LogFormat { text, json };
 // publication that sends updates): skip it with a warning or an error in the
 // log, or halt.
 enum class InvalidOperation { warn, error, fatal };
+// halt.action: what a halted relay does once what was in flight has settled.
+// stay keeps the process and its admin endpoint up in the halted state (as a
+// failed Kafka Connect task stays FAILED on a running worker), so that the
+// state can be seen and alerted on and a supervisor does not restart it into
+// the same halt; exit ends the process with code 3.
+enum class HaltAction { stay, exit };
 // snapshot.mode (Debezium's names): no_data relays what is inserted after the
 // slot exists; initial first sends the rows already in the outbox tables, read
 // in the slot's exported snapshot; initial_only does that and stops.
@@ -172,6 +178,7 @@ struct Config {
   // message) lacks is the row's mapping error; false leaves the field out.
   bool additional_error_on_missing = true;
   InvalidOperation op_invalid_behavior = InvalidOperation::warn;  // table.op.invalid.behavior
+  HaltAction halt_action = HaltAction::stay;  // halt.action
   bool route_tombstone_on_empty_payload = false;
   bool expand_json_payload = false;       // table.expand.json.payload
   Converter key_converter = Converter::string;

@@ -24,7 +24,10 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
 
  public:
-  Metrics();
+  // slot: the replication slot's name, a `slot` label on the gauges that
+  // describe the slot and the relay's state, so that alerts can judge an
+  // active/passive pair (two instances, one slot) as one.
+  explicit Metrics(std::string_view slot = {});
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
@@ -77,7 +80,10 @@ class Metrics {
   void set_safe_wal_size(std::optional<double> bytes);
   prometheus::Gauge& lag_seconds;             // walrelay_slot_lag_seconds
   prometheus::Gauge& ready;                   // walrelay_ready (1 while /readyz is 200)
-  prometheus::Gauge& halted;                  // walrelay_halted (1 once halted)
+  // walrelay_halted{slot, reason}: 0 (no reason label) until the relay
+  // halts, then 1 with the reason (record, stream, slot, source, producer,
+  // internal).
+  void set_halted(std::string_view reason);
   prometheus::Gauge& backpressure;            // walrelay_backpressure (1 while reads paused)
   prometheus::Gauge& start_time;              // walrelay_start_time_seconds
   prometheus::Gauge& slot_invalidated;        // walrelay_slot_invalid (1: slot lost/dropped)
@@ -101,6 +107,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
   prometheus::Family<prometheus::Gauge>* sink_info_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* halted_family_;
+  prometheus::Gauge* halted_;
+  std::string slot_;
 };
 
 }  // namespace walrelay

@@ -121,7 +121,10 @@ class Relay final : public StatusSource {
   pgoutput::Lsn confirmable() const;
   boost::asio::awaitable<void> drain(PgConnection* conn);
   boost::asio::awaitable<void> sleep(std::chrono::milliseconds duration);
-  void halt(std::string reason, int exit_code = exit_halted);
+  // cause: walrelay_halted's reason label (record, stream, slot, source,
+  // producer, internal).
+  void halt(std::string reason, std::string_view cause, int exit_code = exit_halted);
+  boost::asio::awaitable<void> stay_halted();
   // A fatal producer error halts; a fence (another walrelay took over the
   // transactional producer) stops with exit 1, to come back as a standby.
   void check_producer();

@@ -42,6 +42,9 @@ struct StatusSnapshot {
   std::string slot_name;
   RelayState state = RelayState::starting;
   std::string state_reason;             // why not streaming, or why halted
+  // halt.action=stay: a halted relay stays up, so /healthz (liveness) says it
+  // is alive rather than ask for a restart that would halt again.
+  bool halt_stays = false;
   pgoutput::Lsn received_lsn;           // end of the newest WAL received
   pgoutput::Lsn confirmed_flush_lsn;    // flushed LSN walrelay reported to the server
   pgoutput::Lsn server_wal_end;         // the server's WAL position (the stream's until the poller answers)

@@ -64,22 +64,25 @@ TEST_CASE("every walrelay metric is exposed with help and type", "[metrics]") {
 }
 
 TEST_CASE("counters and gauges show their values", "[metrics]") {
-  walrelay::Metrics metrics;
+  walrelay::Metrics metrics("s1");
+  CHECK(samples(metrics.serialize()).at(R"(walrelay_halted{slot="s1"})") == 0);
   metrics.events_relayed("public.outbox", "orders").Increment(3);
   metrics.events_relayed("public.outbox", "payments").Increment();
   metrics.delivery_errors("msg_timed_out").Increment(2);
   metrics.bytes_relayed.Increment(1234);
   metrics.lag_bytes.Set(4096);
-  metrics.halted.Set(1);
+  metrics.set_halted("record");
 
   const auto values = samples(metrics.serialize());
   CHECK(values.at(R"(walrelay_events_relayed_total{table="public.outbox",topic="orders"})") == 3);
   CHECK(values.at(R"(walrelay_events_relayed_total{table="public.outbox",topic="payments"})") == 1);
   CHECK(values.at(R"(walrelay_delivery_errors_total{reason="msg_timed_out"})") == 2);
   CHECK(values.at("walrelay_bytes_relayed_total") == 1234);
-  CHECK(values.at("walrelay_slot_lag_bytes") == 4096);
-  CHECK(values.at("walrelay_halted") == 1);
-  CHECK(values.at("walrelay_ready") == 0);
+  CHECK(values.at(R"(walrelay_slot_lag_bytes{slot="s1"})") == 4096);
+  // One series: the reason replaces the 0 without one.
+  CHECK(values.at(R"(walrelay_halted{reason="record",slot="s1"})") == 1);
+  CHECK(values.count(R"(walrelay_halted{slot="s1"})") == 0);
+  CHECK(values.at(R"(walrelay_ready{slot="s1"})") == 0);
 }
 
 TEST_CASE("the same labels give the same child", "[metrics]") {
