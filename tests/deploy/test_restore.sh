@@ -189,7 +189,6 @@ PY
   fi
 done <"$tmp/steps"
 ((stream_started == 1)) || fail "the page never starts walrelay again"
-((gap > 0)) || fail "the page sends nothing for the events committed on the restored database before the new slot ($gap)"
 
 [[ -z $writer ]] || stop_writer
 end=$(sql -p "$restored_port" -c "SELECT pg_current_wal_lsn()")
@@ -204,3 +203,5 @@ missing=$(comm -23 "$tmp/held" "$tmp/sent" | wc -l)
 echo "events in the restored database: $(wc -l <"$tmp/held"); in Kafka (read_committed): $(wc -l <"$tmp/sent"); missing: $missing"
 ((missing == 0)) || fail "$missing events the restored database holds are not in Kafka"
 ok "every event the restored database holds reached Kafka"
+# The premise: the page's replay step had a gap to send.
+((gap > 0)) || fail "the premise: no event was missing before the replay step (gap $gap): the test proved nothing of it"
