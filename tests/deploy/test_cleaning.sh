@@ -186,7 +186,13 @@ batches() {
 ) 2>"$tmp/scheduled.err" &
 cleaner[scheduled]=$!
 
-sleep 10  # the writers, the cleaners and walrelay together: the length is the test
+# The writers, the cleaners and walrelay together for 8 s at least, and until
+# the partitions' writer has gone through 6 days (a slow machine writes less).
+for second in $(seq 40); do
+  sleep 1
+  ((second < 8)) && continue
+  (($(sql -d walrelay_clean_partitions -c "SELECT coalesce(max(day), 0) FROM orders") >= 6)) && break
+done
 touch "$tmp/stop"
 for r in "${recipes[@]}"; do wait "${writer[$r]}" || fail "the writer of recipe $r failed"; done
 for r in partitions scheduled; do wait "${cleaner[$r]}" || fail "the cleaner of recipe $r failed: $(cat "$tmp/scheduled.err")"; done
