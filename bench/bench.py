@@ -11,7 +11,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import signal
 import socket
@@ -23,6 +22,8 @@ import time
 import urllib.request
 
 import psycopg
+
+import provenance
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
@@ -469,7 +470,7 @@ def recvlogical_cmd(env, slot, publication, options):
 
 def run_pg_recvlogical(env, n, slot, end_lsn, options):
     before = env.pg_load_begin()
-    # to the end LSN and out; status every second, no fsync: the walsender's ceiling
+    # to the end LSN and out; status every second, no fsync: a reference client on the same WAL
     cmd = recvlogical_cmd(env, slot, "bench_pub", options) + ["-E", end_lsn, "-s", "1", "-F", "0", "--no-loop"]
     r = Run(env, "pg_recvlogical", cmd, n, slot=slot, end_lsn=None,
             stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
@@ -935,19 +936,6 @@ def run_txn_floor(env, rate, seconds, boundary_ms, tag):
 
 # --- main -------------------------------------------------------------------
 
-def machine():
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        mem_kb = int(f.readline().split()[1])
-    return {"nproc": os.cpu_count(), "cpu_model": cpu, "mem_gib": round(mem_kb / 1048576, 1),
-            "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
-
-
 def binary_version(path):
     """What `walrelay --version` says: its version and the librdkafka and libpq it loaded."""
     try:
@@ -959,7 +947,10 @@ def binary_version(path):
 def versions(env, args, variants):
     v = {"postgresql": env.one("SHOW server_version"), "kafka": args.kafka_version or "?",
          "walrelay": binary_version(args.walrelay), "kafka_clients_python": confluent_kafka_version(),
-         "variants": {name: binary_version(b) for name, b in variants}}
+         "variants": {name: binary_version(b) for name, b in variants},
+         # each binary's build (CMAKE_BUILD_TYPE, its source's commit) and the harness's checkout
+         "builds": {name: provenance.build_info(b) for name, b in [("walrelay", args.walrelay)] + list(variants)},
+         "bench_checkout": provenance.git_commit(os.path.dirname(os.path.abspath(__file__)))}
     if args.debezium_dir:
         # the cache folder is named for its versions: debezium-<version>-kafka-<kafka-clients version>
         m = re.search(r"debezium-(.+?)-kafka-(.+)$", os.path.basename(os.path.normpath(args.debezium_dir)))
@@ -1093,7 +1084,7 @@ def main():
         if args.quick:
             return 1
         return args.repeats or default_repeats.get(section, 1)
-    result = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
+    result = {"machine": provenance.machine(), "started": provenance.now(), "quick": args.quick,
               "argv": sys.argv[1:],
               "versions": versions(env, args, variants),
               "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": [],

@@ -16,11 +16,14 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 
 import psycopg
+
+import provenance
 
 
 def threads(pid):
@@ -101,6 +104,9 @@ def main():
     ap.add_argument("--settle", type=float, default=15, help="quiet seconds before measuring")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    # Where and with what it ran, as bench/bench.py's files record it
+    # (bench/report.py prints it beside the table).
+    started, host = provenance.now(), provenance.machine()
     results = []
     for n, b in enumerate(args.build):
         name, binary = b.split("=", 1)
@@ -110,8 +116,10 @@ def main():
         for t, v in r["threads"].items():
             print(f"  {t:<20} {v['cpu_ms_per_s']:8.3f} ms/s {v['wakeups_per_s']:8.1f} wake-ups/s")
     if args.json:
+        builds = {b.split("=", 1)[0]: provenance.build_info(b.split("=", 1)[1]) for b in args.build}
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"machine": host, "started": started, "finished": provenance.now(), "argv": sys.argv[1:],
+                       "builds": builds, "runs": results}, f, indent=1)
 
 
 if __name__ == "__main__":

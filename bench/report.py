@@ -150,16 +150,88 @@ def fmt(v, unit=""):
     return s + unit
 
 
+# --- where each table comes from ---------------------------------------------
+# Every generated block names its results file and that file's run: when it
+# ran, what was run, on which machine, with which walrelay binaries and
+# builds, as far as the file records them (bench/provenance.py writes all of
+# it from now on; older files lack the host name, the build type and the
+# commit, and the block says so). tests/deploy/test_bench_provenance.sh checks
+# that each block names a file that exists.
+
+# bench.py's options that only wire it to the services and folders.
+PLUMBING = {"--pgport", "--kafka", "--kafka-pid", "--kafka-version", "--out", "--work", "--pg-recvlogical",
+            "--debezium-dir", "--registry", "--nats", "--rabbitmq", "--walrelay", "--variant"}
+
+
+def command(d):
+    argv, extra, i = d.get("argv", []), [], 0
+    while i < len(argv):
+        if argv[i] in PLUMBING:
+            i += 2
+            continue
+        extra.append(argv[i])
+        i += 1
+    return "`bench/run.sh`, the full run" if not extra else f"the harness with `{' '.join(extra)}`"
+
+
+def build_text(path, version, info=None):
+    """One walrelay binary: its path, version, build type and commit, or what the file does not say."""
+    if info:
+        bt = info.get("build_type") or "build type not recorded"
+        commit = info.get("commit") or "commit not recorded"
+        return f"`{path}` ({version}; {bt}, commit {commit})"
+    if re.search(r"/build-bench(-[^/]*)?/walrelay$", path):
+        how = ("Release, as `bench/run.sh` configures the folder it builds in; the file records no build type or "
+               "commit")
+    elif path.endswith("/build/walrelay"):
+        how = ("RelWithDebInfo, as `scripts/build.sh` configures `build/`; the file records no build type or "
+               "commit")
+    else:
+        how = "a copy outside a build directory: its build type and commit are not recorded"
+    return f"`{path}` ({version}; {how})"
+
+
+def binaries(d):
+    """The walrelay binaries a bench.py file ran: --walrelay and each --variant."""
+    argv, v = d.get("argv", []), d.get("versions", {})
+    builds = v.get("builds", {})
+    variants = [argv[i + 1].split("=", 1) for i, a in enumerate(argv[:-1]) if a == "--variant"]
+    out = [f"{name}: " + build_text(path, v.get("variants", {}).get(name, "?"), builds.get(name))
+           for name, path in variants]
+    if "--walrelay" in argv:
+        path = argv[argv.index("--walrelay") + 1]
+        if path not in [p for _, p in variants]:
+            out.insert(0, build_text(path, v.get("walrelay", "?"), builds.get("walrelay")))
+    return out
+
+
+def machine_text(m):
+    s = f"{m.get('nproc', '?')} cores `{m.get('cpu_model', '?')}`, {m.get('mem_gib', '?')} GiB, Linux {m.get('kernel', '?')}"
+    return s + (f", host `{m['hostname']}`" if m.get("hostname") else " (host name not recorded)")
+
+
+def run_line(d, fname, folder):
+    """The whole provenance of a file that is not the full run's."""
+    return (f"Run: `bench/results/{folder}/{fname}`, {d.get('started', '?')} to {d.get('finished', 'not finished')}, "
+            f"{command(d)}; {machine_text(d.get('machine', {}))}; walrelay " + "; ".join(binaries(d)) + ".")
+
+
+def full_line(data, folder, what=""):
+    """A block from the full run: its file and span; the machine and builds are in the run's table."""
+    return (f"From `bench/results/{folder}/full.json`{what}: `bench/run.sh`'s full run, {data.get('started', '?')} to "
+            f"{data.get('finished', 'not finished')} (machine and builds: [the run](#the-run)).")
+
+
 def header(data, folder):
     m, v = data["machine"], data["versions"]
     started, finished = data.get("started", "?"), data.get("finished", "not finished")
-    rows = [("run", f"`bench/run.sh`, {started} to {finished}, results in `bench/results/{folder}/`"),
+    rows = [("run", f"`bench/run.sh`, {started} to {finished}, results in `bench/results/{folder}/full.json`"),
             ("CPU", f"{m['nproc']} cores, `{m['cpu_model']}`"), ("memory", f"{m['mem_gib']} GiB"),
-            ("kernel", f"Linux {m['kernel']}"), ("load average at the start", ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_start", []))),
+            ("kernel", f"Linux {m['kernel']}"), ("host", m.get("hostname") or "not recorded"), ("load average at the start", ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_start", []))),
             ("PostgreSQL", v.get("postgresql", "?")), ("Kafka", f"{v.get('kafka', '?')}, one KRaft broker"),
             ("walrelay", v.get("walrelay", "?") + f", built by {v.get('compiler', '?')}")]
-    for name, ver in v.get("variants", {}).items():
-        rows.append((f"walrelay, {name}", ver))
+    for b in binaries(data):
+        rows.append(("walrelay binary", b))
     if "debezium" in v:
         rows.append(("Debezium", f"{v['debezium']} embedded engine, {v.get('java', '')}"))
     rows.append(("harness, polling relay and txn floor", v.get("kafka_clients_python", "?")))
@@ -249,9 +321,19 @@ def decoder(folder):
         out.append(f"| `{name}` | {t:,.1f} ns | {rate / 1e6:,.1f} M/s | {b.get('allocs_per_msg', 0):.0f} |"
                    if rate else f"| `{name}` | {t:,.1f} ns | – | {b.get('allocs_per_msg', 0):.0f} |")
     ctx = d.get("context", {})
-    out.append(f"\nOne core (`taskset -c 1`) of {ctx.get('num_cpus', '?')} at {ctx.get('mhz_per_cpu', '?')} MHz; walrelay's "
-               f"code built Release (`-O3`). Google Benchmark reports its own library as built "
-               f"`{ctx.get('library_build_type', '?')}`, which does not touch the measured code.")
+    exe = ctx.get("executable", "?")
+    if ctx.get("build_type"):
+        build = f"{ctx['build_type']}, commit {ctx.get('walrelay_commit', 'not recorded')}"
+    elif re.search(r"/build-bench/bench/decoder_bench$", exe):
+        build = ("Release (`-O3`), as `bench/run.sh` configures the folder it builds in; the file records no build "
+                 "type or commit")
+    else:
+        build = "build type and commit not recorded"
+    out.append(f"\nRun: `bench/results/{os.path.basename(os.path.normpath(os.path.realpath(folder)))}/decoder.json`, "
+               f"{ctx.get('date', '?')}, `bench/run.sh`'s full run before its services started; host "
+               f"`{ctx.get('host_name', '?')}`, one core (`taskset -c 1`) of {ctx.get('num_cpus', '?')} at "
+               f"{ctx.get('mhz_per_cpu', '?')} MHz; `{exe}` ({build}). Google Benchmark reports its own library as "
+               f"built `{ctx.get('library_build_type', '?')}`, which does not touch the measured code.")
     return "\n".join(out)
 
 
@@ -318,7 +400,10 @@ def eos_throughput(folder):
                        f"{med(list(eos.values()), 'first_to_confirmed_events_per_s')[1]} | "
                        + ", ".join(f"{x:.2f}" for x in shares) + " | "
                        f"{med(list(alo.values()), 'cpu_us_per_event')[1]}, {med(list(eos.values()), 'cpu_us_per_event')[1]} |")
-    return "\n".join(out)
+    out.append("")
+    folder_name = os.path.basename(os.path.normpath(os.path.realpath(folder)))
+    out += [run_line(json.load(open(f)), os.path.basename(f), folder_name) for f in files]
+    return "\n\n".join(["\n".join(out[:out.index("")])] + out[out.index("") + 1:])
 
 
 def section_rows(data, folder, name):
@@ -332,6 +417,11 @@ def section_rows(data, folder, name):
     return rows, "full.json", data
 
 
+def source_line(data, source, folder):
+    name = os.path.basename(os.path.normpath(os.path.realpath(folder)))
+    return full_line(data, name) if source == "full.json" else run_line(data, source, name)
+
+
 def formats(data, folder):
     """Text against each schema-registry format, one WAL per round: the full run's
     section, or an explicit `--only formats` run's file (formats.json) beside it."""
@@ -341,7 +431,7 @@ def formats(data, folder):
     g = by(rows, "format")
     base = med(g.get(("string",), []), "events_per_s")[0]
     reg = data.get("versions", {}).get("schema_registry", "?")
-    out = [f"From `{source}` (registry: {reg}); 200,000 events in 100-row transactions, ~220-byte JSON payloads, "
+    out = [source_line(data, source, folder) + f" Registry: {reg}; 200,000 events in 100-row transactions, ~220-byte JSON payloads, "
            "medians of the rounds.", "",
            "| value | events/s | share of text | CPU µs/event | peak RSS MiB |", "|---|---|---|---|---|"]
     names = {"string": "text (`StringConverter`)", "avro": "Avro", "json-schema": "JSON Schema (validated)",
@@ -366,7 +456,7 @@ def snapshot(data, folder):
     g = by(rows, "kind")
     base = med(g.get(("streaming",), []), "events_per_s")[0]
     n = rows[0].get("events")
-    out = [f"From `{source}`; {n:,} rows written in 100-row transactions, medians of {len(g.get(('snapshot',), []))} "
+    out = [source_line(data, source, folder) + f" {n:,} rows written in 100-row transactions, medians of {len(g.get(('snapshot',), []))} "
            "rounds.", "",
            "| read by | rows/s (first to last record) | share of streaming | start-up s | CPU µs/row | peak RSS MiB |",
            "|---|---|---|---|---|---|"]
@@ -392,8 +482,8 @@ def sinks(data, folder):
     g = by(rows, "sink")
     base = med(g.get(("kafka",), []), "events_per_s")[0]
     v = data.get("versions", {})
-    out = [f"From `{source}` (nats-server {v.get('nats_server', '?')}, nats.c {v.get('nats_c', '?')}; RabbitMQ "
-           f"{v.get('rabbitmq', '?')}, rabbitmq-c {v.get('rabbitmq_c', '?')}); 300,000 events in 100-row transactions "
+    out = [source_line(data, source, folder) + f" nats-server {v.get('nats_server', '?')}, nats.c {v.get('nats_c', '?')}; RabbitMQ "
+           f"{v.get('rabbitmq', '?')}, rabbitmq-c {v.get('rabbitmq_c', '?')}; 300,000 events in 100-row transactions "
            "from one WAL, each broker on this machine, medians of the rounds; each run from walrelay's launch to the "
            "slot confirmed past the last event (walrelay confirms only what the broker acknowledged; status updates "
            "every 100 ms).", "",
@@ -428,17 +518,33 @@ def idle_threads(folder):
     if not files:
         return "_No idle_threads.py run in this folder._"
     out = ["| file | build | settings | total ms/s | per thread: ms/s (wake-ups/s) |", "|---|---|---|---|---|"]
+    notes = []
+    folder_name = os.path.basename(os.path.normpath(os.path.realpath(folder)))
     for f in files:
-        for r in json.load(open(f)):
+        d = json.load(open(f))
+        if isinstance(d, list):
+            # Written before idle_threads.py recorded where and with what it ran.
+            paths = ", ".join(f"`{r['binary']}`" for r in d if r.get("binary"))
+            notes.append(f"Run: `bench/results/{folder_name}/{os.path.basename(f)}` records no date, machine, version "
+                         f"or build, only the binaries it ran: {paths} (copies outside a build directory).")
+        else:
+            builds = d.get("builds", {})
+            notes.append(f"Run: `bench/results/{folder_name}/{os.path.basename(f)}`, {d.get('started', '?')} to "
+                         f"{d.get('finished', '?')}, `bench/idle_threads.py`; {machine_text(d.get('machine', {}))}; "
+                         + "; ".join(f"{n}: " + build_text(b.get('path', '?'), b.get('version', '?'), b)
+                                     for n, b in builds.items()) + ".")
+            d = d.get("runs", [])
+        for r in d:
             threads = ", ".join(f"{t} {v['cpu_ms_per_s']:.3f} ({v['wakeups_per_s']:.1f})" for t, v in r["threads"].items())
             out.append(f"| `{os.path.basename(f)}` | {r['build']} | {' '.join(r['settings']) or 'defaults'} | "
                        f"{r['cpu_ms_per_s']:.3f} | {threads} |")
-    return "\n".join(out)
+    return "\n\n".join(["\n".join(out)] + notes)
 
 
 def readme_headline(data, folder):
-    """The figures README.md quotes, each linked to its table."""
+    """The figures README.md quotes, each with its conditions, its file and its table."""
     g = by(data.get("runs", []), "workload", "contender")
+    src = f"`bench/results/{folder}/full.json`"
 
     def m(w, c, k):
         return med(g.get((w, c), []), k)[0]
@@ -449,10 +555,12 @@ def readme_headline(data, folder):
     if wr and rl and dz:
         cpu_ratio = m(w, "debezium", "cpu_us_per_event") / m(w, "walrelay", "cpu_us_per_event")
         rss = m(w, "walrelay", "peak_rss_mib")
-        lines.append(f"{wr / rl:.2f}× `pg_recvlogical`'s throughput (the walsender's ceiling) and {wr / dz:.1f}× "
-                     f"Debezium's at 1/{cpu_ratio:.0f} of its CPU per event and 1/{m(w, 'debezium', 'peak_rss_mib') / rss:.0f} "
-                     f"of its memory ({rss:.0f} MiB), 1,000,000 events in 100-row transactions; the first event in "
-                     f"Kafka {m(w, 'walrelay', 'startup_s') * 1000:.0f} ms after start (Debezium: "
+        n = len(g.get((w, "walrelay"), []))
+        lines.append(f"1,000,000 events in 100-row transactions, medians of {n} rounds: {wr / rl:.2f}× the throughput "
+                     f"of `pg_recvlogical` (a reference client reading the same WAL, `proto_version` 1) and "
+                     f"{wr / dz:.1f}× Debezium's at 1/{cpu_ratio:.0f} of its CPU per event and "
+                     f"1/{m(w, 'debezium', 'peak_rss_mib') / rss:.0f} of its memory ({rss:.0f} MiB); the first event "
+                     f"in Kafka {m(w, 'walrelay', 'startup_s') * 1000:.0f} ms after start (Debezium: "
                      f"{m(w, 'debezium', 'startup_s'):.1f} s) ([throughput](docs/benchmarks.md#throughput-and-resources))")
     lat = [r for r in data.get("latency", []) if r["contender"] == "walrelay" and r["rate"] == 1000]
 
@@ -460,37 +568,92 @@ def readme_headline(data, folder):
         # The broker's log-append time has millisecond resolution.
         v = med(rs, key)[0]
         return "under 1 ms" if v is not None and v < 1 else f"{v:.1f} ms"
+
+    def listed(rs, key):
+        vals = [f"{r[key]:.2f}" for r in rs if r.get(key) is not None]
+        return ", ".join(vals[:-1]) + " and " + vals[-1] if len(vals) > 1 else "".join(vals)
     if lat:
         dl = [r for r in data.get("latency", []) if r["contender"] == "debezium" and r["rate"] == 1000]
-        s = f"insert to broker at 1,000 events/s with the defaults: p50 {ms(lat, 'append_p50_ms')}, p99 {ms(lat, 'append_p99_ms')}"
+        s = (f"insert to broker log append at 1,000 one-row transactions/s with the defaults, the latency section "
+             f"(30 s after a 10 s warm-up and a wait for a quiet machine, median of {len(lat)} runs: "
+             f"{listed(lat, 'append_p99_ms')} ms): p50 {ms(lat, 'append_p50_ms')}, p99 {ms(lat, 'append_p99_ms')}")
         if dl:
             s += f" (Debezium: {ms(dl, 'append_p50_ms')} and {ms(dl, 'append_p99_ms')})"
+        alo = [r for r in data.get("librdkafka", []) if r["kind"] == "alo_1000" and r["variant"] == "librdkafka 2.8.0"]
+        side = [r for r in data.get("sidecar", []) if r["contender"] == "walrelay" and r["rate"] == 1000]
+        others = []
+        if alo:
+            others.append(f"{med(alo, 'append_p99_ms')[0]:.2f} ms in the librdkafka section (after 20 s idle, median "
+                          f"of {len(alo)} rounds: {listed(alo, 'append_p99_ms')} ms)")
+        if side:
+            others.append(f"{med(side, 'append_p99_ms')[0]:.2f} ms in the sidecar section (one run, a "
+                          f"`pg_recvlogical` reading the same WAL beside it)")
+        if others:
+            every = [r["append_p99_ms"] for r in lat + alo + side if r.get("append_p99_ms") is not None]
+            s += (f"; the same file's other runs of walrelay at that rate give p99 " + " and ".join(others) +
+                  f": the same settings, different neighbours on two shared cores, so p99 at 1,000/s is "
+                  f"{min(every):.1f} to {max(every):.1f} ms on this machine")
         lines.append(s + " ([latency](docs/benchmarks.md#latency))")
     rg = by(data.get("librdkafka", []), "kind", "variant")
     eos = rg.get(("eos_1000", "librdkafka 2.8.0"), [])
     if eos:
-        lines.append(f"exactly once at 1,000 transactions/s: p99 {med(eos, 'consumer_p99_ms')[0]:.0f} ms from insert to "
-                     f"visible for a `read_committed` consumer ([librdkafka 2.8.0 and 2.0.2](docs/benchmarks.md#"
-                     f"the-goals-of-exactly-once-and-idle-on-librdkafka-280-and-202))")
+        opts = eos[0].get("options", "")
+        boundary = re.search(r"transaction\.boundary\.interval\.ms=(\d+)", opts)
+        lines.append(f"exactly once at 1,000 one-row transactions/s with a "
+                     f"{boundary.group(1) if boundary else '?'} ms `transaction.boundary.interval.ms` (the default is "
+                     f"100 ms), librdkafka 2.8.0, median of {len(eos)} rounds: p99 {med(eos, 'consumer_p99_ms')[0]:.0f} "
+                     f"ms from insert to visible for a `read_committed` consumer ([librdkafka 2.8.0 and 2.0.2]"
+                     f"(docs/benchmarks.md#the-goals-of-exactly-once-and-idle-on-librdkafka-280-and-202))")
     if not lines:
         return "_No figures: the latest run holds no throughput or latency section._"
-    return ("On 2 cores beside PostgreSQL and Kafka, from the latest run (`bench/results/" + folder + "/`): " +
+    return (f"On 2 cores beside PostgreSQL and Kafka, all from {src} (`bench/run.sh`'s full run, "
+            f"{data.get('started', '?')} to {data.get('finished', '?')}, walrelay built Release by it): " +
             "; ".join(lines) + ".")
+
+
+def files(folder_path):
+    """Every results file of the folder: what it holds, when it ran, what ran and with which walrelay."""
+    import glob
+    folder = os.path.basename(os.path.normpath(os.path.realpath(folder_path)))
+    out = ["| file | ran | what | walrelay |", "|---|---|---|---|"]
+    for f in sorted(glob.glob(os.path.join(folder_path, "*.json"))):
+        name, d = os.path.basename(f), json.load(open(f))
+        if name == "decoder.json":
+            ctx = d.get("context", {})
+            out.append(f"| `{name}` | {ctx.get('date', '?')} | the decoder's micro-benchmark, `bench/run.sh`'s full run "
+                       f"| `{ctx.get('executable', '?')}` |")
+        elif isinstance(d, list):
+            out.append(f"| `{name}` | not recorded | `bench/idle_threads.py` | "
+                       + ", ".join(f"`{r['binary']}`" for r in d if r.get("binary")) + " |")
+        elif "runs" in d and "machine" in d and "argv" in d and "versions" in d:
+            out.append(f"| `{name}` | {d.get('started', '?')} to {d.get('finished', '?')} | {command(d)} | "
+                       + "; ".join(binaries(d)) + " |")
+        else:
+            out.append(f"| `{name}` | {d.get('started', 'not recorded')} to {d.get('finished', '?')} | "
+                       f"`bench/idle_threads.py` | " + "; ".join(f"`{b.get('path', '?')}`" for b in
+                                                            d.get("builds", {}).values()) + " |")
+    return (f"In `bench/results/{folder}/` (the CSV files beside them hold the same rows):\n\n" + "\n".join(out))
 
 
 def sections(data, folder_path):
     folder = os.path.basename(os.path.normpath(os.path.realpath(folder_path)))
+    def full(body, what=""):
+        return full_line(data, folder, what) + "\n\n" + body
     return {
+        "files": files(folder_path),
         "run": header(data, folder),
-        "librdkafka": librdkafka_goals(data),
+        "librdkafka": full(librdkafka_goals(data), ", its `librdkafka` section"),
         "decoder": decoder(folder_path),
-        "throughput": throughput(data) if data.get("runs") else "_This run has no throughput section._",
-        "targets": targets(data) if data.get("runs") else "–",
-        "pg-load": pg_load(data) if data.get("runs") else "–",
-        "options": options(data) if data.get("option_runs") else "_This run has no options section._",
-        "latency": latency(data) if data.get("latency") else "_This run has no latency section._",
-        "sidecar": sidecar(data),
-        "tableless": tableless(data),
+        "throughput": full(throughput(data) if data.get("runs") else "_This run has no throughput section._",
+                           ", its `runs`"),
+        "targets": full(targets(data) if data.get("runs") else "–", ", its `runs`"),
+        "pg-load": full(pg_load(data) if data.get("runs") else "–", ", its `runs`"),
+        "options": full(options(data) if data.get("option_runs") else "_This run has no options section._",
+                        ", its `option_runs`"),
+        "latency": full(latency(data) if data.get("latency") else "_This run has no latency section._",
+                        ", its `latency` section"),
+        "sidecar": full(sidecar(data), ", its `sidecar` section"),
+        "tableless": full(tableless(data), ", its `tableless` section"),
         "headline": readme_headline(data, folder),
         "eos-throughput": eos_throughput(folder_path),
         "idle-threads": idle_threads(folder_path),

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# walrelay against pg_recvlogical (the walsender's ceiling), Debezium's
+# walrelay against pg_recvlogical (a reference client reading the same WAL), Debezium's
 # embedded engine and a polling relay, on the same PostgreSQL 15, Kafka and
 # workload; walrelay on librdkafka 2.8.0 (the default build) beside 2.0.2
 # (Debian 12's) and the broker's own exactly-once floor; the decoder's
 # micro-benchmark. See docs/benchmarks.md.
 #
 #   bench/run.sh            full run (under an hour on 2 cores): one dated folder bench/results/<UTC date>/
-#                           (every run, the machine and every version), bench/results/latest pointing to it,
+#                           (every run, the machine, every version, each binary's commit and build type:
+#                           bench/provenance.py), bench/results/latest pointing to it,
 #                           plots in docs/img/, and docs/benchmarks.md's tables regenerated (bench/report.py)
 #   bench/run.sh --quick    20,000 events, walrelay + pg_recvlogical + polling relay; fails unless every
 #                           event arrived (CTest `bench_quick`, label bench). Own services, stopped after.
@@ -101,8 +102,14 @@ if ((!quick && !partial)); then
   echo "==> decoder micro-benchmark" >&2
   cmake -S "$repo" -B "$repo/build-bench" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWALRELAY_TESTS=OFF >/dev/null
   ninja -C "$repo/build-bench" decoder_bench >/dev/null
+  # Google Benchmark records the date, host and CPUs; the rest of what every
+  # results file records (bench/provenance.py) goes into its context.
+  build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$repo/build-bench/CMakeCache.txt")
+  context="build_type=$build_type,walrelay_commit=$(git -C "$repo" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)"
+  context+=",uname=$(uname -a),cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
   taskset -c 1 "$repo/build-bench/bench/decoder_bench" --benchmark_repetitions=5 \
-    --benchmark_report_aggregates_only=true --benchmark_out="$out/decoder.json" --benchmark_out_format=json >&2
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/decoder.json" --benchmark_out_format=json \
+    --benchmark_context="${context//,,/,}" >&2
 fi
 echo "==> services in $WALRELAY_RUN_DIR" >&2
 "$services" start 2>/dev/null

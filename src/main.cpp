@@ -209,6 +209,8 @@ int main(int argc, char** argv) {
                         "failover that rewound the database), so that the next start skips nothing; fences a running "
                         "walrelay with the same transactional.id, then exits")
       ("print-config", "print the effective configuration (secrets masked) and exit")
+      ("list-metrics", "print every metric family walrelay exports, one a line: name, type, labels (comma-separated, "
+                       "- for none) and help, tab-separated; connects nowhere, reads no configuration")
       ("version", "print the version and exit")
       ("help,h", "print this help and exit");
   po::variables_map vm;
@@ -229,6 +231,18 @@ int main(int argc, char** argv) {
               << PQlibVersion() / 10000 << ")";
     if (mutation::compiled_in) std::cout << " MUTATION TESTING: " << mutation::name(mutation::selected());
     std::cout << "\n";
+    return exit_ok;
+  }
+  if (vm.count("list-metrics")) {
+    // The families as the running daemon registers them (docs/operations.md's
+    // table is checked against this by tests/deploy/test_metrics_table.sh).
+    Metrics metrics;
+    for (auto& family : metrics.describe()) {
+      std::string labels;
+      for (auto& l : family.labels) labels += (labels.empty() ? "" : ",") + l;
+      std::cout << family.name << '\t' << family.type << '\t' << (labels.empty() ? "-" : labels) << '\t'
+                << family.help << '\n';
+    }
     return exit_ok;
   }
   if (mutation::compiled_in && mutation::selected() != mutation::Break::none)

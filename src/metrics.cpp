@@ -5,12 +5,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -42,11 +45,37 @@ prometheus::Histogram& add_latency_histogram(prometheus::Registry& registry, con
                                                   1, 2.5, 5, 10, 30, 60});
 }
 
-// Registers a counter family whose children are added later, per label set.
+// The families registered with labels (Metrics::labelled_families_).
+using LabelledFamilies = std::map<std::string, Metrics::FamilyDescription, std::less<>>;
+
+// Registers a counter family whose children are added later, one per set of
+// values of `labels`, which are recorded for describe().
 prometheus::Family<prometheus::Counter>* add_counter_family(prometheus::Registry& registry,
-                                                            const std::string& name,
-                                                            const std::string& help) {
+                                                            LabelledFamilies& declared, const std::string& name,
+                                                            const std::string& help,
+                                                            std::vector<std::string> labels) {
+  declared[name] = {name, "counter", std::move(labels), help};
   return &prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+// The same for a gauge family (labels may be empty: a family whose only
+// sample is added and removed).
+prometheus::Family<prometheus::Gauge>* add_gauge_family(prometheus::Registry& registry, LabelledFamilies& declared,
+                                                        const std::string& name, const std::string& help,
+                                                        std::vector<std::string> labels) {
+  declared[name] = {name, "gauge", std::move(labels), help};
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+
+const char* type_name(prometheus::MetricType type) {
+  switch (type) {
+    case prometheus::MetricType::Counter: return "counter";
+    case prometheus::MetricType::Gauge: return "gauge";
+    case prometheus::MetricType::Histogram: return "histogram";
+    case prometheus::MetricType::Summary: return "summary";
+    case prometheus::MetricType::Untyped: return "untyped";
+  }
+  return "untyped";
 }
 
 // Seconds since the Unix epoch, with sub-second precision.
@@ -284,46 +313,40 @@ Metrics::Metrics(std::string_view slot)
           *registry_, "walrelay_commit_to_ack_seconds",
           "Per transaction with outbox events: its commit timestamp to Kafka having acknowledged it and "
           "every earlier event.")),
-      events_family_(add_counter_family(*registry_, "walrelay_events_relayed_total",
-                                        "Outbox events acknowledged by Kafka, by table and topic.")),
-      delivery_errors_family_(add_counter_family(
-          *registry_, "walrelay_delivery_errors_total",
-          "Kafka delivery reports that carried an error, by reason.")),
-      dead_lettered_family_(add_counter_family(*registry_, "walrelay_dead_lettered_total",
-                                               "Events written to the dead-letter topic, by reason.")),
-      mapping_errors_family_(add_counter_family(
-          *registry_, "walrelay_mapping_errors_total",
-          "Outbox rows that could not be mapped to a Kafka record, by reason.")),
-      skipped_rows_family_(add_counter_family(
-          *registry_, "walrelay_skipped_rows_total",
-          "Inserted rows the publication sent from tables that are not in table.include.list, by table.")),
-      skipped_messages_family_(add_counter_family(
-          *registry_, "walrelay_skipped_messages_total",
-          "Logical messages whose prefix matches no pattern of message.prefix.include.list, by prefix.")),
+      events_family_(add_counter_family(*registry_, labelled_families_, "walrelay_events_relayed_total",
+                                        "Outbox events acknowledged by Kafka, by table and topic.",
+                                        {"table", "topic"})),
+      delivery_errors_family_(add_counter_family(*registry_, labelled_families_, "walrelay_delivery_errors_total",
+          "Kafka delivery reports that carried an error, by reason.", {"reason"})),
+      dead_lettered_family_(add_counter_family(*registry_, labelled_families_, "walrelay_dead_lettered_total",
+                                               "Events written to the dead-letter topic, by reason.", {"reason"})),
+      mapping_errors_family_(add_counter_family(*registry_, labelled_families_, "walrelay_mapping_errors_total",
+          "Outbox rows that could not be mapped to a Kafka record, by reason.", {"reason"})),
+      skipped_rows_family_(add_counter_family(*registry_, labelled_families_, "walrelay_skipped_rows_total",
+          "Inserted rows the publication sent from tables that are not in table.include.list, by table.", {"table"})),
+      skipped_messages_family_(add_counter_family(*registry_, labelled_families_, "walrelay_skipped_messages_total",
+          "Logical messages whose prefix matches no pattern of message.prefix.include.list, by prefix.", {"prefix"})),
       invalid_operations_family_(add_counter_family(
-          *registry_, "walrelay_invalid_operations_total",
-          "Updates of outbox rows that the publication sent, skipped as table.op.invalid.behavior says, by table.")),
-      kafka_transactions_family_(add_counter_family(
-          *registry_, "walrelay_kafka_transactions_total",
-          "Exactly once: Kafka transactions ended, by outcome (committed, aborted).")),
+          *registry_, labelled_families_, "walrelay_invalid_operations_total",
+          "Updates of outbox rows that the publication sent, skipped as table.op.invalid.behavior says, by table.",
+          {"table"})),
+      kafka_transactions_family_(add_counter_family(*registry_, labelled_families_, "walrelay_kafka_transactions_total",
+          "Exactly once: Kafka transactions ended, by outcome (committed, aborted).", {"outcome"})),
       schema_registry_family_(add_counter_family(
-          *registry_, "walrelay_schema_registry_requests_total",
+          *registry_, labelled_families_, "walrelay_schema_registry_requests_total",
           "Schema lookups in the schema registry, by outcome (ok, unreachable, not_found, unauthorized, "
-          "bad_response, bad_schema); any but ok holds the records of that subject back.")),
-      safe_wal_size_family_(&prometheus::BuildGauge()
-                                 .Name("walrelay_slot_safe_wal_size_bytes")
-                                 .Help("WAL that can still be written before max_slot_wal_keep_size invalidates the "
-                                       "slot; absent while the server sets no limit.")
-                                 .Register(*registry_)),
-      sink_info_family_(&prometheus::BuildGauge()
-                             .Name("walrelay_sink_info")
-                             .Help("1, labelled with the broker records go to (sink.type: kafka, nats-jetstream, rabbitmq).")
-                             .Register(*registry_)),
-      halted_family_(&prometheus::BuildGauge()
-                          .Name("walrelay_halted")
-                          .Help("1, with the reason (record, stream, slot, source, producer, internal), once the relay "
-                                "has stopped on an error that needs an operator; 0 before.")
-                          .Register(*registry_)),
+          "bad_response, bad_schema); any but ok holds the records of that subject back.", {"outcome"})),
+      safe_wal_size_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_slot_safe_wal_size_bytes",
+                                             "WAL that can still be written before max_slot_wal_keep_size "
+                                             "invalidates the slot; absent while the server sets no limit.",
+                                             {"slot"})),
+      sink_info_family_(add_gauge_family(
+          *registry_, labelled_families_, "walrelay_sink_info",
+          "1, labelled with the broker records go to (sink.type: kafka, nats-jetstream, rabbitmq).", {"sink"})),
+      halted_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_halted",
+                                      "1, with the reason (record, stream, slot, source, producer, internal), once "
+                                      "the relay has stopped on an error that needs an operator; 0 before.",
+                                      {"slot", "reason"})),
       halted_(&halted_family_->Add({{"slot", std::string(slot)}})),
       slot_(slot) {
   start_time.Set(unix_now_seconds());
@@ -343,6 +366,30 @@ std::string Metrics::serialize() {
   families.insert(families.end(), std::make_move_iterator(process.begin()),
                   std::make_move_iterator(process.end()));
   return prometheus::TextSerializer().Serialize(families);
+}
+
+std::vector<Metrics::FamilyDescription> Metrics::describe() {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  auto process = collect_process_metrics();
+  families.insert(families.end(), std::make_move_iterator(process.begin()),
+                  std::make_move_iterator(process.end()));
+  std::vector<FamilyDescription> out;
+  std::set<std::string, std::less<>> seen;
+  for (auto& family : families) {
+    FamilyDescription d{family.name, type_name(family.type), {}, family.help};
+    if (auto it = labelled_families_.find(family.name); it != labelled_families_.end()) d.labels = it->second.labels;
+    // Labels a child carries that were not declared (a family registered
+    // without add_*_family) are listed too, in the order first seen.
+    for (auto& sample : family.metric)
+      for (auto& label : sample.label)
+        if (std::find(d.labels.begin(), d.labels.end(), label.name) == d.labels.end()) d.labels.push_back(label.name);
+    seen.insert(d.name);
+    out.push_back(std::move(d));
+  }
+  // The labelled families with no child yet (Collect() leaves them out).
+  for (auto& [name, d] : labelled_families_)
+    if (!seen.count(name)) out.push_back(d);
+  return out;
 }
 
 prometheus::Counter& Metrics::events_relayed(std::string_view table, std::string_view topic) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -20,8 +21,23 @@ namespace walrelay {
 // labels are looked up once and cached by the caller (a relation-cache entry
 // keeps its own Counter*), so the hot path does no label hashing.
 class Metrics {
+ public:
+  // One metric family as exported: `walrelay --list-metrics` prints these,
+  // and tests/deploy/test_metrics_table.sh diffs docs/operations.md against them.
+  struct FamilyDescription {
+    std::string name;
+    std::string type;                 // counter, gauge, histogram
+    std::vector<std::string> labels;  // empty for a family without labels
+    std::string help;
+  };
+
+ private:
   // Declared first: the references below are bound to it in the constructor.
   std::shared_ptr<prometheus::Registry> registry_;
+  // The families registered with labels, by name: their children are added
+  // later, and the registry's Collect() leaves a family without children out
+  // and cannot tell its label names before the first one (describe()).
+  std::map<std::string, FamilyDescription, std::less<>> labelled_families_;
 
  public:
   // slot: the replication slot's name, a `slot` label on the gauges that
@@ -33,6 +49,9 @@ class Metrics {
 
   // Prometheus text exposition of everything, process metrics included.
   std::string serialize();
+
+  // Every family in the registry, children or not, then the process_* ones.
+  std::vector<FamilyDescription> describe();
 
   prometheus::Counter& events_relayed(std::string_view table, std::string_view topic);
   prometheus::Counter& delivery_errors(std::string_view reason);

@@ -155,7 +155,7 @@ clean
 # quickstart's role and publication.
 unit=$REPO/deploy/systemd/walrelay.service
 exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
-[[ $exec_start == "/usr/bin/walrelay --config /etc/walrelay/walrelay.properties" ]] \
+[[ $exec_start == "/usr/local/bin/walrelay --config /etc/walrelay/walrelay.properties" ]] \
   || fail "systemd: ExecStart changed ($exec_start): update this test"
 grep -qx 'EnvironmentFile=-/etc/walrelay/walrelay.env' "$unit" || fail "systemd: EnvironmentFile changed: update this test"
 python3 - "$REPO/docs/quickstart.md" > "$tmp/role.sql" <<'PY'
@@ -186,7 +186,7 @@ admin.listen=127.0.0.1:0
 PROPS
 echo "WALRELAY_DATABASE_PASSWORD=systemd-test" > "$tmp/walrelay.env"
 systemd_run() {
-  local cmd=${exec_start//\/usr\/bin\/walrelay/$tmp/bin/walrelay}
+  local cmd=${exec_start//\/usr\/local\/bin\/walrelay/$tmp/bin/walrelay}
   cmd=${cmd//\/etc\/walrelay\/walrelay.properties/$tmp/walrelay.properties}
   set -a
   # shellcheck disable=SC1091

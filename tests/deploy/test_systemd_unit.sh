@@ -9,7 +9,7 @@ make_tmp
 unit=$REPO/deploy/systemd/walrelay.service
 # verify checks that ExecStart's binary exists: point it at a real one.
 exe=${WALRELAY_DEPLOY_BINARY:-/bin/true}
-sed "s#/usr/bin/walrelay#$exe#g" "$unit" > "$tmp/walrelay.service"
+sed "s#/usr/local/bin/walrelay#$exe#g" "$unit" > "$tmp/walrelay.service"
 out=$(systemd-analyze verify "$tmp/walrelay.service" 2>&1) || fail "systemd-analyze verify: $out"
 # verify exits 0 on some warnings; none are expected from this unit.
 [[ -z $out ]] || fail "systemd-analyze verify printed: $out"
@@ -30,7 +30,7 @@ if ! grep -qE '^RestartPreventExitStatus=.*\b2\b' "$unit" || ! grep -qE '^Restar
 fi
 ok "exit 2 and 3 are not restarted"
 contains "$unit" "Restart=on-failure"
-contains "$unit" "ExecStart=/usr/bin/walrelay --config /etc/walrelay/walrelay.properties"
+contains "$unit" "ExecStart=/usr/local/bin/walrelay --config /etc/walrelay/walrelay.properties"
 contains "$unit" "EnvironmentFile=-/etc/walrelay/walrelay.env"
 
 # The stop timeout must exceed walrelay's default drain time (shutdown.timeout.ms=30000).

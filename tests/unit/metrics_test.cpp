@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "walrelay/metrics.hpp"
 
@@ -133,4 +134,55 @@ TEST_CASE("process metrics come from /proc/self and are plausible", "[metrics]")
   const double start = values.at("process_start_time_seconds");
   CHECK(start <= unix_now() + 2);
   CHECK(start > unix_now() - 24 * 3600);
+}
+
+TEST_CASE("describe lists every family served, with the labels its children carry", "[metrics]") {
+  walrelay::Metrics metrics;
+  // Before any child: the labelled families are listed with their declared labels.
+  auto before = metrics.describe();
+  std::map<std::string, walrelay::Metrics::FamilyDescription> listed;
+  for (auto& d : before) listed[d.name] = d;
+  CHECK(listed.size() == before.size());  // each family once
+  REQUIRE(listed.count("walrelay_events_relayed_total"));
+  CHECK(listed["walrelay_events_relayed_total"].labels == std::vector<std::string>{"table", "topic"});
+  CHECK(listed["walrelay_events_relayed_total"].type == "counter");
+  REQUIRE(listed.count("walrelay_slot_safe_wal_size_bytes"));
+  CHECK(listed["walrelay_slot_safe_wal_size_bytes"].labels.empty());
+  REQUIRE(listed.count("process_cpu_seconds_total"));
+
+  // Every labelled accessor: its child carries exactly the declared labels,
+  // so --list-metrics does not change once the relay runs.
+  metrics.events_relayed("public.outbox", "orders");
+  metrics.delivery_errors("msg_timed_out");
+  metrics.dead_lettered("mapping");
+  metrics.mapping_errors("missing_topic");
+  metrics.skipped_rows("public.other");
+  metrics.skipped_messages("audit");
+  metrics.invalid_operations("public.outbox");
+  metrics.kafka_transactions("committed");
+  metrics.schema_registry_requests("ok");
+  metrics.set_sink("kafka");
+  metrics.set_safe_wal_size(1024);
+  auto after = metrics.describe();
+  CHECK(after.size() == before.size());
+  for (auto& d : after) {
+    INFO(d.name);
+    REQUIRE(listed.count(d.name));
+    CHECK(listed[d.name].labels == d.labels);
+    CHECK(listed[d.name].type == d.type);
+    CHECK(!d.help.empty());
+  }
+  // And every family the exposition serves is listed.
+  const std::string text = metrics.serialize();
+  std::istringstream lines(text);
+  std::string line;
+  int families = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    ++families;
+    const auto name = line.substr(7, line.find(' ', 7) - 7);
+    INFO(name);
+    CHECK(listed.count(name));
+  }
+  CHECK(families == static_cast<int>(after.size()));
 }
