@@ -147,7 +147,8 @@ TEST_CASE("describe lists every family served, with the labels its children carr
   CHECK(listed["walrelay_events_relayed_total"].labels == std::vector<std::string>{"table", "topic"});
   CHECK(listed["walrelay_events_relayed_total"].type == "counter");
   REQUIRE(listed.count("walrelay_slot_safe_wal_size_bytes"));
-  CHECK(listed["walrelay_slot_safe_wal_size_bytes"].labels.empty());
+  CHECK(listed["walrelay_slot_safe_wal_size_bytes"].labels == std::vector<std::string>{"slot"});
+  CHECK(listed["walrelay_halted"].labels == std::vector<std::string>{"slot", "reason"});
   REQUIRE(listed.count("process_cpu_seconds_total"));
 
   // Every labelled accessor: its child carries exactly the declared labels,
