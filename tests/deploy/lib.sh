@@ -72,6 +72,20 @@ wait_streaming() {
   fail "$1: walrelay did not stream within 30 s"
 }
 
+# Waits until the current run has halted and stays up (halt.action=stay, the
+# default): it logs so and still runs. Fails with its log otherwise.
+wait_halted_up() {
+  for _ in $(seq 300); do
+    grep -q "halted, staying up" "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! grep -q "halted, staying up" "$log" || ! kill -0 "$pid" 2>/dev/null; then
+    cat "$log" >&2
+    fail "$1: walrelay did not stay up halted"
+  fi
+}
+
 # Stops the current run with SIGTERM; fails unless it exits 0.
 stop() {
   kill -TERM "$pid"

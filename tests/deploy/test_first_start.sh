@@ -88,13 +88,7 @@ walk() {
   start "$@"
   # halt.action=stay, the default: halted, it stays up (an alert can fire,
   # a pod is not restarted into the same halt) until stopped, then exits 3.
-  for _ in $(seq 300); do
-    grep -q "halted, staying up" "$log" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  grep -q "halted, staying up" "$log" && kill -0 "$pid" 2>/dev/null \
-    || { cat "$log" >&2; fail "$name: a start after the slot was dropped did not stay up halted"; }
+  wait_halted_up "$name: a start after the slot was dropped"
   kill -TERM "$pid"
   wait_exit
   [[ $rc == 3 ]] || { cat "$log" >&2; fail "$name: the halted walrelay exited $rc on SIGTERM, not 3"; }
