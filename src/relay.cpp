@@ -303,7 +303,10 @@ asio::awaitable<void> Relay::run() {
   }
   // Shutdown or halt: let what is in flight land, confirm as far as it goes.
   co_await drain(nullptr);
-  if (halt_reason_ && config_.halt_action == HaltAction::stay && !stop_requested_) co_await stay_halted();
+  // A fenced producer (exit 1) is no halt for a human: another walrelay took
+  // over, and this one comes back as its standby.
+  if (halt_reason_ && halt_exit_code_ == exit_halted && config_.halt_action == HaltAction::stay && !stop_requested_)
+    co_await stay_halted();
   // A lost slot is a halt too: a restart would create a new slot and skip
   // events, so it must not look like a crash a supervisor retries.
   if (halt_reason_) exit_code_ = halt_exit_code_;

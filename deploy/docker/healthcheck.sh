@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Container health check without curl: GET /healthz over bash's /dev/tcp.
-# Exits 0 on HTTP 200, 1 otherwise (503 once halted, no answer, refused).
+# Exits 0 on HTTP 200, 1 otherwise (503 while a halted walrelay with halt.action=exit drains, no answer, refused; halted with halt.action=stay it is 200: alive).
 #
 # The port comes from admin.listen: $WALRELAY_ADMIN_LISTEN if set, else the
 # configuration file the entry point uses, else 127.0.0.1:8080. A wildcard
