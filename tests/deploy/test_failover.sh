@@ -4,7 +4,7 @@
 # pg_basebackup copy on another port), walrelay on the primary with both
 # servers in database.hostname and a writer running; the primary is stopped
 # hard and the standby promoted, the application writes on it at once.
-# walrelay finds the promoted server, exits 3 and creates nothing; then the
+# walrelay finds the promoted server, halts (staying up) and creates nothing; then the
 # page's steps, in the page's order: --reset-slot, start walrelay, replay the
 # gap. Checked with kcat: every event the new primary holds is in Kafka, and
 # the gap was real (events missing before the replay step).
@@ -87,25 +87,26 @@ sleep 2  # walrelay relays the primary's events
 ok "walrelay streams from the primary, the writer writes"
 
 # The failover: the primary stops hard, the standby is promoted, the
-# application writes on it at once. walrelay finds it and exits 3.
+# application writes on it at once. walrelay finds it and halts.
 "$services" primary stop immediate >/dev/null
 wait "$writer" || true; writer=
 failed_over=$(date -u '+%F %T+00')
 "$services" standby promote >/dev/null
 write "$standby_port"
-wait_exit
-((rc == 3)) || { cat "$log" >&2; fail "on the promoted server walrelay exited $rc, not 3"; }
-grep -q -- "--reset-slot" "$log" || { cat "$log" >&2; fail "walrelay's exit does not name --reset-slot"; }
+wait_halted_up "on the promoted server"
+grep -q -- "--reset-slot" "$log" || { cat "$log" >&2; fail "walrelay's halt does not name --reset-slot"; }
 [[ $(sql -p "$standby_port" -c "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'") == 0 ]] ||
   fail "walrelay created a slot on the promoted server"
 # The slot marker's promise: however often it is restarted.
-start "$WALRELAY_DEPLOY_BINARY" --config "$tmp/walrelay.properties"
+kill -TERM "$pid"
 wait_exit
-((rc == 3)) || { cat "$log" >&2; fail "restarted on the promoted server walrelay exited $rc, not 3"; }
+((rc == 3)) || { cat "$log" >&2; fail "on the promoted server the halted walrelay exited $rc on SIGTERM, not 3"; }
+start "$WALRELAY_DEPLOY_BINARY" --config "$tmp/walrelay.properties"
+wait_halted_up "restarted on the promoted server"
 [[ $(sql -p "$standby_port" -c "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'") == 0 ]] ||
   fail "walrelay restarted created a slot on the promoted server"
 for _ in $(seq 100); do [[ $(sql -p "$standby_port" -d $db -c "SELECT count(*) > 100 FROM public.outbox WHERE created_at > '$failed_over'") == t ]] && break; sleep 0.1; done
-ok "after the failover walrelay exited 3, naming --reset-slot, twice, and created nothing"
+ok "after the failover walrelay halted and stayed up, naming --reset-slot, twice (exit 3 on SIGTERM between), and created nothing"
 
 # The page's steps, in its order. A command that runs the daemon is started
 # and must stream; the others must exit 0. The replay's time is a time
@@ -147,6 +148,13 @@ PY
     gap=$(comm -23 "$tmp/held" "$tmp/sent" | wc -l)
     "${words[@]}" >"$tmp/replay.log" 2>&1 || { cat "$tmp/replay.log" >&2; fail "the page's replay step failed"; }
     ok "the page's replay step sent the gap again ($gap events missing before it)"
+  elif [[ $step == " systemctl stop walrelay " ]]; then
+    # The halted walrelay, still up: SIGTERM, as systemd sends it.
+    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then fail "the page's stop step: no halted walrelay running"; fi
+    kill -TERM "$pid"
+    wait_exit
+    ((rc == 3)) || { cat "$log" >&2; fail "the page's stop step: the halted walrelay exited $rc, not 3"; }
+    ok "the page's stop step: the halted walrelay exited 3"
   elif [[ $step == *" --reset-slot "* ]]; then
     "${words[@]}" >"$tmp/reset.log" 2>&1 || { cat "$tmp/reset.log" >&2; fail "the page's --reset-slot step failed"; }
     grep -q "reset by the operator: events committed after .* were not relayed" "$tmp/reset.log" ||

@@ -5,7 +5,7 @@
 # writer and walrelay go on past it. The database is then restored from the
 # backup (started on another port: same system identifier, LSNs behind the
 # committed position, no logical slot) and the application writes there at
-# once. walrelay refuses to start (exit 3); the page's steps run in the
+# once. walrelay refuses to start (it halts and stays up); the page's steps run in the
 # page's order. Checked with a read_committed kcat: every event the restored
 # database holds is in Kafka, and the gap was real (events missing before the
 # replay step).
@@ -130,11 +130,10 @@ restored_at=$(date -u '+%F %T+00')
 write "$restored_port"
 config "$restored_port"
 start "$WALRELAY_DEPLOY_BINARY" --config "$tmp/walrelay.properties"
-wait_exit
-((rc == 3)) || { cat "$log" >&2; fail "on the restored database walrelay exited $rc, not 3"; }
+wait_halted_up "on the restored database"
 [[ $(sql -p "$restored_port" -c "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'") == 0 ]] ||
   fail "walrelay created a slot on the restored database"
-ok "on the restored database walrelay exits 3: $(grep -o 'halted: .\{0,120\}' "$log" | head -1)"
+ok "on the restored database walrelay halts and stays up: $(grep -o 'halted: .\{0,120\}' "$log" | head -1)"
 for _ in $(seq 100); do [[ $(sql -p "$restored_port" -d $db -c "SELECT count(*) > 100 FROM public.outbox WHERE created_at > '$restored_at'") == t ]] && break; sleep 0.1; done
 [[ $(sql -p "$restored_port" -c "SELECT pg_current_wal_lsn() < '$end'") == t ]] ||
   fail "the premise: the restored database's WAL is not behind the position walrelay committed (before $end)"
@@ -175,6 +174,13 @@ PY
     gap=$(comm -23 "$tmp/held" "$tmp/sent" | wc -l)
     "${words[@]}" >"$tmp/replay.log" 2>&1 || { cat "$tmp/replay.log" >&2; fail "the page's replay step failed"; }
     ok "the page's replay step sent the gap again ($gap events missing before it)"
+  elif [[ $step == "systemctl stop walrelay" ]]; then
+    # The halted walrelay, still up: SIGTERM, as systemd sends it.
+    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then fail "the page's stop step: no halted walrelay running"; fi
+    kill -TERM "$pid"
+    wait_exit
+    ((rc == 3)) || { cat "$log" >&2; fail "the page's stop step: the halted walrelay exited $rc, not 3"; }
+    ok "the page's stop step: the halted walrelay exited 3"
   elif [[ " $step " == *" --reset-slot "* || " $step " == *" --reset-offsets "* ]]; then
     "${words[@]}" >"$tmp/reset.log" 2>&1 || { cat "$tmp/reset.log" >&2; fail "the page's step failed: $step"; }
     ok "the page's step: $step"
