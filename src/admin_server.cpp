@@ -557,9 +557,9 @@ http::response<http::string_body> Core::handle(const http::request<http::string_
   } else if (is_health) {
     const StatusSnapshot status = status_.status();
     if (status.state == RelayState::halted && status.halt_stays) {
-      // Alive: a restart would only halt again. /readyz and walrelay_halted say why.
-      reply(http::status::ok, text_plain,
-            fmt::format("ok, halted (halt.action=stay): {}\n", one_line(status.state_reason)));
+      // Alive: a restart would only halt again. /readyz (behind the token:
+      // the reason can quote a row's values) and walrelay_halted say why.
+      reply(http::status::ok, text_plain, "ok, halted (halt.action=stay): see /readyz\n");
     } else if (status.state == RelayState::halted) {
       reply(http::status::service_unavailable, text_plain, fmt::format("halted: {}\n", one_line(status.state_reason)));
     } else {

@@ -325,6 +325,12 @@ asio::awaitable<void> Relay::stay_halted() {
   spdlog::critical("slot={} halted, staying up (halt.action=stay) with the admin endpoint on: {}; fix the cause, then "
                    "restart walrelay (SIGTERM exits with code {})",
                    config_.slot_name, *halt_reason_, halt_exit_code_);
+  // Records still queued would land whenever the broker comes back (no
+  // message time-out by default), after what a standby that took the slot
+  // sent since for the same keys: they are dropped, the slot gives them
+  // again. (Exactly once: the open Kafka transaction takes them with it.)
+  if (!transactional_) sink_.abort_queued();
+  note_backpressure(false);  // no read waits for room any more
   const auto every = std::chrono::milliseconds(std::max(1000, config_.slot_status_interval_ms));
   while (!stop_requested_) {
     update_gauges();

@@ -117,6 +117,8 @@ insert "'$name'" after
 wait_halted_up "poison row"
 health=$(get /healthz)
 [[ ${health%%$'\n'*} == 200 ]] || fail "poison row: /healthz answered $health, not 200 (the process is alive)"
+# /healthz needs no token: it must not quote the halt's reason (a row's values).
+[[ $health != *"$table"* && $health != *bad* ]] || fail "poison row: /healthz, open to anyone, names the row: $health"
 ready=$(get /readyz)
 [[ ${ready%%$'\n'*} == 503 && $ready == *"halted"* && $ready == *"$table"* ]] \
   || fail "poison row: /readyz answered $ready, not 503 naming the table"
