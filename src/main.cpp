@@ -20,7 +20,7 @@
 #include "walrelay/logging.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
-#include "walrelay/relay.hpp"
+#include "walrelay/relay/relay.hpp"
 #include "walrelay/redrive.hpp"
 #include "walrelay/replay.hpp"
 #include "walrelay/replay_job.hpp"

@@ -15,7 +15,7 @@
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/metrics.hpp"
-#include "walrelay/relay.hpp"
+#include "walrelay/relay/relay.hpp"
 #include "walrelay/sink.hpp"
 
 using namespace it;

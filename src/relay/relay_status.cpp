@@ -2,7 +2,7 @@
 // snapshot behind /slot and /readyz (see relay.hpp for the other files).
 #include <algorithm>
 
-#include "walrelay/relay.hpp"
+#include "walrelay/relay/relay.hpp"
 
 namespace walrelay {
 

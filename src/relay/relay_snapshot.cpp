@@ -46,7 +46,7 @@
 
 #include "walrelay/catalog.hpp"
 #include "walrelay/mutation.hpp"
-#include "walrelay/relay.hpp"
+#include "walrelay/relay/relay.hpp"
 #include "walrelay/table_rows.hpp"
 
 namespace walrelay {

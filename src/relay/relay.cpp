@@ -1,6 +1,6 @@
 // The relay's lifecycle, its reconnect policy, and the replication session
 // with its read loop (see relay.hpp for the other files of Relay).
-#include "walrelay/relay.hpp"
+#include "walrelay/relay/relay.hpp"
 
 #include <spdlog/spdlog.h>
 

@@ -8,7 +8,7 @@
 #include "walrelay/dead_letter.hpp"
 #include "walrelay/logging.hpp"
 #include "walrelay/mutation.hpp"
-#include "walrelay/relay.hpp"
+#include "walrelay/relay/relay.hpp"
 
 namespace walrelay {
 using pgoutput::Lsn;
