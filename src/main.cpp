@@ -13,7 +13,7 @@
 #include <iostream>
 
 #include "walrelay/admin_server.hpp"
-#include "walrelay/catalog.hpp"
+#include "walrelay/source/catalog.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/sinks/sink_table.hpp"

@@ -15,9 +15,9 @@
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/outbox_mapper.hpp"
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 #include "walrelay/schema_registry.hpp"
-#include "walrelay/table_rows.hpp"
+#include "walrelay/source/table_rows.hpp"
 
 namespace walrelay {
 namespace asio = boost::asio;

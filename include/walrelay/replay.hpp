@@ -18,7 +18,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "walrelay/config.hpp"
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 #include "walrelay/sink.hpp"
 
 namespace walrelay {

@@ -13,7 +13,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "walrelay/backoff.hpp"
-#include "walrelay/catalog.hpp"
+#include "walrelay/source/catalog.hpp"
 #include "walrelay/mutation.hpp"
 
 namespace walrelay {

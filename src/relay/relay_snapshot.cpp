@@ -44,10 +44,10 @@
 
 #include <pgoutput/encode.hpp>
 
-#include "walrelay/catalog.hpp"
+#include "walrelay/source/catalog.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay/relay.hpp"
-#include "walrelay/table_rows.hpp"
+#include "walrelay/source/table_rows.hpp"
 
 namespace walrelay {
 namespace asio = boost::asio;

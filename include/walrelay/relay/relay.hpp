@@ -28,10 +28,10 @@
 #include "walrelay/lsn_ledger.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/outbox_mapper.hpp"
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 #include "walrelay/schema_registry.hpp"
 #include "walrelay/sink.hpp"
-#include "walrelay/slot_monitor.hpp"
+#include "walrelay/source/slot_monitor.hpp"
 #include "walrelay/status.hpp"
 
 namespace walrelay {

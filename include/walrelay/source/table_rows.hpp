@@ -15,7 +15,7 @@
 #include <pgoutput/encode.hpp>
 
 #include "walrelay/config.hpp"
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 
 namespace walrelay {
 

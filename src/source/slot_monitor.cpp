@@ -1,5 +1,5 @@
 // The slot poller (see slot_monitor.hpp).
-#include "walrelay/slot_monitor.hpp"
+#include "walrelay/source/slot_monitor.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -8,7 +8,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 
 namespace walrelay {
 namespace asio = boost::asio;

@@ -1,5 +1,5 @@
 // Server checks, the publication and the slot marker (see catalog.hpp).
-#include "walrelay/catalog.hpp"
+#include "walrelay/source/catalog.hpp"
 
 #include "walrelay/exit_codes.hpp"
 

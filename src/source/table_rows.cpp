@@ -1,4 +1,4 @@
-#include "walrelay/table_rows.hpp"
+#include "walrelay/source/table_rows.hpp"
 
 #include <cstdlib>
 

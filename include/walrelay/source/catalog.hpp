@@ -16,7 +16,7 @@
 #include <pgoutput/pgoutput.hpp>
 
 #include "walrelay/config.hpp"
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 #include "walrelay/sink.hpp"
 
 namespace walrelay {

@@ -1,4 +1,4 @@
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 
 #include <algorithm>
 #include <map>
