@@ -24,7 +24,7 @@
 #include "walrelay/redrive.hpp"
 #include "walrelay/replay.hpp"
 #include "walrelay/replay_job.hpp"
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/route/schema_registry.hpp"
 
 extern char** environ;
 

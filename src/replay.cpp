@@ -14,9 +14,9 @@
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/source/pg_connection.hpp"
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/route/schema_registry.hpp"
 #include "walrelay/source/table_rows.hpp"
 
 namespace walrelay {

@@ -12,8 +12,8 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "walrelay/outbox_mapper.hpp"
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
+#include "walrelay/route/schema_registry.hpp"
 #include "walrelay/sink.hpp"
 
 namespace walrelay {

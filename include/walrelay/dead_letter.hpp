@@ -12,7 +12,7 @@
 
 #include <pgoutput/pgoutput.hpp>
 
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/sink.hpp"
 
 namespace walrelay {

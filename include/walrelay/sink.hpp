@@ -16,7 +16,7 @@
 
 #include <pgoutput/pgoutput.hpp>
 
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 namespace walrelay {
 

@@ -1,6 +1,6 @@
 // The schema registry's HTTP API and the cache of compiled schemas (see
 // schema_registry.hpp; the codecs are in schema_codecs.cpp).
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/route/schema_registry.hpp"
 
 #include <curl/curl.h>
 #include <spdlog/spdlog.h>

@@ -1,4 +1,4 @@
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 #include <array>
 #include <charconv>
@@ -17,7 +17,7 @@
 
 #include "walrelay/json.hpp"
 #include "walrelay/logging.hpp"
-#include "walrelay/trace_context.hpp"
+#include "walrelay/route/trace_context.hpp"
 
 namespace walrelay {
 namespace {

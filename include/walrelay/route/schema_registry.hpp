@@ -22,7 +22,7 @@
 
 #include "walrelay/backoff.hpp"
 #include "walrelay/config.hpp"
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 namespace walrelay {
 

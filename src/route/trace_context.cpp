@@ -1,5 +1,5 @@
 // Trace context text (see trace_context.hpp).
-#include "walrelay/trace_context.hpp"
+#include "walrelay/route/trace_context.hpp"
 
 #include <algorithm>
 

@@ -36,7 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "walrelay/mutation.hpp"
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/route/schema_registry.hpp"
 
 namespace walrelay {
 
