@@ -15,7 +15,7 @@
 #include <pgoutput/encode.hpp>
 
 #include "walrelay/command_support.hpp"
-#include "walrelay/dead_letter.hpp"
+#include "walrelay/sinks/dead_letter.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/json.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/route/schema_registry.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
 

@@ -22,7 +22,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "walrelay/config.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
 

@@ -16,7 +16,7 @@
 #include "walrelay/config.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/replay.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
 

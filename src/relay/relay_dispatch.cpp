@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "walrelay/dead_letter.hpp"
+#include "walrelay/sinks/dead_letter.hpp"
 #include "walrelay/logging.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay/relay.hpp"

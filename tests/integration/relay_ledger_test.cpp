@@ -16,7 +16,7 @@
 #include "walrelay/config.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/relay/relay.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 using namespace it;
 namespace asio = boost::asio;

@@ -17,7 +17,7 @@
 
 #include "walrelay/config.hpp"
 #include "walrelay/source/pg_connection.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
 

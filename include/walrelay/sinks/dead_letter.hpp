@@ -13,7 +13,7 @@
 #include <pgoutput/pgoutput.hpp>
 
 #include "walrelay/route/outbox_mapper.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
 

@@ -1,5 +1,5 @@
 // Dead-letter records (see dead_letter.hpp).
-#include "walrelay/dead_letter.hpp"
+#include "walrelay/sinks/dead_letter.hpp"
 
 namespace walrelay {
 
