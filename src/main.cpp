@@ -21,9 +21,9 @@
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay/relay.hpp"
-#include "walrelay/redrive.hpp"
-#include "walrelay/replay.hpp"
-#include "walrelay/replay_job.hpp"
+#include "walrelay/commands/redrive.hpp"
+#include "walrelay/commands/replay.hpp"
+#include "walrelay/commands/replay_job.hpp"
 #include "walrelay/route/schema_registry.hpp"
 
 extern char** environ;

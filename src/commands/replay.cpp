@@ -1,4 +1,4 @@
-#include "walrelay/replay.hpp"
+#include "walrelay/commands/replay.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -10,7 +10,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "walrelay/command_support.hpp"
+#include "walrelay/commands/command_support.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/metrics.hpp"
 #include "walrelay/mutation.hpp"

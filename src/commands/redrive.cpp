@@ -1,5 +1,5 @@
 // walrelay redrive (see redrive.hpp).
-#include "walrelay/redrive.hpp"
+#include "walrelay/commands/redrive.hpp"
 
 #include <librdkafka/rdkafka.h>
 #include <spdlog/spdlog.h>
@@ -14,7 +14,7 @@
 
 #include <pgoutput/encode.hpp>
 
-#include "walrelay/command_support.hpp"
+#include "walrelay/commands/command_support.hpp"
 #include "walrelay/sinks/dead_letter.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/json.hpp"

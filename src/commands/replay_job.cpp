@@ -1,4 +1,4 @@
-#include "walrelay/replay_job.hpp"
+#include "walrelay/commands/replay_job.hpp"
 
 #include <exception>
 #include <set>

@@ -1,4 +1,4 @@
-#include "walrelay/command_support.hpp"
+#include "walrelay/commands/command_support.hpp"
 
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>

@@ -15,7 +15,7 @@
 #include "walrelay/admin_server.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/metrics.hpp"
-#include "walrelay/replay.hpp"
+#include "walrelay/commands/replay.hpp"
 #include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
