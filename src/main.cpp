@@ -12,13 +12,13 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "walrelay/admin_server.hpp"
+#include "walrelay/admin/admin_server.hpp"
 #include "walrelay/source/catalog.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/sinks/sink_table.hpp"
 #include "walrelay/logging.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay/relay.hpp"
 #include "walrelay/commands/redrive.hpp"

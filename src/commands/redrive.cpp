@@ -20,7 +20,7 @@
 #include "walrelay/json.hpp"
 
 #include <nlohmann/json.hpp>
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/source/pg_connection.hpp"

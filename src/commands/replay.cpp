@@ -12,7 +12,7 @@
 
 #include "walrelay/commands/command_support.hpp"
 #include "walrelay/exit_codes.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/source/pg_connection.hpp"

@@ -8,7 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 
 namespace walrelay {
 

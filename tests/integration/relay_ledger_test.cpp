@@ -14,7 +14,7 @@
 #include "in_process.hpp"
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/relay/relay.hpp"
 #include "walrelay/sinks/sink.hpp"
 

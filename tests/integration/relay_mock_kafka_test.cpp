@@ -22,7 +22,7 @@
 #include "walrelay/config.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/relay/relay.hpp"
 
 using namespace it;

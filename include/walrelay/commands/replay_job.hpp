@@ -12,9 +12,9 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "walrelay/admin_server.hpp"
+#include "walrelay/admin/admin_server.hpp"
 #include "walrelay/config.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/commands/replay.hpp"
 #include "walrelay/sinks/sink.hpp"
 

@@ -26,13 +26,13 @@
 #include "walrelay/sinks/dead_letter.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/lsn_ledger.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/source/pg_connection.hpp"
 #include "walrelay/route/schema_registry.hpp"
 #include "walrelay/sinks/sink.hpp"
 #include "walrelay/source/slot_monitor.hpp"
-#include "walrelay/status.hpp"
+#include "walrelay/admin/status.hpp"
 
 namespace walrelay {
 

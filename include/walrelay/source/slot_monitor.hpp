@@ -14,7 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "walrelay/config.hpp"
-#include "walrelay/status.hpp"
+#include "walrelay/admin/status.hpp"
 
 namespace walrelay {
 

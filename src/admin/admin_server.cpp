@@ -2,7 +2,7 @@
 // style after Beast's small HTTP server example): /healthz, /readyz,
 // /metrics, /slot and /replay. Every connection has a deadline and size limits, so a
 // bad client costs one slot of max_connections and never blocks the loop.
-#include "walrelay/admin_server.hpp"
+#include "walrelay/admin/admin_server.hpp"
 
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
 // Prometheus metrics of the relay: the registry, its families and the
 // process metrics read from /proc/self at scrape time.
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>

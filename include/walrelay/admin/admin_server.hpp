@@ -8,8 +8,8 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "walrelay/metrics.hpp"
-#include "walrelay/status.hpp"
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/admin/status.hpp"
 
 namespace walrelay {
 

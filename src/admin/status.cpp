@@ -1,5 +1,5 @@
 // Names of the relay's lifecycle states, as /slot and /readyz print them.
-#include "walrelay/status.hpp"
+#include "walrelay/admin/status.hpp"
 
 namespace walrelay {
 
