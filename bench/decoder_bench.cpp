@@ -12,7 +12,7 @@
 #include <benchmark/benchmark.h>
 
 #include "walrelay/config.hpp"
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 #include <atomic>
 #include <cstdlib>

@@ -12,19 +12,19 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "walrelay/admin_server.hpp"
-#include "walrelay/catalog.hpp"
+#include "walrelay/admin/admin_server.hpp"
+#include "walrelay/source/catalog.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/sinks/sink_table.hpp"
 #include "walrelay/logging.hpp"
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 #include "walrelay/mutation.hpp"
-#include "walrelay/relay.hpp"
-#include "walrelay/redrive.hpp"
-#include "walrelay/replay.hpp"
-#include "walrelay/replay_job.hpp"
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/relay/relay.hpp"
+#include "walrelay/commands/redrive.hpp"
+#include "walrelay/commands/replay.hpp"
+#include "walrelay/commands/replay_job.hpp"
+#include "walrelay/route/schema_registry.hpp"
 
 extern char** environ;
 

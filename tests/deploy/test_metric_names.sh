@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every metric the alert rules and the Grafana dashboard query is one walrelay
-# exports (the walrelay_* names in include/walrelay/metrics.hpp and
-# src/metrics.cpp, the process_* families) or Prometheus' own `up`; the
+# exports (the walrelay_* names in include/walrelay/admin/metrics.hpp and
+# src/admin/metrics.cpp, the process_* families) or Prometheus' own `up`; the
 # dashboard is valid JSON with unique panel ids.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -11,7 +11,7 @@ import glob, json, os, re, sys, yaml
 repo = sys.argv[1]
 def fail(m): print("FAIL: " + m, file=sys.stderr); sys.exit(1)
 known = set()
-for f in ["include/walrelay/metrics.hpp"] + glob.glob(os.path.join(repo, "src/metrics.cpp")):
+for f in ["include/walrelay/admin/metrics.hpp"] + glob.glob(os.path.join(repo, "src/admin/metrics.cpp")):
     p = os.path.join(repo, f)
     if os.path.exists(p):
         known |= set(re.findall(r"\bwalrelay_[a-z_]+\b", open(p).read()))

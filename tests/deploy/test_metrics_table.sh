@@ -2,7 +2,7 @@
 # docs/operations.md's "## Metrics" table lists exactly the metric families
 # walrelay exports, with their types and labels: it is diffed against
 # `walrelay --list-metrics`, which prints them from the registry the daemon
-# serves /metrics from (src/metrics.cpp). A metric missing from the table, one
+# serves /metrics from (src/admin/metrics.cpp). A metric missing from the table, one
 # the table names that walrelay does not export, or a wrong type or label
 # set fails.
 set -euo pipefail

@@ -12,8 +12,8 @@
 
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
-#include "walrelay/metrics.hpp"
-#include "walrelay/relay.hpp"
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/relay/relay.hpp"
 
 namespace it {
 

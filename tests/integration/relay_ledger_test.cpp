@@ -14,9 +14,9 @@
 #include "in_process.hpp"
 #include "test_util.hpp"
 #include "walrelay/config.hpp"
-#include "walrelay/metrics.hpp"
-#include "walrelay/relay.hpp"
-#include "walrelay/sink.hpp"
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/relay/relay.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 using namespace it;
 namespace asio = boost::asio;

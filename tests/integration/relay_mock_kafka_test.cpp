@@ -22,8 +22,8 @@
 #include "walrelay/config.hpp"
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
-#include "walrelay/metrics.hpp"
-#include "walrelay/relay.hpp"
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/relay/relay.hpp"
 
 using namespace it;
 namespace asio = boost::asio;

@@ -30,9 +30,9 @@
 #include <boost/beast/http.hpp>
 #include <simdjson.h>
 
-#include "walrelay/admin_server.hpp"
-#include "walrelay/metrics.hpp"
-#include "walrelay/status.hpp"
+#include "walrelay/admin/admin_server.hpp"
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/admin/status.hpp"
 
 namespace {
 

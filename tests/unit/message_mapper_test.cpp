@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "walrelay/config.hpp"
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 using namespace walrelay;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "walrelay/metrics.hpp"
+#include "walrelay/admin/metrics.hpp"
 
 namespace {
 

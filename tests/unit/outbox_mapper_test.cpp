@@ -3,7 +3,7 @@
 #include <cstring>
 #include <optional>
 
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 using namespace walrelay;
 

@@ -2,7 +2,7 @@
 // names itself (off the loop): one entry per address, the name kept for TLS.
 #include <catch2/catch.hpp>
 
-#include "walrelay/pg_connection.hpp"
+#include "walrelay/source/pg_connection.hpp"
 
 using namespace walrelay;
 

@@ -2,7 +2,7 @@
 // (committed_position_problem), whatever keeps the system identifier.
 #include <catch2/catch.hpp>
 
-#include "walrelay/catalog.hpp"
+#include "walrelay/source/catalog.hpp"
 
 using namespace walrelay;
 using pgoutput::Lsn;

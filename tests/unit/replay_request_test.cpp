@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "walrelay/replay_job.hpp"
+#include "walrelay/commands/replay_job.hpp"
 
 using walrelay::parse_replay_request;
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "walrelay/config.hpp"
-#include "walrelay/outbox_mapper.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
 
 using namespace walrelay;
 

@@ -2,7 +2,7 @@
 // Avro's binary encoding, Confluent's framing, Protobuf's wire format.
 #include <catch2/catch.hpp>
 
-#include "walrelay/schema_registry.hpp"
+#include "walrelay/route/schema_registry.hpp"
 
 using namespace walrelay;
 

@@ -3,7 +3,7 @@
 // stream from.
 #include <catch2/catch.hpp>
 
-#include "walrelay/catalog.hpp"
+#include "walrelay/source/catalog.hpp"
 
 using walrelay::SlotMarker;
 

@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include "walrelay/config.hpp"
-#include "walrelay/outbox_mapper.hpp"
-#include "walrelay/trace_context.hpp"
+#include "walrelay/route/outbox_mapper.hpp"
+#include "walrelay/route/trace_context.hpp"
 
 using namespace walrelay;
 

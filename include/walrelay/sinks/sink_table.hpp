@@ -10,7 +10,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 namespace walrelay {
 

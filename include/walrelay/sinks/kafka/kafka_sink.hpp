@@ -18,7 +18,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 
 struct rd_kafka_s;
 struct rd_kafka_message_s;

@@ -27,7 +27,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 #include "walrelay/sinks/nats/nats_config.hpp"
 
 // nats.c's types (nats/nats.h), kept out of the header.

@@ -25,7 +25,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "walrelay/sink.hpp"
+#include "walrelay/sinks/sink.hpp"
 #include "walrelay/sinks/rabbitmq/rabbitmq_config.hpp"
 
 namespace walrelay {

@@ -1,0 +1,186 @@
+// What walrelay reads from and writes to PostgreSQL's catalogs: the server
+// checks shared by start-up and --check, the publication, and the slot
+// marker. Catalog tables only, never the outbox; simple queries only, because
+// a walsender in database mode speaks no other protocol.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <string>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <pgoutput/pgoutput.hpp>
+
+#include "walrelay/config.hpp"
+#include "walrelay/source/pg_connection.hpp"
+#include "walrelay/sinks/sink.hpp"
+
+namespace walrelay {
+
+// A line of the publication's comment that records a slot walrelay created or
+// used: `walrelay.slot=<name> created_lsn=<lsn> created_at=<time> system=<id>`.
+// The marker lives in the database, not on the sidecar's disk, so that a
+// restarted container can tell a lost slot from a first start.
+struct SlotMarker {
+  std::string slot;
+  std::optional<pgoutput::Lsn> created_lsn;
+  std::string created_at;   // ISO 8601, UTC
+  std::string system;       // IDENTIFY_SYSTEM's systemid where it was written
+  // `snapshot=pending`: an initial snapshot began and has not finished; the
+  // slot, if there is one, is not yet safe to stream from alone.
+  bool snapshot_pending = false;
+  // `snapshot_xids=<xmin>:<xmax>:<xip,...>`: the pending snapshot's view of
+  // the database at its consistent point (pg_current_snapshot()), recorded
+  // as soon as the slot exists. A snapshot taken again reads only the rows
+  // whose insert that view saw; the slot, kept, streams everything since.
+  std::string snapshot_xids;
+  // `snapshot_files=<hex>`: the outbox tables' files (pg_relation_filenode
+  // of each table and partition) when the view was taken. A rewrite since
+  // (ALTER TABLE ... TYPE, pg_repack, VACUUM FULL) gives rows new xmins,
+  // which the view cannot judge.
+  std::string snapshot_files;
+};
+
+// Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
+// the only text a marker's snapshot_xids may hold.
+bool is_pg_snapshot_text(std::string_view text);
+
+// Parses the markers in a publication comment; other lines are the owner's.
+std::vector<SlotMarker> parse_slot_markers(const std::string& comment);
+// The comment with the marker for marker.slot added or replaced, every other
+// line kept as it was.
+std::string with_slot_marker(const std::string& comment, const SlotMarker& marker);
+
+struct PublicationFacts {
+  bool exists = false;
+  bool via_root = false;                       // publish_via_partition_root
+  bool publishes_insert = false;
+  bool all_tables = false;                     // FOR ALL TABLES
+  std::string comment;                         // where the slot markers live
+  std::vector<std::string> missing_tables;     // configured tables it does not publish
+  std::vector<std::string> leaf_named_tables;  // partitioned tables it would send under their leaves' names
+  std::vector<std::string> column_list_gaps;   // "table: column" a column list leaves out (15+)
+  bool publishes_generated = false;            // publish_generated_columns = stored (18+)
+};
+
+struct SlotFacts {
+  bool exists = false;
+  std::optional<std::string> plugin, database, wal_status;
+  std::optional<pgoutput::Lsn> confirmed_flush_lsn;
+  std::optional<std::int32_t> active_pid;
+  bool failover = false;                       // a failover slot, synchronized to standbys (17+)
+  // Why the server will not stream from it: wal_status lost (14+), a
+  // recovery conflict (16+) or invalidation_reason (17+). Empty when usable.
+  std::string invalid_reason;
+};
+
+struct ServerFacts {
+  int version = 0;                             // PQserverVersion, e.g. 150010
+  std::string system;                          // system identifier
+  bool in_recovery = false;                    // a standby (decoding there needs 16+)
+  std::vector<std::string> partitioned_tables; // configured tables that are partitioned
+  std::vector<std::string> generated_mapped;   // "table column": mapped columns that are generated (18+)
+  PublicationFacts publication;
+  SlotFacts slot;
+  std::optional<SlotMarker> marker;            // this slot's marker on the publication
+};
+
+// Reads the server, tables, publication, slot and marker. What prevents
+// relaying every event is added to `problems`, naming the key and the fix;
+// notes (`warnings`) do not prevent a start. `system` is the systemid from
+// IDENTIFY_SYSTEM (empty on an ordinary connection).
+boost::asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
+                                                   std::vector<std::string>& problems,
+                                                   std::vector<std::string>& warnings);
+
+// The publication problems that publication.autocreate.mode=filtered would
+// repair, as messages; empty when the publication is fit to use as it is.
+std::vector<std::string> publication_problems(const Config& config, const ServerFacts& facts);
+
+// Why the slot cannot be streamed from as it is (invalidated, or missing
+// although its marker says walrelay created it): what --reset-slot repairs.
+std::optional<std::string> slot_problem(const Config& config, const ServerFacts& facts);
+
+// publication.autocreate.mode=filtered: creates the publication, or alters it
+// to publish exactly the configured tables, inserts, and partitioned tables
+// under their root's name. No-op when it is fit already.
+boost::asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& config, const ServerFacts& facts);
+
+// Adds or refreshes this slot's marker in the publication's comment, under an
+// advisory lock so that two walrelays on one publication do not lose each
+// other's lines. Throws PgError (SQLSTATE 42501 when walrelay's user does not
+// own the publication).
+boost::asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker);
+
+// CREATE_REPLICATION_SLOT, with no time-out: the server waits for every
+// running transaction to end before the slot is consistent. While it waits, a
+// second connection logs what it waits for every few seconds. Returns the
+// consistent point. use_snapshot: inside the caller's REPEATABLE READ
+// transaction, which then sees the database as of that point (USE_SNAPSHOT).
+boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot = false);
+
+// slot.failover on an existing slot made without it (17+):
+// ALTER_REPLICATION_SLOT ... (FAILOVER true).
+boost::asio::awaitable<void> make_failover_slot(PgConnection& conn, const Config& config);
+
+// With slot.failover: whether the servers are set up to keep the slot across
+// a failover. Asks the primary (synchronized_standby_slots) and each other
+// host of database.hostname that is a standby (sync_replication_slots,
+// hot_standby_feedback, primary_slot_name, dbname in primary_conninfo, the
+// slot synchronized). What is missing goes to `problems`, what is not yet
+// done to `notes`.
+boost::asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                                  std::vector<std::string>& problems,
+                                                  std::vector<std::string>& notes);
+
+// The SQL that adds the marker by hand, for a user who owns the publication
+// (or the primary's, when walrelay reads a standby); other lines are kept.
+std::string marker_sql(const Config& config, const SlotMarker& marker);
+
+// Records, before the slot is created for an initial snapshot, that a
+// snapshot is under way (snapshot=pending), so that a start after a crash
+// takes it again rather than stream from a slot whose snapshot is half sent.
+boost::asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts);
+// Records, once the pending snapshot's slot exists, its consistent point and
+// its view (pg_current_snapshot() in the snapshot's transaction).
+boost::asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                                  pgoutput::Lsn point, const std::string& xids,
+                                                  const std::string& files);
+// The SQL whose one value is the outbox tables' files now (a digest of
+// pg_relation_filenode over each configured table and its partitions).
+std::string table_files_sql(PgConnection& conn, const Config& config);
+
+// Records this slot in the publication's comment; a missing privilege becomes
+// an error that says how the owner can add the marker by hand.
+boost::asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                       std::optional<pgoutput::Lsn> created_lsn);
+
+// What --check found: problems prevent a start; notes say what a start would do.
+struct CheckReport {
+  std::vector<std::string> problems;
+  std::vector<std::string> notes;
+};
+
+// --check: server settings, tables, publication, slot and broker metadata,
+// without creating or changing anything.
+boost::asio::awaitable<CheckReport> check_setup(boost::asio::io_context& io, const Config& config, Sink& sink);
+
+// --reset-slot: the operator's explicit consent to a gap. Drops an
+// invalidated slot, creates the slot anew and records it, and logs the LSN
+// range whose events were skipped. A usable slot is left alone. Returns the
+// process exit code.
+// Exactly once: why a committed position cannot be trusted on this server,
+// if it cannot: past the end of its WAL (xlogpos), or on a timeline that its
+// history (TIMELINE_HISTORY's file, empty on timeline 1) left before it. The
+// system identifier survives a restore from backup and a failover; LSNs do not.
+std::optional<std::string> committed_position_problem(const Config& config, const CommittedPosition& committed,
+                                                      std::optional<pgoutput::Lsn> xlogpos,
+                                                      const std::string& timeline, const std::string& history);
+
+boost::asio::awaitable<int> reset_slot(boost::asio::io_context& io, const Config& config);
+
+}  // namespace walrelay

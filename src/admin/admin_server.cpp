@@ -1,0 +1,621 @@
+// The admin HTTP endpoint on the relay's io_context (Boost.Beast, callback
+// style after Beast's small HTTP server example): /healthz, /readyz,
+// /metrics, /slot and /replay. Every connection has a deadline and size limits, so a
+// bad client costs one slot of max_connections and never blocks the loop.
+#include "walrelay/admin/admin_server.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <list>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "walrelay/json.hpp"
+
+namespace walrelay {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using error_code = boost::system::error_code;
+
+// How long to wait before accepting again after accept() failed (e.g. EMFILE).
+constexpr auto accept_retry_delay = std::chrono::milliseconds(100);
+// After an error response: read and discard at most this much of what the
+// client still sends, so that it sees the response rather than a reset.
+constexpr std::size_t linger_max_bytes = 1 << 20;
+// ... and for at most this long.
+constexpr auto linger_max_time = std::chrono::milliseconds(1000);
+// Slack over header + body limits for the read buffer (pipelined requests).
+constexpr std::size_t read_buffer_slack = 64 * 1024;
+
+constexpr std::string_view text_plain = "text/plain; charset=utf-8";
+constexpr std::string_view metrics_content_type = "text/plain; version=0.0.4; charset=utf-8";
+constexpr std::string_view json_content_type = "application/json";
+
+// Beast 1.74 speaks boost::string_view; these convert at the boundary.
+std::string_view to_std(beast::string_view s) { return {s.data(), s.size()}; }
+beast::string_view to_beast(std::string_view s) { return {s.data(), s.size()}; }
+
+// Parses "host:port" or "[v6]:port" into an endpoint; host must be an IP
+// literal or "localhost" (no name resolution on the loop); empty host is loopback.
+tcp::endpoint parse_listen(const std::string& listen) {
+  auto fail = [&listen](std::string_view why) -> std::runtime_error {
+    return std::runtime_error(fmt::format("could not parse admin listen address \"{}\": {}", listen, why));
+  };
+  std::string_view text(listen);
+  std::string_view host;
+  std::string_view port_text;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos) throw fail("missing ']' after IPv6 address");
+    host = text.substr(1, close - 1);
+    if (close + 1 >= text.size() || text[close + 1] != ':') throw fail("expected ':' and a port after ']'");
+    port_text = text.substr(close + 2);
+    if (host.empty()) throw fail("empty IPv6 address");
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos) throw fail("expected host:port");
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) throw fail("an IPv6 address must be written as [address]:port");
+  }
+  if (port_text.empty() || port_text.size() > 5) throw fail("port must be a number 0-65535");
+  unsigned long port = 0;
+  for (char c : port_text) {
+    if (c < '0' || c > '9') throw fail("port must be a number 0-65535");
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (port > 65535) throw fail("port must be a number 0-65535");
+
+  net::ip::address address;
+  if (host.empty() || host == "localhost") {
+    address = net::ip::address_v4::loopback();
+  } else {
+    error_code ec;
+    address = net::ip::make_address(std::string(host), ec);
+    if (ec) throw fail("host must be an IP address");
+  }
+  return tcp::endpoint(address, static_cast<unsigned short>(port));
+}
+
+// Compares a presented credential with the secret in time that depends only
+// on the secret's length, not on where the two first differ.
+bool equal_constant_time(std::string_view presented, std::string_view secret) {
+  std::size_t diff = presented.size() ^ secret.size();
+  for (std::size_t i = 0; i < secret.size(); ++i) {
+    const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
+    diff |= static_cast<std::size_t>(p ^ static_cast<unsigned char>(secret[i]));
+  }
+  return diff == 0;
+}
+
+// True if `header` is "Bearer <token>" (scheme case-insensitive).
+bool bearer_matches(std::string_view header, std::string_view token) {
+  constexpr std::string_view scheme = "bearer ";
+  if (header.size() < scheme.size()) return false;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    char c = header[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != scheme[i]) return false;
+  }
+  std::string_view presented = header.substr(scheme.size());
+  while (!presented.empty() && presented.front() == ' ') presented.remove_prefix(1);
+  return equal_constant_time(presented, token);
+}
+
+// Replaces CR and LF so that a reason stays on one line of a text response.
+std::string one_line(std::string_view text) {
+  std::string line(text);
+  std::replace_if(line.begin(), line.end(), [](char c) { return c == '\r' || c == '\n'; }, ' ');
+  return line;
+}
+
+// An optional value as JSON: the value, or null when absent.
+template <class T>
+Json or_null(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+// An optional LSN as JSON: its %X/%X text, or null when absent.
+Json lsn_or_null(const std::optional<pgoutput::Lsn>& lsn) { return lsn ? Json(lsn->to_string()) : Json(nullptr); }
+
+// The /slot document. LSNs are strings, as PostgreSQL prints them; a NaN or
+// infinite lag_seconds is null. Built member by member: nlohmann's
+// initializer lists copy every value again and made this three times slower.
+std::string slot_json(const StatusSnapshot& s) {
+  Json doc = Json::object();
+  doc["slot_name"] = s.slot_name;
+  doc["state"] = to_string(s.state);
+  doc["state_reason"] = s.state_reason;
+  doc["received_lsn"] = s.received_lsn.to_string();
+  doc["confirmed_flush_lsn"] = s.confirmed_flush_lsn.to_string();
+  doc["server_wal_end"] = s.server_wal_end.to_string();
+  doc["lag_bytes"] = s.lag_bytes;
+  doc["retained_wal_bytes"] = s.retained_wal_bytes;
+  doc["lag_seconds"] = s.lag_seconds;
+  doc["inflight_records"] = s.inflight_records;
+  doc["inflight_bytes"] = s.inflight_bytes;
+  doc["sink"] = s.sink;
+  doc["producer_healthy"] = s.producer_healthy;
+  Json& server = doc["server"];  // null unless the poller has answered
+  if (s.server) {
+    const ServerSlotInfo& info = *s.server;
+    server["wal_status"] = info.wal_status;
+    server["safe_wal_size"] = or_null(info.safe_wal_size);
+    server["active_pid"] = or_null(info.active_pid);
+    server["confirmed_flush_lsn"] = lsn_or_null(info.confirmed_flush_lsn);
+    server["restart_lsn"] = lsn_or_null(info.restart_lsn);
+    server["current_wal_lsn"] = lsn_or_null(info.current_wal_lsn);
+    server["observed_at_unix_ms"] = info.observed_at_unix_ms;
+  }
+  Json& snapshot = doc["snapshot"];  // null unless this process took an initial snapshot
+  if (s.snapshot) {
+    const auto& sn = *s.snapshot;
+    snapshot["state"] = sn.done ? "done" : "running";
+    snapshot["table"] = sn.table;
+    snapshot["rows_done"] = sn.rows_done;
+    snapshot["rows_estimated"] = sn.rows_estimated;
+    snapshot["rows_per_second"] = sn.rows_per_second;
+    snapshot["seconds_left"] = or_null(sn.seconds_left);
+    snapshot["seconds"] = sn.seconds;
+  }
+  Json& eos = doc["exactly_once"];  // null in at-least-once mode
+  if (s.exactly_once) {
+    eos["transactional_id"] = s.exactly_once->transactional_id;
+    eos["committed_lsn"] = lsn_or_null(s.exactly_once->committed_lsn);
+  }
+  return to_json_text(doc) + '\n';
+}
+
+class Connection;
+
+// State shared by the acceptor and all connections. Handlers hold it by
+// shared_ptr, so it outlives the AdminServer that created it; once stopped,
+// no handler touches status_ or metrics_ (their owners may be gone).
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(net::io_context& io, AdminOptions options, const StatusSource& status, Metrics& metrics)
+      : io_(io),
+        options_(std::move(options)),
+        status_(status),
+        metrics_(metrics),
+        acceptor_(io),
+        retry_timer_(io) {}
+
+  void start();
+  void stop();
+  unsigned short port() const { return port_; }
+
+  // Builds the response to a complete, well-formed request.
+  http::response<http::string_body> handle(const http::request<http::string_body>& request);
+
+  bool running() const { return running_; }
+  const AdminOptions& options() const { return options_; }
+  void set_replay(ReplayControl* replay) { replay_ = replay; }
+  std::list<std::weak_ptr<Connection>>& connections() { return connections_; }
+
+ private:
+  void do_accept();
+  void on_accept(const error_code& ec, tcp::socket socket);
+
+  net::io_context& io_;                               // the relay's loop
+  AdminOptions options_;                              // limits, token, address
+  const StatusSource& status_;                        // asked on every request
+  Metrics& metrics_;                                  // serialized for /metrics
+  ReplayControl* replay_ = nullptr;                   // /replay, when the daemon offers it
+  tcp::acceptor acceptor_;                            // listening socket
+  net::steady_timer retry_timer_;                     // back-off after a failed accept
+  std::list<std::weak_ptr<Connection>> connections_;  // live connections, to count and close
+  bool running_ = false;                              // between start() and stop()
+  unsigned short port_ = 0;                           // bound port
+};
+
+// One accepted socket: reads requests one at a time under a deadline and
+// writes each response; kept alive by the handlers it has outstanding.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::shared_ptr<Core> core, tcp::socket socket)
+      : core_(std::move(core)),
+        stream_(std::move(socket)),
+        buffer_(core_->options().max_header_bytes + core_->options().max_body_bytes + read_buffer_slack) {}
+
+  ~Connection() {
+    if (registered_) core_->connections().erase(self_);
+  }
+
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Registers with the core (for counting and stop()) and reads the first request.
+  void start() {
+    self_ = core_->connections().insert(core_->connections().end(), weak_from_this());
+    registered_ = true;
+    do_read();
+  }
+
+  // Since when the connection has waited for a request, or nullopt while it
+  // serves one (or is closed): what decides who gives way at the cap.
+  std::optional<std::chrono::steady_clock::time_point> waiting_since() const { return waiting_since_; }
+
+  // Closes the socket at once; pending operations complete with operation_aborted.
+  void close() {
+    waiting_since_.reset();
+    error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+ private:
+  // Reads the next request under a fresh parser and deadline.
+  void do_read() {
+    const AdminOptions& options = core_->options();
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(options.max_header_bytes, UINT32_MAX)));
+    parser_->body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
+    // A probe sends its whole request at once: a short header deadline keeps
+    // slow or silent clients from holding connections.
+    stream_.expires_after(std::chrono::milliseconds(std::min(options.header_timeout_ms, options.request_timeout_ms)));
+    waiting_since_ = std::chrono::steady_clock::now();
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_read(ec); });
+  }
+
+  // Serves a complete request, or maps the read error to a response or close.
+  void on_read(const error_code& ec) {
+    waiting_since_.reset();
+    if (ec == net::error::operation_aborted || !core_->running()) return;
+    if (ec) {
+      on_read_error(ec);
+      return;
+    }
+    http::response<http::string_body> response;
+    try {
+      response = core_->handle(parser_->get());
+    } catch (const std::exception& e) {
+      spdlog::debug("admin: could not serve {}: {}", to_std(parser_->get().target()), e.what());
+      response = error_response(http::status::internal_server_error, "internal error\n", parser_->get().version());
+      response.keep_alive(false);
+    }
+    write(std::move(response));
+  }
+
+  // Maps a failed read to an error response and close, or just a close.
+  void on_read_error(const error_code& ec) {
+    const unsigned version = parser_ && parser_->is_header_done() ? parser_->get().version() : 11;
+    if (ec == http::error::end_of_stream) {
+      // The client closed between requests.
+      close_gracefully();
+    } else if (ec == beast::error::timeout) {
+      spdlog::debug("admin: closing connection: no complete request within {} ms",
+                    core_->options().request_timeout_ms);
+      close();
+    } else if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+      spdlog::debug("admin: refusing request: header larger than {} bytes", core_->options().max_header_bytes);
+      write_and_close(error_response(http::status::request_header_fields_too_large, "header too large\n", version));
+    } else if (ec == http::error::body_limit) {
+      spdlog::debug("admin: refusing request: body larger than {} bytes", core_->options().max_body_bytes);
+      write_and_close(error_response(http::status::payload_too_large, "request body too large\n", version));
+    } else if (ec.category() == make_error_code(http::error::bad_method).category() &&
+               ec != http::error::partial_message) {
+      spdlog::debug("admin: refusing malformed request: {}", ec.message());
+      write_and_close(error_response(http::status::bad_request, "bad request\n", version));
+    } else {
+      // Reset, EOF mid-request and the like: nobody to answer.
+      spdlog::debug("admin: closing connection: {}", ec.message());
+      close();
+    }
+  }
+
+  // A small text/plain response for an error the connection cannot recover from.
+  static http::response<http::string_body> error_response(http::status status, std::string body,
+                                                          unsigned version) {
+    http::response<http::string_body> response{status, version == 10 ? 10u : 11u};
+    response.set(http::field::content_type, to_beast(text_plain));
+    response.body() = std::move(body);
+    return response;
+  }
+
+  // Sends the response with Connection: close, then closes.
+  void write_and_close(http::response<http::string_body> response) {
+    response.keep_alive(false);
+    write(std::move(response));
+  }
+
+  // Adds the common headers and writes the response under the deadline.
+  void write(http::response<http::string_body> response) {
+    response.set(http::field::server, "walrelay");
+    response.set(http::field::cache_control, "no-store");
+    response_ = std::move(response);
+    if (!response_->has_content_length()) response_->content_length(response_->body().size());
+    stream_.expires_after(std::chrono::milliseconds(core_->options().request_timeout_ms));
+    http::async_write(stream_, *response_,
+                      [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_write(ec); });
+  }
+
+  // After a response: read the next request or close.
+  void on_write(const error_code& ec) {
+    if (ec == net::error::operation_aborted || !core_->running()) return;
+    if (ec) {
+      spdlog::debug("admin: could not write response: {}", ec.message());
+      close();
+      return;
+    }
+    const bool keep_alive = response_->keep_alive();
+    response_.reset();
+    if (keep_alive) {
+      do_read();
+    } else {
+      close_gracefully();
+    }
+  }
+
+  // Sends FIN, then reads and discards what the client still sends (bounded
+  // in bytes and time) so that it reads our response instead of a reset.
+  void close_gracefully() {
+    error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    const auto limit = std::min<std::chrono::milliseconds>(
+        linger_max_time, std::chrono::milliseconds(core_->options().request_timeout_ms));
+    stream_.expires_after(limit);
+    do_linger();
+  }
+
+  // One discarding read of close_gracefully().
+  void do_linger() {
+    stream_.async_read_some(net::buffer(linger_buffer_),
+                            [self = shared_from_this()](const error_code& ec, std::size_t n) {
+                              self->lingered_ += n;
+                              if (ec || self->lingered_ >= linger_max_bytes) {
+                                self->close();
+                                return;
+                              }
+                              self->do_linger();
+                            });
+  }
+
+  std::shared_ptr<Core> core_;                                            // server state; outlives us
+  beast::tcp_stream stream_;                                              // socket with the deadline
+  beast::flat_buffer buffer_;                                             // read buffer, kept across requests
+  std::optional<http::request_parser<http::string_body>> parser_;         // one per request
+  std::optional<http::response<http::string_body>> response_;             // being written
+  std::array<char, 4096> linger_buffer_{};                                // discarded input while closing
+  std::size_t lingered_ = 0;                                              // bytes discarded so far
+  std::list<std::weak_ptr<Connection>>::iterator self_;                   // our entry in the core's list
+  bool registered_ = false;                                               // self_ is valid
+  std::optional<std::chrono::steady_clock::time_point> waiting_since_;    // reading a request since
+};
+
+// Parses the address, binds, listens and starts accepting.
+void Core::start() {
+  if (running_) throw std::runtime_error("admin server already started");
+  if (options_.request_timeout_ms <= 0) {
+    throw std::runtime_error(fmt::format("could not start admin endpoint {}: request timeout must be positive, not {} ms",
+                                         options_.listen, options_.request_timeout_ms));
+  }
+  if (options_.max_header_bytes == 0) {
+    throw std::runtime_error(fmt::format("could not start admin endpoint {}: max header bytes must be positive",
+                                         options_.listen));
+  }
+  const tcp::endpoint endpoint = parse_listen(options_.listen);
+  auto fail = [this](std::string_view what, const error_code& ec) {
+    error_code ignored;
+    acceptor_.close(ignored);
+    return std::runtime_error(
+        fmt::format("could not {} admin endpoint {}: {}", what, options_.listen, ec.message()));
+  };
+  error_code ec;
+  acceptor_.open(endpoint.protocol(), ec);
+  if (ec) throw fail("open socket for", ec);
+  acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (ec) throw fail("set SO_REUSEADDR on", ec);
+  acceptor_.bind(endpoint, ec);
+  if (ec) throw fail("bind", ec);
+  acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) throw fail("listen on", ec);
+  const tcp::endpoint bound = acceptor_.local_endpoint(ec);
+  if (ec) throw fail("read the bound address of", ec);
+  port_ = bound.port();
+  running_ = true;
+  const std::string host = bound.address().to_string();
+  spdlog::info("admin endpoint listening on {}:{}", bound.address().is_v6() ? "[" + host + "]" : host, port_);
+  do_accept();
+}
+
+// Stops accepting and closes every live connection.
+void Core::stop() {
+  if (!running_) return;
+  running_ = false;
+  error_code ignored;
+  acceptor_.close(ignored);
+  retry_timer_.cancel();
+  // Copy first: closing may not destroy a connection now, but be safe anyway.
+  std::vector<std::shared_ptr<Connection>> live;
+  for (const auto& weak : connections_) {
+    if (auto connection = weak.lock()) live.push_back(std::move(connection));
+  }
+  for (const auto& connection : live) connection->close();
+  spdlog::debug("admin endpoint stopped; closed {} connection(s)", live.size());
+}
+
+// Waits for the next connection.
+void Core::do_accept() {
+  acceptor_.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
+    self->on_accept(ec, std::move(socket));
+  });
+}
+
+// Starts a connection, or closes it at once beyond max_connections.
+void Core::on_accept(const error_code& ec, tcp::socket socket) {
+  if (!running_ || ec == net::error::operation_aborted) return;
+  if (ec) {
+    // Out of descriptors or similar: try again a little later rather than spin.
+    spdlog::debug("admin: could not accept a connection: {}", ec.message());
+    retry_timer_.expires_after(accept_retry_delay);
+    retry_timer_.async_wait([self = shared_from_this()](const error_code& wait_ec) {
+      if (!wait_ec && self->running_) self->do_accept();
+    });
+    return;
+  }
+  bool admit = true;
+  std::shared_ptr<Connection> longest_waiting;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (!c || !c->waiting_since()) continue;
+    if (!longest_waiting || *c->waiting_since() < *longest_waiting->waiting_since()) longest_waiting = c;
+  }
+  if (connections_.size() >= options_.max_connections) {
+    // At the cap, the connection that has waited longest for a request gives
+    // way: half-open or idle clients can never lock a liveness probe out.
+    if (longest_waiting) {
+      spdlog::debug("admin: {} connections open (max {}): closing one idle for the longest", connections_.size(),
+                    options_.max_connections);
+      longest_waiting->close();
+    } else {
+      admit = false;  // every one is being answered: they will be done soon
+    }
+  }
+  if (admit) {
+    std::make_shared<Connection>(shared_from_this(), std::move(socket))->start();
+  } else {
+    spdlog::debug("admin: refusing connection: {} connections busy (max {})", connections_.size(),
+                  options_.max_connections);
+    error_code ignored;
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+  }
+  do_accept();
+}
+
+// Routes one request: token check, path, method, then the endpoint.
+http::response<http::string_body> Core::handle(const http::request<http::string_body>& request) {
+  const std::string_view target = to_std(request.target());
+  const std::string_view path = target.substr(0, target.find('?'));
+  const unsigned version = request.version() == 10 ? 10u : 11u;
+
+  http::response<http::string_body> response{http::status::ok, version};
+  response.keep_alive(request.keep_alive());
+  auto reply = [&](http::status status, std::string_view content_type, std::string body) {
+    response.result(status);
+    response.set(http::field::content_type, to_beast(content_type));
+    response.body() = std::move(body);
+  };
+
+  const bool is_health = path == "/healthz";
+  const bool is_replay = path == "/replay" && replay_ != nullptr;
+  const bool known = is_health || is_replay || path == "/readyz" || path == "/metrics" || path == "/slot";
+  const bool is_get = request.method() == http::verb::get || request.method() == http::verb::head;
+
+  const bool is_post_replay = is_replay && request.method() == http::verb::post;
+  const std::string_view authorization = to_std(request[http::field::authorization]);
+  // The readers' token (a Prometheus scraper's) allows reads only; the
+  // replay token, when set, allows them too.
+  const bool reader = options_.token.empty() || bearer_matches(authorization, options_.token) ||
+                      (!options_.replay_token.empty() && bearer_matches(authorization, options_.replay_token));
+  if (is_post_replay && options_.replay_token.empty()) {
+    // Sending rows again is an operator's act: never on an endpoint that
+    // anyone on the network path, or a scraper's credential, may call.
+    reply(http::status::forbidden, text_plain,
+          "POST /replay needs admin.replay.token: set it (not admin.token, which the readers of /metrics hold), and "
+          "send Authorization: Bearer <token> (or run walrelay replay beside the relay)\n");
+  } else if (is_post_replay ? !bearer_matches(authorization, options_.replay_token) : (!is_health && !reader)) {
+    reply(http::status::unauthorized, text_plain, "unauthorized\n");
+    response.set(http::field::www_authenticate, "Bearer");
+  } else if (!known) {
+    reply(http::status::not_found, text_plain, "not found\n");
+  } else if (!is_get && !is_post_replay) {
+    reply(http::status::method_not_allowed, text_plain, "method not allowed\n");
+    response.set(http::field::allow, is_replay ? "GET, HEAD, POST" : "GET, HEAD");
+  } else if (is_get && !request.body().empty()) {
+    reply(http::status::payload_too_large, text_plain, "request body not allowed\n");
+    response.keep_alive(false);
+  } else if (is_post_replay) {
+    auto answer = replay_->start(to_std(request.body()));
+    reply(static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
+  } else if (is_replay) {
+    reply(http::status::ok, json_content_type, replay_->status_json());
+  } else if (is_health) {
+    const StatusSnapshot status = status_.status();
+    if (status.state == RelayState::halted && status.halt_stays) {
+      // Alive: a restart would only halt again. /readyz (behind the token:
+      // the reason can quote a row's values) and walrelay_halted say why.
+      reply(http::status::ok, text_plain, "ok, halted (halt.action=stay): see /readyz\n");
+    } else if (status.state == RelayState::halted) {
+      reply(http::status::service_unavailable, text_plain, fmt::format("halted: {}\n", one_line(status.state_reason)));
+    } else {
+      reply(http::status::ok, text_plain, "ok\n");
+    }
+  } else if (path == "/readyz") {
+    const StatusSnapshot status = status_.status();
+    if (status.state != RelayState::streaming) {
+      std::string line = to_string(status.state);
+      if (!status.state_reason.empty()) line += ": " + one_line(status.state_reason);
+      reply(http::status::service_unavailable, text_plain, line + "\n");
+    } else if (!status.schema_registry_error.empty()) {
+      // First: records wait on it, so the producer may not even have
+      // connected yet.
+      reply(http::status::service_unavailable, text_plain,
+            fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
+    } else if (!status.producer_healthy) {
+      reply(http::status::service_unavailable, text_plain,
+            fmt::format("broker unreachable ({}): {}\n", status.sink, one_line(status.producer_error)));
+    } else {
+      reply(http::status::ok, text_plain, "ready\n");
+    }
+  } else if (path == "/metrics") {
+    // The relay's gauges are refreshed here, not by a timer: an idle relay
+    // does not wake every second to update what nobody may read.
+    status_.status();
+    reply(http::status::ok, metrics_content_type, metrics_.serialize());
+  } else {
+    reply(http::status::ok, json_content_type, slot_json(status_.status()));
+  }
+
+  response.content_length(response.body().size());
+  if (request.method() == http::verb::head) response.body().clear();
+  spdlog::debug("admin: {} {} -> {}", to_std(request.method_string()), path,
+                static_cast<unsigned>(response.result_int()));
+  return response;
+}
+
+}  // namespace
+
+struct AdminServer::Impl {
+  std::shared_ptr<Core> core;  // shared with in-flight handlers
+};
+
+AdminServer::AdminServer(boost::asio::io_context& io, AdminOptions options, const StatusSource& status,
+                         Metrics& metrics)
+    : impl_(std::make_unique<Impl>(Impl{std::make_shared<Core>(io, std::move(options), status, metrics)})) {}
+
+AdminServer::~AdminServer() { stop(); }
+
+void AdminServer::start() { impl_->core->start(); }
+
+void AdminServer::stop() { impl_->core->stop(); }
+
+void AdminServer::set_replay(ReplayControl* replay) { impl_->core->set_replay(replay); }
+
+unsigned short AdminServer::port() const { return impl_->core->port(); }
+
+}  // namespace walrelay

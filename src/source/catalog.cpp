@@ -1,0 +1,826 @@
+// Server checks, the publication and the slot marker (see catalog.hpp).
+#include "walrelay/source/catalog.hpp"
+
+#include "walrelay/exit_codes.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <memory>
+#include <sstream>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::string_view marker_key = "walrelay.slot=";
+
+std::string utc_now_iso() {
+  auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ") {
+  std::string out;
+  for (auto& i : items) {
+    if (!out.empty()) out += sep;
+    out += i;
+  }
+  return out;
+}
+
+std::string quoted_tables(const Config& config, PgConnection& conn) {
+  std::vector<std::string> names;
+  for (auto& t : config.table_include_list)
+    names.push_back(conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name));
+  return join(names);
+}
+
+// The columns the Outbox Event Router reads, with the key that names each.
+std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& config) {
+  std::vector<std::pair<std::string, std::string>> out{
+      {"table.field.event.id", config.field_event_id},
+      {"table.field.event.key", config.field_event_key},
+      {"table.field.event.payload", config.field_event_payload},
+      {"table.field.event.timestamp", config.field_event_timestamp},
+  };
+  if (config.routes_by_value())
+    out.emplace_back("route.by.field", config.route_by_field);
+  // With table.fields.additional.error.on.missing=false a placed column
+  // the table lacks is left out of its records, not an error.
+  if (config.additional_error_on_missing)
+    for (auto& p : config.additional_placement) out.emplace_back("table.fields.additional.placement", p.column);
+  out.emplace_back("table.field.event.headers", config.field_event_headers);
+  if (config.cloudevents != CloudEventsMode::none) out.emplace_back("table.field.event.type", config.field_event_type);
+  out.erase(std::remove_if(out.begin(), out.end(), [](auto& kv) { return kv.second.empty(); }), out.end());
+  return out;
+}
+
+std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
+  if (!text) return std::nullopt;
+  return pgoutput::Lsn::parse(*text);
+}
+
+}  // namespace
+
+bool is_pg_snapshot_text(std::string_view text) {
+  // xmin:xmax:xip,... with xmin <= xip < xmax, the xips ascending: what
+  // pg_snapshot's input accepts, so that a marker edited by hand is ignored
+  // here rather than failing every snapshot's query.
+  std::vector<std::uint64_t> numbers;
+  std::size_t colons = 0;
+  std::uint64_t n = 0;
+  bool digits = false;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    const char ch = i < text.size() ? text[i] : ',';
+    if (ch >= '0' && ch <= '9') {
+      if (n > (UINT64_MAX - 9) / 10) return false;
+      n = n * 10 + static_cast<std::uint64_t>(ch - '0');
+      digits = true;
+      continue;
+    }
+    if (ch != ':' && ch != ',') return false;
+    if (ch == ':' && ++colons > 2) return false;
+    const bool empty_xip_list = colons == 2 && numbers.size() == 2 && i == text.size();
+    if (!digits && !empty_xip_list) return false;
+    if (digits) numbers.push_back(n);
+    n = 0;
+    digits = false;
+    if (ch == ',' && colons < 2) return false;
+  }
+  if (colons != 2 || numbers.size() < 2 || numbers[0] > numbers[1] || numbers[0] == 0) return false;
+  for (std::size_t i = 2; i < numbers.size(); ++i)
+    if (numbers[i] < numbers[0] || numbers[i] >= numbers[1] || (i > 2 && numbers[i] <= numbers[i - 1])) return false;
+  return true;
+}
+
+std::string table_files_sql(PgConnection& conn, const Config& config) {
+  std::string trees;
+  for (const auto& t : config.table_include_list) {
+    // pg_partition_tree gives nothing for a table that is not partitioned.
+    const std::string rel =
+        conn.quote_literal(conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name)) +
+        "::pg_catalog.regclass";
+    trees += std::string(trees.empty() ? "" : " UNION ") + "SELECT " + rel + " AS relid UNION SELECT relid FROM " +
+             "pg_catalog.pg_partition_tree(" + rel + ")";
+  }
+  if (trees.empty()) return "SELECT ''";
+  return "SELECT substr(md5(coalesce(string_agg(t.relid::oid::text || ':' || "
+         "pg_catalog.pg_relation_filenode(t.relid)::text, ',' ORDER BY t.relid::oid), '')), 1, 16) FROM (" +
+         trees + ") t";
+}
+
+std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
+  std::vector<SlotMarker> out;
+  std::istringstream lines(comment);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(marker_key, 0) != 0) continue;
+    std::istringstream words(line);
+    std::string word;
+    SlotMarker m;
+    while (words >> word) {
+      auto eq = word.find('=');
+      if (eq == std::string::npos) continue;
+      auto key = word.substr(0, eq), value = word.substr(eq + 1);
+      if (key == "walrelay.slot") m.slot = value;
+      else if (key == "created_lsn") m.created_lsn = pgoutput::Lsn::parse(value);
+      else if (key == "created_at") m.created_at = value;
+      else if (key == "system") m.system = value;
+      else if (key == "snapshot") m.snapshot_pending = value == "pending";
+      else if (key == "snapshot_xids" && is_pg_snapshot_text(value)) m.snapshot_xids = value;
+      else if (key == "snapshot_files" && !value.empty() &&
+               value.find_first_not_of("0123456789abcdef") == std::string::npos)
+        m.snapshot_files = value;
+    }
+    if (!m.slot.empty()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string with_slot_marker(const std::string& comment, const SlotMarker& marker) {
+  std::string line = std::string(marker_key) + marker.slot;
+  if (marker.created_lsn) line += " created_lsn=" + marker.created_lsn->to_string();
+  if (!marker.created_at.empty()) line += " created_at=" + marker.created_at;
+  if (!marker.system.empty()) line += " system=" + marker.system;
+  if (marker.snapshot_pending) line += " snapshot=pending";
+  if (marker.snapshot_pending && !marker.snapshot_xids.empty()) line += " snapshot_xids=" + marker.snapshot_xids;
+  if (marker.snapshot_pending && !marker.snapshot_files.empty()) line += " snapshot_files=" + marker.snapshot_files;
+  std::vector<std::string> kept;
+  std::istringstream lines(comment);
+  std::string l;
+  bool replaced = false;
+  while (std::getline(lines, l)) {
+    auto markers = parse_slot_markers(l);
+    if (!markers.empty() && markers[0].slot == marker.slot) {
+      if (!replaced) kept.push_back(line);
+      replaced = true;
+      continue;
+    }
+    kept.push_back(l);
+  }
+  if (!replaced) kept.push_back(line);
+  return join(kept, "\n");
+}
+
+asio::awaitable<void> make_failover_slot(PgConnection& conn, const Config& config) {
+  std::string sql = "ALTER_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) + " (FAILOVER true)";
+  spdlog::info("slot={} made a failover slot: {}", config.slot_name, sql);
+  co_await conn.query(sql);
+}
+
+asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                           std::vector<std::string>& problems, std::vector<std::string>& notes) {
+  if (!config.slot_failover || facts.version < 170000 || facts.in_recovery) co_return;
+  auto show = [&](PgConnection& c, const std::string& name) -> asio::awaitable<std::string> {
+    auto r = co_await c.query("SHOW " + name);
+    co_return r.rows.empty() ? std::string() : r.rows[0][0].value_or("");
+  };
+  if (facts.slot.exists && !facts.slot.failover)
+    notes.push_back("slot " + config.slot_name + " is not a failover slot yet: walrelay will make it one at start");
+  auto synchronized = co_await show(conn, "synchronized_standby_slots");
+  if (synchronized.empty())
+    problems.push_back("slot.failover: synchronized_standby_slots is empty on the primary: set it to the physical "
+                       "slot of each standby that may be promoted, or walrelay may confirm changes a promoted "
+                       "standby's copy of the slot has not reached");
+  for (auto& name : [&] {
+         std::vector<std::string> out;
+         std::string item;
+         std::istringstream in(synchronized);
+         while (std::getline(in, item, ',')) {
+           item.erase(0, item.find_first_not_of(" \""));
+           item.erase(item.find_last_not_of(" \"") + 1);
+           if (!item.empty()) out.push_back(item);
+         }
+         return out;
+       }()) {
+    auto slot = co_await conn.query("SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical' "
+                                    "AND slot_name = " + conn.quote_literal(name));
+    if (slot.rows.empty())
+      problems.push_back("slot.failover: synchronized_standby_slots names " + name +
+                         ", which is not a physical slot on the primary");
+    else if (slot.rows[0][0] != "t")
+      notes.push_back("physical slot " + name + " of synchronized_standby_slots is not in use: its standby is not "
+                      "streaming, and logical decoding waits for it");
+  }
+
+  // The other hosts of database.hostname: the standbys that may be promoted.
+  std::vector<std::string> hosts, ports;
+  {
+    std::string item;
+    std::istringstream h(config.database_hostname), p(config.database_port);
+    while (std::getline(h, item, ',')) hosts.push_back(item);
+    while (std::getline(p, item, ',')) ports.push_back(item);
+  }
+  const char* here_host = conn.raw() ? PQhost(conn.raw()) : nullptr;
+  const char* here_port = conn.raw() ? PQport(conn.raw()) : nullptr;
+  int standbys = 0;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    Config one = config;
+    one.database_hostname = hosts[i];
+    one.database_port = ports.size() == hosts.size() ? ports[i] : ports.front();
+    one.database_target_session_attrs = "any";
+    const std::string where = one.database_hostname + ":" + one.database_port;
+    if (here_host && here_port && hosts[i] == here_host && one.database_port == here_port) continue;
+    PgConnection other(conn.io());
+    try {
+      co_await other.connect(one.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+      auto recovery = co_await other.query("SELECT pg_catalog.pg_is_in_recovery()");
+      if (recovery.rows.empty() || recovery.rows[0][0] != "t") continue;  // another primary? not a standby
+      ++standbys;
+      if (co_await show(other, "sync_replication_slots") != "on")
+        problems.push_back("slot.failover: standby " + where + " has sync_replication_slots off");
+      if (co_await show(other, "hot_standby_feedback") != "on")
+        problems.push_back("slot.failover: standby " + where + " has hot_standby_feedback off");
+      if ((co_await show(other, "primary_slot_name")).empty())
+        problems.push_back("slot.failover: standby " + where + " has no primary_slot_name");
+      if ((co_await show(other, "primary_conninfo")).find("dbname") == std::string::npos)
+        problems.push_back("slot.failover: standby " + where + "'s primary_conninfo names no dbname");
+      auto synced = co_await other.query("SELECT synced, temporary FROM pg_catalog.pg_replication_slots WHERE "
+                                         "slot_name = " + other.quote_literal(config.slot_name));
+      if (synced.rows.empty())
+        notes.push_back("standby " + where + " has no copy of slot " + config.slot_name + " yet");
+      else if (synced.rows[0][1] == "t")
+        notes.push_back("standby " + where + "'s copy of slot " + config.slot_name +
+                        " is still temporary: it survives a promotion once the primary's slot has been consumed past "
+                        "a running-transactions record");
+    } catch (const PgError& e) {
+      problems.push_back("slot.failover: could not check host " + where + ": " + e.what());
+    }
+  }
+  if (standbys == 0)
+    notes.push_back("slot.failover: database.hostname names no standby to check; list the failover candidates "
+                    "after the primary so that walrelay finds the new primary by itself");
+}
+
+std::string marker_sql(const Config& config, const SlotMarker& marker) {
+  // Adds the line to whatever the comment holds, as write_slot_marker does.
+  std::string line = with_slot_marker("", marker);
+  std::string pub = config.publication_name;
+  auto literal = [](const std::string& v) {
+    std::string out = "'";
+    for (char ch : v) out += ch == '\'' ? std::string("''") : std::string(1, ch);
+    return out + "'";
+  };
+  return "DO $walrelay$ BEGIN EXECUTE format('COMMENT ON PUBLICATION %I IS %L', " + literal(pub) +
+         ", concat_ws(E'\\n', (SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = " +
+         literal(pub) + "), " + literal(line) + ")); END $walrelay$;";
+}
+
+asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
+                                            std::vector<std::string>& problems, std::vector<std::string>& warnings) {
+  ServerFacts facts;
+  facts.version = conn.server_version();
+  facts.system = std::move(system);
+  if (facts.version < 140000)
+    problems.push_back("PostgreSQL " + std::to_string(facts.version / 10000) +
+                       " is not supported: walrelay needs 14 or later");
+
+  auto recovery = co_await conn.query("SELECT pg_catalog.pg_is_in_recovery()");
+  facts.in_recovery = !recovery.rows.empty() && recovery.rows[0][0] == "t";
+  if (facts.in_recovery && facts.version < 160000)
+    problems.push_back("database.hostname: the server is a standby, and PostgreSQL " +
+                       std::to_string(facts.version / 10000) +
+                       " cannot decode on a standby (16 and later can): point walrelay at the primary");
+  if (config.slot_failover && facts.version < 170000)
+    problems.push_back("slot.failover: failover slots need PostgreSQL 17 or later; this server is " +
+                       std::to_string(facts.version / 10000));
+  if (config.slot_failover && facts.in_recovery)
+    problems.push_back("slot.failover: the server is a standby; a failover slot is made on the primary and "
+                       "synchronized to the standbys (several hosts in database.hostname find the primary)");
+
+  auto wal_level = co_await conn.query("SHOW wal_level");
+  auto level = wal_level.rows.empty() ? std::string("?") : wal_level.rows[0][0].value_or("?");
+  if (level != "logical")
+    problems.push_back("wal_level is " + level + ": set wal_level = logical in postgresql.conf and restart the server");
+
+  const auto mapped = mapped_columns(config);
+  for (auto& t : config.table_include_list) {
+    auto rel = co_await conn.query(
+        "SELECT c.oid, c.relkind, c.relispartition FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = " + conn.quote_literal(t.schema) +
+        " AND c.relname = " + conn.quote_literal(t.name));
+    if (rel.rows.empty()) {
+      problems.push_back("table.include.list: table " + t.qualified() + " does not exist");
+      continue;
+    }
+    const std::string oid = rel.rows[0][0].value_or("0");
+    const std::string relkind = rel.rows[0][1].value_or("");
+    if (relkind == "p") facts.partitioned_tables.push_back(t.qualified());
+    else if (relkind != "r")
+      problems.push_back("table.include.list: " + t.qualified() + " is not a table (relkind " + relkind +
+                         "): only tables and partitioned tables are published");
+    auto cols = co_await conn.query("SELECT attname, attgenerated FROM pg_catalog.pg_attribute WHERE attrelid = " +
+                                    oid + " AND attnum > 0 AND NOT attisdropped");
+    for (auto& [key, column] : mapped) {
+      auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
+      if (it == cols.rows.end()) {
+        problems.push_back(key + ": table " + t.qualified() + " has no column \"" + column + "\"");
+      } else if (!(*it)[1].value_or("").empty()) {
+        // Before 18, pgoutput never sends generated columns: the mapped
+        // column would be missing from every row. 18 sends them when the
+        // publication says so.
+        if (facts.version < 180000)
+          problems.push_back(key + ": column \"" + column + "\" of " + t.qualified() +
+                             " is a generated column, which PostgreSQL " + std::to_string(facts.version / 10000) +
+                             " does not publish; map a stored column instead");
+        else
+          facts.generated_mapped.push_back(t.qualified() + " column \"" + column + "\"");
+      }
+    }
+  }
+
+  auto pub = co_await conn.query(
+      std::string("SELECT p.pubviaroot, p.pubinsert, p.puballtables, obj_description(p.oid, 'pg_publication'), ") +
+      (facts.version >= 180000 ? "p.pubgencols = 's'" : "false") +
+      " FROM pg_catalog.pg_publication p WHERE p.pubname = " + conn.quote_literal(config.publication_name));
+  auto& pf = facts.publication;
+  pf.exists = !pub.rows.empty();
+  if (pf.exists) {
+    pf.via_root = pub.rows[0][0] == "t";
+    pf.publishes_insert = pub.rows[0][1] == "t";
+    pf.all_tables = pub.rows[0][2] == "t";
+    pf.comment = pub.rows[0][3].value_or("");
+    pf.publishes_generated = pub.rows[0][4] == "t";
+    const bool has_column_lists = facts.version >= 150000;
+    for (auto& t : config.table_include_list) {
+      bool partitioned = std::find(facts.partitioned_tables.begin(), facts.partitioned_tables.end(),
+                                   t.qualified()) != facts.partitioned_tables.end();
+      if (partitioned && !pf.via_root) {
+        // pg_publication_tables would list the leaves: the root's name never
+        // reaches walrelay, and every row would arrive under a leaf's name.
+        pf.leaf_named_tables.push_back(t.qualified());
+        continue;
+      }
+      auto in = co_await conn.query(
+          std::string("SELECT ") + (has_column_lists ? "array_to_string(attnames, ','), rowfilter" : "NULL, NULL") +
+          " FROM pg_catalog.pg_publication_tables WHERE pubname = " + conn.quote_literal(config.publication_name) +
+          " AND schemaname = " + conn.quote_literal(t.schema) + " AND tablename = " + conn.quote_literal(t.name));
+      if (in.rows.empty()) {
+        pf.missing_tables.push_back(t.qualified());
+        continue;
+      }
+      if (auto& attnames = in.rows[0][0]) {
+        std::string list = "," + *attnames + ",";
+        for (auto& [key, column] : mapped)
+          if (list.find("," + column + ",") == std::string::npos)
+            pf.column_list_gaps.push_back(t.qualified() + " column \"" + column + "\" (" + key + ")");
+      }
+      if (auto& filter = in.rows[0][1])
+        warnings.push_back("publication " + config.publication_name + " filters the rows of " + t.qualified() +
+                           " (WHERE " + *filter + "): rows it leaves out are never relayed");
+    }
+    for (const auto& m : parse_slot_markers(pf.comment))
+      if (m.slot == config.slot_name) facts.marker = m;
+  }
+
+  std::string slot_columns = "plugin, database, active_pid, wal_status, confirmed_flush_lsn";
+  if (facts.version >= 160000) slot_columns += ", conflicting";
+  if (facts.version >= 170000) slot_columns += ", invalidation_reason, failover";
+  auto slot = co_await conn.query("SELECT " + slot_columns + " FROM pg_catalog.pg_replication_slots WHERE slot_name = " +
+                                  conn.quote_literal(config.slot_name));
+  auto& sf = facts.slot;
+  if (!slot.rows.empty()) {
+    sf.exists = true;
+    sf.plugin = slot.at(0, "plugin");
+    sf.database = slot.at(0, "database");
+    if (auto& pid = slot.at(0, "active_pid")) sf.active_pid = std::stoi(*pid);
+    sf.wal_status = slot.at(0, "wal_status");
+    sf.confirmed_flush_lsn = parse_lsn(slot.at(0, "confirmed_flush_lsn"));
+    sf.failover = slot.at(0, "failover") == "t";
+    if (auto& reason = slot.at(0, "invalidation_reason")) sf.invalid_reason = *reason;
+    else if (slot.at(0, "conflicting") == "t") sf.invalid_reason = "recovery conflict";
+    else if (sf.wal_status == "lost") sf.invalid_reason = "wal_status lost: max_slot_wal_keep_size exceeded";
+    if (sf.plugin != "pgoutput")
+      problems.push_back("slot.name: slot " + config.slot_name + " uses plugin " + sf.plugin.value_or("(physical)") +
+                         ", not pgoutput");
+    if (sf.database != config.database_dbname)
+      problems.push_back("slot.name: slot " + config.slot_name + " belongs to database " +
+                         sf.database.value_or("?") + ", not " + config.database_dbname);
+  }
+  co_return facts;
+}
+
+std::optional<std::string> slot_problem(const Config& config, const ServerFacts& facts) {
+  const auto& sf = facts.slot;
+  if (sf.exists && !sf.invalid_reason.empty())
+    return "slot.name: replication slot " + config.slot_name + " has been invalidated (" + sf.invalid_reason +
+           "): the events it held are gone. To accept the gap, run walrelay --reset-slot once: it drops the slot, "
+           "creates a new one and logs the LSN range that was skipped";
+  if (sf.exists || !facts.marker) return std::nullopt;
+  const SlotMarker& m = *facts.marker;
+  // A snapshot that never made its slot: it is made and the snapshot taken
+  // (see Relay::initial_snapshot). One whose slot existed (its point and
+  // view recorded) and is gone (a failover before the slot was synchronized,
+  // a drop) held the events since that point that leave no row: a new slot
+  // would skip them.
+  if (m.snapshot_pending && (!m.created_lsn || m.snapshot_xids.empty())) return std::nullopt;
+  if (m.snapshot_pending)
+    return "slot.name: replication slot " + config.slot_name + " is missing, but the initial snapshot begun on " +
+           m.created_at + " made it at " + m.created_lsn->to_string() +
+           " (marker in the comment of publication " + config.publication_name +
+           "). The snapshot would be taken again, but a new slot would skip the events committed since " +
+           m.created_lsn->to_string() +
+           " that left no row (rows deleted since, logical messages). Recover those events if you need them, then "
+           "run walrelay --reset-slot once: the next start takes the snapshot with a new slot";
+  return "slot.name: replication slot " + config.slot_name + " is missing, but walrelay created it" +
+         (m.created_lsn ? " at " + m.created_lsn->to_string() : std::string()) +
+         (m.created_at.empty() ? std::string() : " on " + m.created_at) +
+         (m.system.empty() || m.system == facts.system
+              ? std::string()
+              : " in another cluster (system identifier " + m.system + ", this one is " + facts.system +
+                    ": restored, upgraded or failed over?)") +
+         " (marker in the comment of publication " + config.publication_name +
+         "). A new slot would skip every event committed since the old one's last confirmed position. Recover "
+         "those events if you need them, then run walrelay --reset-slot once to create the slot and accept the gap";
+}
+
+std::vector<std::string> publication_problems(const Config& config, const ServerFacts& facts) {
+  std::vector<std::string> out;
+  const auto& pf = facts.publication;
+  const std::string name = "publication " + config.publication_name;
+  if (!pf.exists) {
+    out.push_back("publication.name: " + name + " does not exist");
+    return out;
+  }
+  if (!pf.publishes_insert) out.push_back("publication.name: " + name + " does not publish inserts");
+  if (!pf.missing_tables.empty()) out.push_back("publication.name: " + name + " does not publish " + join(pf.missing_tables));
+  if (!pf.leaf_named_tables.empty())
+    out.push_back("publication.name: " + name + " publishes the partitioned table(s) " + join(pf.leaf_named_tables) +
+                  " under their partitions' names, which walrelay would not recognise as outbox rows; run ALTER "
+                  "PUBLICATION " + config.publication_name + " SET (publish_via_partition_root = true)");
+  if (!pf.column_list_gaps.empty())
+    out.push_back("publication.name: the column list of " + name + " leaves out " + join(pf.column_list_gaps));
+  if (!facts.generated_mapped.empty() && !pf.publishes_generated)
+    out.push_back("publication.name: " + name + " does not publish generated columns, and " +
+                  join(facts.generated_mapped) + " is one; run ALTER PUBLICATION " + config.publication_name +
+                  " SET (publish_generated_columns = stored)");
+  return out;
+}
+
+namespace {
+
+// The statements that make the publication fit, as filtered mode runs them.
+std::vector<std::string> publication_statements(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  std::vector<std::string> out;
+  const auto& pf = facts.publication;
+  const std::string name = conn.quote_identifier(config.publication_name);
+  const std::string tables = quoted_tables(config, conn);
+  if (!pf.exists) {
+    // publish_via_partition_root: rows of a partitioned outbox carry the
+    // root's name whatever partition they land in, also partitions attached
+    // later.
+    // Messages only (no table): a publication of nothing, which pgoutput
+    // still needs to be named.
+    std::string sql = "CREATE PUBLICATION " + name + (tables.empty() ? std::string() : " FOR TABLE " + tables) +
+                      " WITH (publish = 'insert', publish_via_partition_root = true" +
+                      (facts.generated_mapped.empty() ? "" : ", publish_generated_columns = stored") + ")";
+    out.push_back(sql);
+    return out;
+  }
+  if (!pf.all_tables && !tables.empty() && (!pf.missing_tables.empty() || !pf.column_list_gaps.empty() ||
+                         !pf.leaf_named_tables.empty())) {
+    // filtered: the publication covers exactly the configured tables, whole.
+    std::string sql = "ALTER PUBLICATION " + name + " SET TABLE " + tables;
+    out.push_back(sql);
+  }
+  std::vector<std::string> options;
+  if (!pf.publishes_insert) options.push_back("publish = 'insert'");
+  if (!pf.via_root && !facts.partitioned_tables.empty()) options.push_back("publish_via_partition_root = true");
+  if (!pf.publishes_generated && !facts.generated_mapped.empty()) options.push_back("publish_generated_columns = stored");
+  if (!options.empty()) {
+    std::string sql = "ALTER PUBLICATION " + name + " SET (" + join(options) + ")";
+    out.push_back(sql);
+  }
+  return out;
+}
+
+}  // namespace
+
+asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  auto statements = publication_statements(conn, config, facts);
+  if (facts.in_recovery && !statements.empty())
+    // A standby takes no DDL: the publication comes from the primary.
+    throw PgError("publication.name: the server is a standby (read-only); run on the primary: " +
+                      join(statements, "; "),
+                  "25006");
+  for (auto& sql : statements) {
+    spdlog::info("publication: {}", sql);
+    co_await conn.query(sql);
+  }
+}
+
+asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker) {
+  const std::string name = conn.quote_literal(config.publication_name);
+  co_await conn.query("BEGIN");
+  std::exception_ptr failure;
+  try {
+    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
+                        name + "))");
+    auto current = co_await conn.query(
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    if (current.rows.empty()) throw PgError("publication " + config.publication_name + " does not exist", "42704");
+    std::string comment = with_slot_marker(current.rows[0][0].value_or(""), marker);
+    co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
+                        conn.quote_literal(comment));
+    co_await conn.query("COMMIT");
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    try {
+      co_await conn.query("ROLLBACK");
+    } catch (const PgError&) {
+    }
+    std::rethrow_exception(failure);
+  }
+}
+
+asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot) {
+  // NOEXPORT_SNAPSHOT and USE_SNAPSHOT are the spellings every supported
+  // version accepts; a failover slot (17+) needs the option list of 15 and later.
+  std::string sql = "CREATE_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name) + " LOGICAL pgoutput " +
+                    (config.slot_failover ? (use_snapshot ? "(SNAPSHOT 'use', FAILOVER true)"
+                                                          : "(SNAPSHOT 'nothing', FAILOVER true)")
+                                          : (use_snapshot ? "USE_SNAPSHOT" : "NOEXPORT_SNAPSHOT"));
+  spdlog::info("slot={} creating: {}", config.slot_name, sql);
+
+  // The server makes the slot consistent only once every transaction running
+  // when it started has ended: one long transaction can hold it for hours. A
+  // time-out would cancel it and start over forever; instead say what it
+  // waits for.
+  struct Watch {
+    bool done = false;
+    asio::steady_timer timer;
+    explicit Watch(asio::io_context& io) : timer(io) {}
+  };
+  auto watch = std::make_shared<Watch>(conn.io());
+  asio::co_spawn(
+      conn.io(),
+      [watch, &config, &io = conn.io()]() -> asio::awaitable<void> {
+        PgConnection side(io);
+        auto started = std::chrono::steady_clock::now();
+        while (!watch->done) {
+          watch->timer.expires_after(5s);
+          boost::system::error_code ec;
+          co_await watch->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          if (watch->done) break;
+          try {
+            if (!side.connected())
+              co_await side.connect(config.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+            auto rows = co_await side.query(
+                "SELECT count(*), min(xact_start)::text, (array_agg(pid ORDER BY xact_start))[1], "
+                "(array_agg(state ORDER BY xact_start))[1] FROM pg_catalog.pg_stat_activity "
+                "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
+            auto waited = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started);
+            if (!watch->done && !rows.rows.empty())
+              spdlog::warn("slot={} still being created after {} s: the server waits for the transactions that were "
+                           "running when it started to end; {} transaction(s) with an xid are running now, the oldest "
+                           "since {} (pid {}, {})",
+                           config.slot_name, waited.count(), rows.rows[0][0].value_or("?"),
+                           rows.rows[0][1].value_or("?"), rows.rows[0][2].value_or("?"), rows.rows[0][3].value_or("?"));
+          } catch (const PgError& e) {
+            spdlog::debug("slot={} could not look at running transactions: {}", config.slot_name, e.what());
+            side.close();
+          }
+        }
+      },
+      asio::detached);
+  struct Done {
+    std::shared_ptr<Watch> w;
+    ~Done() {
+      w->done = true;
+      w->timer.cancel();
+    }
+  } done{watch};
+  auto created = co_await conn.query(sql, {}, std::chrono::hours(24 * 365));
+  auto point = created.at(0, "consistent_point");
+  auto lsn = point ? pgoutput::Lsn::parse(*point) : std::nullopt;
+  if (!lsn) throw PgError("could not create the replication slot: no consistent point in the answer", "");
+  spdlog::info("slot={} created at consistent point {}", config.slot_name, lsn->to_string());
+  co_return *lsn;
+}
+
+asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                std::optional<pgoutput::Lsn> created_lsn) {
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}};
+  if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
+  marker.system = facts.system;
+  marker.snapshot_pending = false;
+  try {
+    co_await write_slot_marker(conn, config, marker);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "42501" && e.sqlstate() != "25006") throw;
+    // Not the owner, or a standby (read-only): someone else writes it once.
+    throw PgError("could not record slot " + config.slot_name + " in the comment of publication " +
+                      config.publication_name + " (" + e.what() +
+                      "). walrelay keeps this marker in the database so that a restart can tell a lost slot from a "
+                      "first start. " +
+                      (e.sqlstate() == "25006" ? std::string("On the primary, run once: ")
+                                               : std::string("Make walrelay's user the publication's owner, or "
+                                                             "have the owner run: ")) +
+                      marker_sql(config, marker),
+                  "42501");
+  }
+  spdlog::info("slot={} recorded in the comment of publication {}", config.slot_name, config.publication_name);
+}
+
+asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}};
+  try {
+    co_await write_slot_marker(conn, config, marker);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "42501" && e.sqlstate() != "25006") throw;
+    // Without the marker a crash in the middle of the snapshot would look,
+    // at the next start, like a slot to stream from: the rest of the rows
+    // would never be sent.
+    throw PgError("snapshot.mode: the initial snapshot needs to record its progress in the comment of publication " +
+                      config.publication_name + " (" + e.what() + ")" +
+                      (e.sqlstate() == "25006"
+                           ? std::string(": take the snapshot on the primary")
+                           : std::string(": make walrelay's user the publication's owner")),
+                  "42501");
+  }
+  spdlog::info("slot={} initial snapshot recorded as pending in the comment of publication {}", config.slot_name,
+               config.publication_name);
+}
+
+asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                           pgoutput::Lsn point, const std::string& xids,
+                                           const std::string& files) {
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files};
+  co_await write_slot_marker(conn, config, marker);
+  spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
+               point.to_string(), config.publication_name);
+}
+
+asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& config, Sink& sink) {
+  CheckReport report;
+  PgConnection conn(io);
+  try {
+    co_await conn.connect(config.conninfo(true), std::chrono::milliseconds(config.database_connect_timeout_ms));
+    auto ident = co_await conn.query("IDENTIFY_SYSTEM");
+    auto facts = co_await inspect_server(conn, config, ident.at(0, "systemid").value_or(""), report.problems,
+                                         report.notes);
+    if (auto p = slot_problem(config, facts)) report.problems.push_back(*p);
+    for (auto& p : publication_problems(config, facts)) {
+      if (config.publication_autocreate == PublicationAutocreate::disabled)
+        report.problems.push_back(p + " (publication.autocreate.mode=disabled)");
+      else
+        report.notes.push_back(p + ": walrelay will create or alter it (publication.autocreate.mode=filtered)");
+    }
+    const bool snapshot = config.snapshot_mode != SnapshotMode::no_data;
+    if (facts.marker && facts.marker->snapshot_pending)
+      report.notes.push_back("slot " + config.slot_name + ": an initial snapshot began on " + facts.marker->created_at +
+                             " and did not finish" +
+                             (snapshot ? std::string(": walrelay will take the snapshot again from the start (the rows "
+                                                     "its view saw) and stream from the kept slot")
+                                       : std::string(": snapshot.mode=no_data, so walrelay will stream from the slot "
+                                                     "without it")));
+    else if (!facts.slot.exists && !facts.marker)
+      report.notes.push_back("slot " + config.slot_name + " does not exist yet: walrelay will create it" +
+                             (snapshot ? " and send the rows the outbox holds first (snapshot.mode)" : ""));
+    else if (facts.slot.active_pid)
+      report.notes.push_back("slot " + config.slot_name + " is active for PID " +
+                             std::to_string(*facts.slot.active_pid) + ": walrelay would wait as a standby");
+    co_await check_failover_setup(conn, config, facts, report.problems, report.notes);
+    if (facts.slot.exists && !facts.marker && facts.publication.exists)
+      report.notes.push_back("slot " + config.slot_name + " is not yet recorded in the comment of publication " +
+                             config.publication_name + ": walrelay will record it at start");
+  } catch (const PgError& e) {
+    report.problems.push_back(std::string("database: ") + e.what());
+  }
+  try {
+    sink.check_connectivity(config.database_connect_timeout_ms);
+  } catch (const std::exception& e) {
+    // The key a reader looks at first for the sink's address.
+    const std::string where = config.sink_type == "kafka"            ? "kafka.bootstrap.servers"
+                              : config.sink_type == "nats-jetstream" ? "sink.nats-jetstream.url"
+                                                                     : "sink." + config.sink_type + ".connection.host";
+    report.problems.push_back(where + ": " + e.what());
+  }
+  co_return report;
+}
+
+asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
+  PgConnection conn(io);
+  try {
+    co_await conn.connect(config.conninfo(true), std::chrono::milliseconds(config.database_connect_timeout_ms));
+    auto ident = co_await conn.query("IDENTIFY_SYSTEM");
+    std::vector<std::string> problems, notes;
+    auto facts = co_await inspect_server(conn, config, ident.at(0, "systemid").value_or(""), problems, notes);
+    for (auto& p : publication_problems(config, facts))
+      if (config.publication_autocreate == PublicationAutocreate::disabled) problems.push_back(p);
+    if (!problems.empty()) {
+      for (auto& p : problems) spdlog::error("--reset-slot: {}", p);
+      co_return exit_failure;
+    }
+    if (config.publication_autocreate == PublicationAutocreate::filtered) co_await ensure_publication(conn, config, facts);
+    if (facts.slot.exists && facts.slot.invalid_reason.empty()) {
+      spdlog::info("slot={} exists and can be streamed from: nothing to reset", config.slot_name);
+      if (!facts.marker) co_await mark_slot(conn, config, facts, std::nullopt);
+      co_return exit_ok;
+    }
+    std::string from;
+    if (facts.slot.exists) {
+      from = facts.slot.confirmed_flush_lsn ? facts.slot.confirmed_flush_lsn->to_string() : std::string("?");
+      spdlog::warn("slot={} dropping the invalidated slot ({}), confirmed up to {}", config.slot_name,
+                   facts.slot.invalid_reason, from);
+      co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config.slot_name));
+    } else {
+      from = facts.marker && facts.marker->created_lsn
+                 ? "its last confirmed position (unknown once dropped; at or after " +
+                       facts.marker->created_lsn->to_string() + ", where it was created)"
+                 : "its last confirmed position (unknown once dropped)";
+    }
+    if (facts.marker && facts.marker->snapshot_pending) {
+      // The snapshot never finished: its rows are still owed. The next start
+      // makes the slot and takes the snapshot (snapshot.mode=initial).
+      co_await mark_snapshot_pending(conn, config, facts);
+      spdlog::warn("slot={} reset by the operator: the initial snapshot begun on {} did not finish; the next start "
+                   "with snapshot.mode=initial makes a new slot and takes it; events committed after {} that left "
+                   "no row in the outbox are not relayed",
+                   config.slot_name, facts.marker->created_at, from);
+      co_return exit_ok;
+    }
+    auto created = co_await create_slot(conn, config);
+    co_await mark_slot(conn, config, facts, created);
+    spdlog::warn("slot={} reset by the operator: events committed after {} and before {} were not relayed",
+                 config.slot_name, from, created.to_string());
+    co_return exit_ok;
+  } catch (const PgError& e) {
+    spdlog::error("--reset-slot: {}", e.what());
+    co_return exit_failure;
+  }
+}
+
+namespace {
+
+// The switch point at which `history` (a timeline history file) says
+// timeline `tli` ended, when it lists it.
+std::optional<pgoutput::Lsn> switch_point(const std::string& history, long tli) {
+  std::istringstream in(history);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    long id = 0;
+    std::string lsn;
+    if (!(fields >> id >> lsn) || id != tli) continue;
+    return pgoutput::Lsn::parse(lsn);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Exactly once: a committed position this server's history does not contain
+// would make the relay skip new transactions as if they were in Kafka. The
+// system identifier survives a restore from backup and a failover, so the
+// LSN and the timeline are checked as well.
+std::optional<std::string> committed_position_problem(const Config& config, const CommittedPosition& committed,
+                                                      std::optional<pgoutput::Lsn> xlogpos, const std::string& timeline,
+                                                      const std::string& history) {
+  const std::string where = "offsets.storage.topic: the position committed for " + config.transactional_id() +
+                            ", " + committed.end_lsn.to_string() +
+                            (committed.timeline.empty() ? "" : " on timeline " + committed.timeline);
+  const std::string way_out =
+      ". walrelay will not skip new transactions by a position from another history. Once you know which events "
+      "are in Kafka, run walrelay --reset-offsets once (it forgets the position; events from the slot's confirmed "
+      "position on are then sent again, so some may be duplicates), then start walrelay again";
+  if (xlogpos && committed.end_lsn > *xlogpos)
+    return where + ", lies past the end of this server's WAL (" + xlogpos->to_string() + " on timeline " + timeline +
+           "): the database was restored to an earlier point, or failed over to a standby that had not received it" +
+           way_out;
+  if (committed.timeline.empty() || committed.timeline == timeline) return std::nullopt;
+  char* end = nullptr;
+  const long tli = std::strtol(committed.timeline.c_str(), &end, 10);
+  const long current = std::strtol(timeline.c_str(), nullptr, 10);
+  if (end == committed.timeline.c_str() || tli > current)
+    return where + ", is from a timeline this server (timeline " + timeline + ") has not reached" + way_out;
+  auto point = switch_point(history, tli);
+  if (!point)
+    return where + ", is from a timeline that this server's history (timeline " + timeline + ") does not list" +
+           way_out;
+  if (committed.end_lsn > *point)
+    return where + ", lies past " + point->to_string() + ", where this server's history left timeline " +
+           committed.timeline + " (it is now on timeline " + timeline +
+           "): those transactions are not in this server's history" + way_out;
+  return std::nullopt;
+}
+
+}  // namespace walrelay

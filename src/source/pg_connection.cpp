@@ -1,0 +1,411 @@
+#include "walrelay/source/pg_connection.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A result's rows as text, NULL as nullopt; none for a result without rows.
+PgRows rows_of(const PgResultPtr& result) {
+  PgRows rows;
+  if (result && PQresultStatus(result.get()) == PGRES_TUPLES_OK) {
+    int nf = PQnfields(result.get()), nt = PQntuples(result.get());
+    for (int f = 0; f < nf; ++f) rows.columns.emplace_back(PQfname(result.get(), f));
+    for (int t = 0; t < nt; ++t) {
+      auto& row = rows.rows.emplace_back();
+      for (int f = 0; f < nf; ++f)
+        row.push_back(PQgetisnull(result.get(), t, f) ? std::nullopt
+                                                       : std::optional<std::string>(PQgetvalue(result.get(), t, f)));
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::string pg_message(PGconn* conn) {
+  std::string m = conn ? PQerrorMessage(conn) : "out of memory";
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  return m;
+}
+
+const std::optional<std::string>& PgRows::at(std::size_t row, const std::string& column) const {
+  static const std::optional<std::string> none;
+  for (std::size_t c = 0; c < columns.size(); ++c)
+    if (columns[c] == column) return row < rows.size() ? rows[row][c] : none;
+  return none;
+}
+
+PgConnection::PgConnection(asio::io_context& io) : io_(io) {}
+
+PgConnection::~PgConnection() { close(); }
+
+void PgConnection::close() {
+  if (socket_) {
+    boost::system::error_code ec;
+    socket_->cancel(ec);
+    socket_->release();  // libpq owns the descriptor
+    socket_.reset();
+  }
+  if (conn_) {
+    PQfinish(conn_);
+    conn_ = nullptr;
+  }
+}
+
+void PgConnection::watch_socket(bool anew) {
+  int fd = conn_ ? PQsocket(conn_) : -1;
+  if (!anew && socket_ && socket_->native_handle() == fd) return;
+  if (socket_) {
+    boost::system::error_code ec;
+    socket_->cancel(ec);
+    socket_->release();
+    socket_.reset();
+  }
+  if (fd >= 0) socket_ = std::make_shared<asio::posix::stream_descriptor>(io_, fd);
+}
+
+void PgConnection::throw_conn_error(const std::string& what) {
+  std::string msg = what + ": " + pg_message(conn_);
+  throw PgError(msg, "");
+}
+
+// Waits for the socket with a deadline. A wake-up without readiness (another
+// coroutine's timeout cancelled the descriptor) is harmless: callers loop.
+asio::awaitable<void> PgConnection::wait(asio::posix::stream_descriptor::wait_type type,
+                                         std::chrono::steady_clock::time_point deadline, const char* what) {
+  if (!socket_) throw PgError(std::string("could not ") + what + ": no connection", "");
+  struct State {
+    bool done = false;
+    bool timed_out = false;
+  };
+  auto state = std::make_shared<State>();
+  asio::steady_timer timer(io_);
+  timer.expires_at(deadline);
+  std::weak_ptr<asio::posix::stream_descriptor> weak = socket_;
+  timer.async_wait([state, weak](boost::system::error_code ec) {
+    if (ec || state->done) return;
+    state->timed_out = true;
+    boost::system::error_code ignored;
+    if (auto sock = weak.lock()) sock->cancel(ignored);
+  });
+  boost::system::error_code ec;
+  auto sock = socket_;  // kept alive while this coroutine waits on it
+  co_await sock->async_wait(type, asio::redirect_error(asio::use_awaitable, ec));
+  state->done = true;
+  timer.cancel();
+  if (state->timed_out) throw PgError(std::string("timed out: ") + what, "");
+}
+
+std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::string& conninfo) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(conninfo.c_str(), &error);
+  if (!options) {
+    std::string why = error ? error : "out of memory";
+    if (error) PQfreemem(error);
+    while (!why.empty() && why.back() == '\n') why.pop_back();
+    throw PgError("could not parse the connection string: " + why, "");
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (PQconninfoOption* o = options; o->keyword; ++o)
+    if (o->val) out.emplace_back(o->keyword, o->val);
+  PQconninfoFree(options);
+  return out;
+}
+
+namespace {
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string::size_type start = 0;
+  for (;;) {
+    auto comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+std::string join_commas(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out;
+}
+
+std::string option(const std::vector<std::pair<std::string, std::string>>& options, const std::string& key) {
+  for (auto& [k, v] : options)
+    if (k == key) return v;
+  return {};
+}
+
+void set_option(std::vector<std::pair<std::string, std::string>>& options, const std::string& key,
+                const std::string& value) {
+  for (auto& [k, v] : options)
+    if (k == key) {
+      v = value;
+      return;
+    }
+  options.emplace_back(key, value);
+}
+
+}  // namespace
+
+bool needs_resolving(const std::string& host) {
+  if (host.empty() || host.front() == '/' || host.front() == '@') return false;  // socket directory, abstract socket
+  boost::system::error_code ec;
+  asio::ip::make_address(host, ec);
+  return static_cast<bool>(ec);
+}
+
+std::vector<std::pair<std::string, std::string>> with_host_addresses(
+    std::vector<std::pair<std::string, std::string>> options,
+    const std::map<std::string, std::vector<std::string>>& addresses) {
+  auto hosts = split_commas(option(options, "host"));
+  auto ports = split_commas(option(options, "port"));
+  std::vector<std::string> out_hosts, out_addrs, out_ports;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    const std::string port = ports.size() == hosts.size() ? ports[i] : ports.front();
+    auto it = addresses.find(hosts[i]);
+    if (!needs_resolving(hosts[i]) || it == addresses.end()) {
+      if (needs_resolving(hosts[i])) continue;  // unresolvable: libpq would only block on it again
+      out_hosts.push_back(hosts[i]);
+      out_addrs.emplace_back();  // empty: libpq uses the host itself
+      out_ports.push_back(port);
+      continue;
+    }
+    // One entry per address, each with the name, which TLS verifies against.
+    for (auto& a : it->second) {
+      out_hosts.push_back(hosts[i]);
+      out_addrs.push_back(a);
+      out_ports.push_back(port);
+    }
+  }
+  set_option(options, "host", join_commas(out_hosts));
+  set_option(options, "hostaddr", join_commas(out_addrs));
+  set_option(options, "port", join_commas(out_ports));
+  return options;
+}
+
+asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::chrono::milliseconds timeout) {
+  close();
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto options = parse_conninfo(conninfo);
+  // libpq resolves host names with a blocking getaddrinfo inside
+  // PQconnectStart/PQconnectPoll; a slow DNS would stall the loop that also
+  // answers the liveness probe. Resolve here, off the loop, and hand libpq
+  // the addresses.
+  if (option(options, "hostaddr").empty()) {
+    std::map<std::string, std::vector<std::string>> addresses;
+    std::string last_error;
+    for (auto& host : split_commas(option(options, "host"))) {
+      if (!needs_resolving(host) || addresses.count(host)) continue;
+      asio::ip::tcp::resolver resolver(io_);
+      asio::steady_timer timer(io_);
+      timer.expires_at(deadline);
+      timer.async_wait([&resolver](boost::system::error_code ec) {
+        if (!ec) resolver.cancel();
+      });
+      boost::system::error_code ec;
+      auto results = co_await resolver.async_resolve(host, "", asio::redirect_error(asio::use_awaitable, ec));
+      timer.cancel();
+      if (ec) {
+        last_error = "could not resolve host \"" + host + "\": " + ec.message();
+        continue;
+      }
+      auto& list = addresses[host];
+      for (auto& r : results) {
+        auto a = r.endpoint().address().to_string();
+        if (std::find(list.begin(), list.end(), a) == list.end()) list.push_back(a);
+      }
+    }
+    options = with_host_addresses(std::move(options), addresses);
+    if (option(options, "host").empty()) throw PgError(last_error.empty() ? "could not connect: no host" : last_error, "");
+  }
+  std::vector<const char*> keys, values;
+  for (auto& [k, v] : options) {
+    keys.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
+  if (!conn_) throw PgError("could not connect: out of memory", "");
+  if (PQstatus(conn_) == CONNECTION_BAD) throw_conn_error("could not connect");
+  for (;;) {
+    auto st = PQconnectPoll(conn_);
+    if (st == PGRES_POLLING_OK) break;
+    if (st == PGRES_POLLING_FAILED) {
+      // libpq reports authentication and privilege failures here; keep the
+      // server's SQLSTATE-free text, it names the cause.
+      throw_conn_error("could not connect");
+    }
+    // Each step may have closed the socket and opened another (the next
+    // address, or a retry without TLS), possibly with the same number: watch
+    // it anew every time.
+    watch_socket(true);
+    co_await wait(st == PGRES_POLLING_READING ? asio::posix::stream_descriptor::wait_read
+                                              : asio::posix::stream_descriptor::wait_write,
+                  deadline, "connecting to the server");
+  }
+  watch_socket(true);
+  if (PQsetnonblocking(conn_, 1) != 0) throw_conn_error("could not set the connection non-blocking");
+}
+
+asio::awaitable<PgResultPtr> PgConnection::last_result(std::chrono::steady_clock::time_point deadline) {
+  while (PQflush(conn_) == 1) co_await wait(asio::posix::stream_descriptor::wait_write, deadline, "sending a query");
+  PgResultPtr last(nullptr, &PQclear);
+  for (;;) {
+    while (PQisBusy(conn_)) {
+      co_await wait(asio::posix::stream_descriptor::wait_read, deadline, "waiting for the server's answer");
+      if (!PQconsumeInput(conn_)) throw_conn_error("could not read from the server");
+    }
+    PGresult* r = PQgetResult(conn_);
+    if (!r) break;
+    auto status = PQresultStatus(r);
+    if (status == PGRES_COPY_BOTH || status == PGRES_COPY_OUT || status == PGRES_COPY_IN) {
+      last.reset(r);
+      break;  // the copy is under way; no further results until it ends
+    }
+    if (status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE) {
+      const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      const char* primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+      std::string msg = PQresultErrorMessage(r);
+      while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+      std::string sqlstate = state ? state : "";
+      std::string primary_message = primary ? primary : "";
+      PQclear(r);
+      // Drain the rest so the connection stays usable.
+      while (PGresult* rest = PQgetResult(conn_)) PQclear(rest);
+      throw PgError(msg, sqlstate, primary_message);
+    }
+    last.reset(r);
+  }
+  co_return last;
+}
+
+asio::awaitable<PgRows> PgConnection::query(const std::string& sql, const std::vector<std::string>& params,
+                                            std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int ok;
+  if (params.empty()) {
+    ok = PQsendQuery(conn_, sql.c_str());
+  } else {
+    std::vector<const char*> values;
+    for (auto& p : params) values.push_back(p.c_str());
+    ok = PQsendQueryParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr,
+                           nullptr, 0);
+  }
+  if (!ok) throw_conn_error("could not send a query");
+  co_return rows_of(co_await last_result(deadline));
+}
+
+asio::awaitable<void> PgConnection::prepare(const std::string& sql, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not prepare a statement: not connected", "");
+  if (!PQsendPrepare(conn_, "", sql.c_str(), 0, nullptr)) throw_conn_error("could not send a statement to prepare");
+  co_await last_result(std::chrono::steady_clock::now() + timeout);
+}
+
+asio::awaitable<PgRows> PgConnection::query_prepared(std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  if (!PQsendQueryPrepared(conn_, "", 0, nullptr, nullptr, nullptr, 0)) throw_conn_error("could not send a query");
+  co_return rows_of(co_await last_result(std::chrono::steady_clock::now() + timeout));
+}
+
+asio::awaitable<PgRows> PgConnection::query_one(const std::string& sql, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  // PQsendQueryParams even without parameters: the extended protocol.
+  if (!PQsendQueryParams(conn_, sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0))
+    throw_conn_error("could not send a query");
+  co_return rows_of(co_await last_result(std::chrono::steady_clock::now() + timeout));
+}
+
+asio::awaitable<PgResultPtr> PgConnection::query_result(const std::string& sql, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  if (!PQsendQuery(conn_, sql.c_str())) throw_conn_error("could not send a query");
+  co_return co_await last_result(std::chrono::steady_clock::now() + timeout);
+}
+
+asio::awaitable<void> PgConnection::start_copy_both(const std::string& command, std::chrono::milliseconds timeout) {
+  if (!PQsendQuery(conn_, command.c_str())) throw_conn_error("could not send " + command);
+  auto result = co_await last_result(std::chrono::steady_clock::now() + timeout);
+  if (!result || PQresultStatus(result.get()) != PGRES_COPY_BOTH)
+    throw PgError("could not start replication: unexpected answer to " + command, "");
+}
+
+int PgConnection::try_get_copy_data(char** buffer) {
+  int n = PQgetCopyData(conn_, buffer, 1);
+  if (n == -2) throw_conn_error("could not read replication data");
+  return n;
+}
+
+void PgConnection::consume_input() {
+  if (!PQconsumeInput(conn_)) throw_conn_error("could not receive data from the server");
+}
+
+asio::awaitable<void> PgConnection::wait_readable() {
+  if (!socket_) throw PgError("could not wait for replication data: no connection", "");
+  auto sock = socket_;  // kept alive while this coroutine waits on it
+  boost::system::error_code ec;
+  co_await sock->async_wait(asio::posix::stream_descriptor::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+}
+
+void PgConnection::cancel_wait() {
+  boost::system::error_code ec;
+  if (socket_) socket_->cancel(ec);
+}
+
+void PgConnection::finish_copy() {
+  PgResultPtr r(PQgetResult(conn_), &PQclear);
+  if (r && PQresultStatus(r.get()) == PGRES_FATAL_ERROR) {
+    const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+    std::string msg = PQresultErrorMessage(r.get());
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    throw PgError(msg, state ? state : "");
+  }
+  throw PgError("the server ended replication", "");
+}
+
+asio::awaitable<void> PgConnection::put_copy_data(std::span<const std::byte> data) {
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    int r = PQputCopyData(conn_, reinterpret_cast<const char*>(data.data()), static_cast<int>(data.size()));
+    if (r == 1) break;
+    if (r < 0) throw_conn_error("could not send a status update");
+    co_await wait(asio::posix::stream_descriptor::wait_write, deadline, "sending a status update");
+  }
+  for (;;) {
+    int r = PQflush(conn_);
+    if (r == 0) break;
+    if (r < 0) throw_conn_error("could not send a status update");
+    co_await wait(asio::posix::stream_descriptor::wait_write, deadline, "sending a status update");
+  }
+}
+
+std::string PgConnection::quote_identifier(const std::string& name) {
+  char* q = PQescapeIdentifier(conn_, name.c_str(), name.size());
+  if (!q) throw_conn_error("could not quote an identifier");
+  std::string out(q);
+  PQfreemem(q);
+  return out;
+}
+
+std::string PgConnection::quote_literal(const std::string& value) {
+  char* q = PQescapeLiteral(conn_, value.c_str(), value.size());
+  if (!q) throw_conn_error("could not quote a literal");
+  std::string out(q);
+  PQfreemem(q);
+  return out;
+}
+
+}  // namespace walrelay
