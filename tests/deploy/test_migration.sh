@@ -2,7 +2,9 @@
 # docs/migration-from-polling.md's cut-over, run as written, with a real
 # polling relay (bench/polling/relay.py, which deletes what it sent) and a
 # writer that keeps writing the whole time: stop the poller, start walrelay
-# with the initial snapshot; every event reaches Kafka exactly once. The
+# with the initial snapshot; every event reaches Kafka exactly once. Then the
+# page's rollback: the poller again, walrelay's slot dropped by the page's
+# SQL; every event still reaches Kafka. The
 # writer records each event in a business table in the same transaction,
 # since the poller deletes the outbox rows.
 set -euo pipefail
@@ -35,19 +37,27 @@ CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), seq bigseria
 CREATE TABLE orders (id uuid PRIMARY KEY, seq bigint NOT NULL);
 CREATE ROLE walrelay LOGIN REPLICATION;
 SQL
-# The application: an order and its event in one transaction, every 5 ms.
-(
-  while [[ ! -e $tmp/stop ]]; do
-    for _ in $(seq 20); do
-      echo "WITH e AS (INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'k' || (random() * 8)::int, 'OrderCreated', '{}') RETURNING id, seq) INSERT INTO orders SELECT id, seq FROM e;"
-      echo "SELECT pg_sleep(0.005);"
-    done
-  done | psql -X -v ON_ERROR_STOP=1 -qAt -d $db >/dev/null
-) &
-writer=$!
-"$venv/bin/python" "$REPO/bench/polling/relay.py" --dsn "host=$PGHOST port=$PGPORT user=postgres dbname=$db" \
-  --bootstrap "$WALRELAY_TEST_KAFKA" --topic-prefix "$prefix" --idle-poll-s 0.2 >"$tmp/poller.log" 2>&1 &
-poller=$!
+# The application: an order and its event in one transaction, every 5 ms,
+# until $tmp/stop exists.
+start_writer() {
+  rm -f "$tmp/stop"
+  (
+    while [[ ! -e $tmp/stop ]]; do
+      for _ in $(seq 20); do
+        echo "WITH e AS (INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'k' || (random() * 8)::int, 'OrderCreated', '{}') RETURNING id, seq) INSERT INTO orders SELECT id, seq FROM e;"
+        echo "SELECT pg_sleep(0.005);"
+      done
+    done | psql -X -v ON_ERROR_STOP=1 -qAt -d $db >/dev/null
+  ) &
+  writer=$!
+}
+start_poller() {
+  "$venv/bin/python" "$REPO/bench/polling/relay.py" --dsn "host=$PGHOST port=$PGPORT user=postgres dbname=$db" \
+    --bootstrap "$WALRELAY_TEST_KAFKA" --topic-prefix "$prefix" --idle-poll-s 0.2 >>"$tmp/poller.log" 2>&1 &
+  poller=$!
+}
+start_writer
+start_poller
 for _ in $(seq 100); do [[ $(sql -d $db -c "SELECT count(*) >= 200 FROM orders") == t ]] && break; sleep 0.1; done
 ok "the writer and the poller run"
 
@@ -135,3 +145,34 @@ print(f"records={records} keys={len(last)} out of order={len(out_of_order)} {out
 sys.exit(1 if out_of_order or not records else 0)
 PY
 ok "per key, the records are in the order the page says"
+
+# The rollback as the page gives it, the writer running: stop walrelay (it is
+# stopped), start the poller, then the page's SQL drops walrelay's slot. Every
+# event still reaches Kafka (those walrelay relayed may come twice).
+rollback_from=$(sql -d $db -c "SELECT count(*) FROM orders")
+start_writer
+start_poller
+drop_slot=$(python3 - "$REPO/docs/migration-from-polling.md" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+section = text[text.index("## 3. Rolling back"):]
+print(re.search(r"`(SELECT pg_drop_replication_slot\([^`]*\);)`", section).group(1))
+PY
+)
+sql -d $db -c "$drop_slot" >/dev/null || fail "the rollback's SQL failed: $drop_slot"
+[[ $(sql -c "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'walrelay'") == 0 ]] \
+  || fail "the rollback's SQL left walrelay's slot"
+ok "the rollback's SQL dropped walrelay's slot: $drop_slot"
+for _ in $(seq 100); do [[ $(sql -d $db -c "SELECT count(*) >= $rollback_from + 200 FROM orders") == t ]] && break; sleep 0.1; done
+touch "$tmp/stop"
+wait "$writer" || fail "the writer failed"
+writer=
+# The poller deletes what it sent: an empty outbox is a poller done.
+for _ in $(seq 600); do [[ $(sql -d $db -c "SELECT count(*) FROM outbox") == 0 ]] && break; sleep 0.1; done
+[[ $(sql -d $db -c "SELECT count(*) FROM outbox") == 0 ]] || fail "the poller did not send the outbox after the rollback"
+timeout 60 kcat -b "$WALRELAY_TEST_KAFKA" -C -t "$topic" -o beginning -e -q -f '%h\n' 2>/dev/null \
+  | sed -n 's/.*\bid=\([0-9a-f-]*\).*/\1/p' | sort -u > "$tmp/sent"
+sql -d $db -c "SELECT id FROM orders ORDER BY id" > "$tmp/orders"
+missing=$(comm -23 "$tmp/orders" "$tmp/sent" | wc -l)
+((missing == 0)) || fail "after the rollback $missing events never reached Kafka"
+ok "after the rollback every event reached Kafka ($(wc -l <"$tmp/orders") events, the poller's again included)"
