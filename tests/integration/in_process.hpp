@@ -21,11 +21,17 @@ template <class SinkT>
 struct InProcessRelay {
   using MakeSink = std::function<std::unique_ptr<SinkT>(boost::asio::io_context&, const walrelay::Config&)>;
   InProcessRelay(walrelay::Config c, const MakeSink& make)
-      : config(std::move(c)), sink(make(io, config)), relay(io, config, metrics, *sink) {
+      : config(exit_on_halt(std::move(c))), sink(make(io, config)), relay(io, config, metrics, *sink) {
     relay.start();
     loop = std::thread([this] { io.run(); });
   }
   ~InProcessRelay() { stop(); }
+  // halt.action=exit unless the configuration names it, as the harness does
+  // for a walrelay process: these tests see a halt as the loop stopping.
+  static walrelay::Config exit_on_halt(walrelay::Config c) {
+    if (!c.origin.count("halt.action")) c.halt_action = walrelay::HaltAction::exit;
+    return c;
+  }
   InProcessRelay(const InProcessRelay&) = delete;
   InProcessRelay& operator=(const InProcessRelay&) = delete;
 
