@@ -86,6 +86,51 @@ wait_halted_up() {
   fi
 }
 
+# Prints the steps of a page: the ```sh blocks between the first `$2` and
+# the next `$3` after it in the file `$1`, one command a line, in order,
+# comments and blank lines left out.
+page_steps() {
+  python3 - "$@" <<'PY'
+import re, sys
+text, first, last = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
+start = text.index(first)
+end = text.index(last, start + 1)
+for block in re.findall(r"```sh\n(.*?)```", text[start:end], re.S):
+    for line in block.splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            print(line)
+PY
+}
+
+# Prints the words of a page's `walrelay replay` step ($2...), one a line,
+# with its --since value (the page's example: 'date time', one or two
+# words) replaced by $1.
+replace_since() {
+  python3 - "$@" <<'PY'
+import sys
+since, words = sys.argv[1], sys.argv[2:]
+out, skip = [], 0
+for n, w in enumerate(words):
+    if skip: skip -= 1; continue
+    if w == "--since":
+        out += [w, since]; skip = 1 + (n + 2 < len(words) and not words[n + 2].startswith("-"))
+    else:
+        out.append(w)
+print("\n".join(out))
+PY
+}
+
+# A page's `systemctl stop walrelay`: SIGTERM, as systemd sends it, to the
+# current run, a halted walrelay still up; fails unless it exits 3.
+stop_halted_step() {
+  if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then fail "the page's stop step: no halted walrelay running"; fi
+  kill -TERM "$pid"
+  wait_exit
+  ((rc == 3)) || { cat "$log" >&2; fail "the page's stop step: the halted walrelay exited $rc, not 3"; }
+  ok "the page's stop step: the halted walrelay exited 3"
+}
+
 # Stops the current run with SIGTERM; fails unless it exits 0.
 stop() {
   kill -TERM "$pid"

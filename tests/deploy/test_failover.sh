@@ -34,18 +34,7 @@ trap 'clean; rm -rf "$tmp"' EXIT
 clean
 
 # The section's steps: its ```sh blocks, one command a line, in order.
-python3 - "$doc" >"$tmp/steps" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-start = text.index("### PostgreSQL failover")
-end = text.index("\n#", start + 1)
-section = text[start:end][: text[start:end].index("On PostgreSQL 17 and later")]
-for block in re.findall(r"```sh\n(.*?)```", section, re.S):
-    for line in block.splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            print(line)
-PY
+page_steps "$doc" "### PostgreSQL failover" "On PostgreSQL 17 and later" >"$tmp/steps"
 grep -q -- "--reset-slot" "$tmp/steps" || fail "the failover section gives no --reset-slot step"
 ok "the failover section's steps: $(tr '\n' ';' <"$tmp/steps")"
 
@@ -126,19 +115,7 @@ while read -r step; do
   step=" $step "
   if [[ $step == *" replay "* ]]; then
     # The page's --since 'date time': the two words of its example become one.
-    mapfile -t words < <(python3 - "$since" "${words[@]}" <<'PY'
-import sys
-since, words = sys.argv[1], sys.argv[2:]
-out, skip = [], 0
-for n, w in enumerate(words):
-    if skip: skip -= 1; continue
-    if w == "--since":
-        out += [w, since]; skip = 1 + (n + 2 < len(words) and not words[n + 2].startswith("-"))
-    else:
-        out.append(w)
-print("\n".join(out))
-PY
-    )
+    mapfile -t words < <(replace_since "$since" "${words[@]}")
     # What is missing before the replay: the gap.
     touch "$tmp/stop"; wait "$writer" || true; writer=
     sleep 1
@@ -149,12 +126,7 @@ PY
     "${words[@]}" >"$tmp/replay.log" 2>&1 || { cat "$tmp/replay.log" >&2; fail "the page's replay step failed"; }
     ok "the page's replay step sent the gap again ($gap events missing before it)"
   elif [[ $step == " systemctl stop walrelay " ]]; then
-    # The halted walrelay, still up: SIGTERM, as systemd sends it.
-    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then fail "the page's stop step: no halted walrelay running"; fi
-    kill -TERM "$pid"
-    wait_exit
-    ((rc == 3)) || { cat "$log" >&2; fail "the page's stop step: the halted walrelay exited $rc, not 3"; }
-    ok "the page's stop step: the halted walrelay exited 3"
+    stop_halted_step
   elif [[ $step == *" --reset-slot "* ]]; then
     "${words[@]}" >"$tmp/reset.log" 2>&1 || { cat "$tmp/reset.log" >&2; fail "the page's --reset-slot step failed"; }
     grep -q "reset by the operator: events committed after .* were not relayed" "$tmp/reset.log" ||

@@ -39,17 +39,7 @@ clean
 chmod 755 "$tmp"
 
 # The paragraph's steps: its ```sh blocks, one command a line, in order.
-python3 - "$doc" >"$tmp/steps" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-start = text.index("**After a restore or a failover.**")
-end = text.index("\n**", start + 1)
-for block in re.findall(r"```sh\n(.*?)```", text[start:end], re.S):
-    for line in block.splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            print(line)
-PY
+page_steps "$doc" "**After a restore or a failover.**" $'\n**' >"$tmp/steps"
 grep -q -- "--reset-offsets" "$tmp/steps" || fail "the restore steps give no --reset-offsets"
 ok "the restore steps: $(tr '\n' ';' <"$tmp/steps")"
 
@@ -154,19 +144,7 @@ while read -r step; do
   done
   if [[ " $step " == *" replay "* ]]; then
     # The page's --since 'date time' (two words) becomes the test's time.
-    mapfile -t words < <(python3 - "$since" "${words[@]}" <<'PY'
-import sys
-since, words = sys.argv[1], sys.argv[2:]
-out, skip = [], 0
-for n, w in enumerate(words):
-    if skip: skip -= 1; continue
-    if w == "--since":
-        out += [w, since]; skip = 1 + (n + 2 < len(words) and not words[n + 2].startswith("-"))
-    else:
-        out.append(w)
-print("\n".join(out))
-PY
-    )
+    mapfile -t words < <(replace_since "$since" "${words[@]}")
     stop_writer
     sleep 1
     read_topic
@@ -175,12 +153,7 @@ PY
     "${words[@]}" >"$tmp/replay.log" 2>&1 || { cat "$tmp/replay.log" >&2; fail "the page's replay step failed"; }
     ok "the page's replay step sent the gap again ($gap events missing before it)"
   elif [[ $step == "systemctl stop walrelay" ]]; then
-    # The halted walrelay, still up: SIGTERM, as systemd sends it.
-    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then fail "the page's stop step: no halted walrelay running"; fi
-    kill -TERM "$pid"
-    wait_exit
-    ((rc == 3)) || { cat "$log" >&2; fail "the page's stop step: the halted walrelay exited $rc, not 3"; }
-    ok "the page's stop step: the halted walrelay exited 3"
+    stop_halted_step
   elif [[ " $step " == *" --reset-slot "* || " $step " == *" --reset-offsets "* ]]; then
     "${words[@]}" >"$tmp/reset.log" 2>&1 || { cat "$tmp/reset.log" >&2; fail "the page's step failed: $step"; }
     ok "the page's step: $step"

@@ -36,17 +36,7 @@ clean
 chmod 755 "$tmp"
 
 # The bullet's steps: its ```sh blocks, one command a line, in order.
-python3 - "$doc" >"$tmp/steps" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-start = text.index("- `pg_upgrade` from 16 or earlier")
-end = text.index("\n- ", start + 1)
-for block in re.findall(r"```sh\n(.*?)```", text[start:end], re.S):
-    for line in block.splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            print(line)
-PY
+page_steps "$doc" "- \`pg_upgrade\` from 16 or earlier" $'\n- ' >"$tmp/steps"
 grep -qx "walrelay --config walrelay.properties" "$tmp/steps" || fail "the upgrade steps never start walrelay"
 ok "the upgrade steps: $(tr '\n' ';' <"$tmp/steps")"
 
