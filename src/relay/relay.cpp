@@ -331,11 +331,10 @@ asio::awaitable<void> Relay::stay_halted() {
   // again. (Exactly once: the open Kafka transaction takes them with it.)
   if (!transactional_) sink_.abort_queued();
   note_backpressure(false);  // no read waits for room any more
-  const auto every = std::chrono::milliseconds(std::max(1000, config_.slot_status_interval_ms));
-  while (!stop_requested_) {
-    update_gauges();
-    co_await sleep(every);
-  }
+  // Nothing to do on a timer: a scrape of /metrics or /slot refreshes the
+  // gauges from the slot monitor's last answer, and request_stop() cancels
+  // the sleep.
+  while (!stop_requested_) co_await sleep(std::chrono::hours(1));
 }
 
 // One replication connection: connect, check and prepare, stream.
