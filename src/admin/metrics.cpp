@@ -45,6 +45,9 @@ prometheus::Histogram& add_latency_histogram(prometheus::Registry& registry, con
                                                   1, 2.5, 5, 10, 30, 60});
 }
 
+// The label that names the slot on the gauges that describe it.
+prometheus::Labels by_slot(std::string_view slot) { return {{"slot", std::string(slot)}}; }
+
 // The families registered with labels (Metrics::labelled_families_).
 using LabelledFamilies = std::map<std::string, Metrics::FamilyDescription, std::less<>>;
 
@@ -293,19 +296,20 @@ Metrics::Metrics(std::string_view slot)
       server_wal_end(add_gauge(*registry_, "walrelay_server_wal_end_lsn",
                                "The server's current WAL position (pg_current_wal_lsn), as a byte position.")),
       lag_bytes(add_gauge(*registry_, "walrelay_slot_lag_bytes",
-                          "The server's current WAL position minus the slot's confirmed_flush_lsn.", {{"slot", std::string(slot)}})),
+                          "The server's current WAL position minus the slot's confirmed_flush_lsn.", by_slot(slot))),
       retained_wal_bytes(add_gauge(*registry_, "walrelay_slot_retained_wal_bytes",
-                                   "WAL the slot keeps on the server: current WAL position minus restart_lsn.", {{"slot", std::string(slot)}})),
+                                   "WAL the slot keeps on the server: current WAL position minus restart_lsn.",
+                                   by_slot(slot))),
       lag_seconds(add_gauge(*registry_, "walrelay_slot_lag_seconds",
-                            "Age in seconds of the oldest commit not yet acknowledged by Kafka.", {{"slot", std::string(slot)}})),
+                            "Age in seconds of the oldest commit not yet acknowledged by Kafka.", by_slot(slot))),
       ready(add_gauge(*registry_, "walrelay_ready",
-                      "1 while the relay is streaming with a healthy producer (/readyz is 200).", {{"slot", std::string(slot)}})),
+                      "1 while the relay is streaming with a healthy producer (/readyz is 200).", by_slot(slot))),
       backpressure(add_gauge(*registry_, "walrelay_backpressure",
                              "1 while replication reads are paused because the producer is full.")),
       start_time(add_gauge(*registry_, "walrelay_start_time_seconds",
                            "Time the relay started, in Unix seconds.")),
       slot_invalidated(add_gauge(*registry_, "walrelay_slot_invalid",
-                                 "1 when the replication slot has been lost or dropped.", {{"slot", std::string(slot)}})),
+                                 "1 when the replication slot has been lost or dropped.", by_slot(slot))),
       commit_to_receive(add_latency_histogram(
           *registry_, "walrelay_commit_to_receive_seconds",
           "Per transaction with outbox events: its commit timestamp to walrelay receiving its Commit.")),
@@ -347,7 +351,7 @@ Metrics::Metrics(std::string_view slot)
                                       "1, with the reason (record, stream, slot, source, producer, internal), once "
                                       "the relay has stopped on an error that needs an operator; 0 before.",
                                       {"slot", "reason"})),
-      halted_(&halted_family_->Add({{"slot", std::string(slot)}})),
+      halted_(&halted_family_->Add(by_slot(slot))),
       slot_(slot) {
   start_time.Set(unix_now_seconds());
 }
@@ -406,7 +410,7 @@ prometheus::Counter& Metrics::dead_lettered(std::string_view reason) {
 
 void Metrics::set_safe_wal_size(std::optional<double> bytes) {
   if (bytes) {
-    if (!safe_wal_size_) safe_wal_size_ = &safe_wal_size_family_->Add({{"slot", slot_}});
+    if (!safe_wal_size_) safe_wal_size_ = &safe_wal_size_family_->Add(by_slot(slot_));
     safe_wal_size_->Set(*bytes);
   } else if (safe_wal_size_) {
     safe_wal_size_family_->Remove(safe_wal_size_);
