@@ -46,6 +46,10 @@ need_relay_services() {
   export PGOPTIONS="-c client_min_messages=warning"
 }
 
+# Runs a PostgreSQL server command as postgres when run as root (PostgreSQL
+# refuses to run as root).
+as_pg() { if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
 # Makes a temporary directory removed at exit.
 make_tmp() {
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/walrelay-deploy.XXXXXX")

@@ -24,8 +24,6 @@ slot=walrelay_restore
 prefix=$(basename "$tmp" | tr -c 'a-zA-Z0-9\n' '_')
 topic=$prefix.order
 sql() { psql -X -v ON_ERROR_STOP=1 -qAt "$@"; }
-# PostgreSQL refuses to run as root.
-as_pg() { if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 restored=$tmp/restored
 writer='' pid='' restored_port=''
 clean() {

@@ -21,8 +21,6 @@ slot=walrelay_upgrade
 prefix=$(basename "$tmp" | tr -c 'a-zA-Z0-9\n' '_')
 topic=$prefix.order
 sql() { psql -X -v ON_ERROR_STOP=1 -qAt "$@"; }
-# PostgreSQL refuses to run as root.
-as_pg() { if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 new=$tmp/new
 writer='' pid='' new_port=''
 clean() {
