@@ -53,6 +53,12 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 RUN_DIR="${WALRELAY_RUN_DIR:-/tmp/walrelay-run-$(echo "$repo" | md5sum | cut -c1-8)}"
+# WALRELAY_SERVICES_GROUP names a second set of servers beside the first, in
+# <run dir>-<group>: the tests that stop, freeze or reconfigure a server run
+# on their own (ctest sets it; tests/CMakeLists.txt). A run dir that already
+# names the group (from `env`, sourced) is taken as it is.
+group=${WALRELAY_SERVICES_GROUP:-}
+[[ -z $group || $RUN_DIR == *-"$group" ]] || RUN_DIR="$RUN_DIR-$group"
 DEBIAN_PG_BIN=/usr/lib/postgresql/15/bin
 if [[ -n ${PG_BIN:-} ]]; then
   PG_MAJOR="${PG_MAJOR:-$("$PG_BIN/postgres" --version | awk '{split($3, v, "."); print v[1]}')}"
@@ -599,6 +605,18 @@ write_env() {
   } > "$env.tmp.$$"
   mv "$env.tmp.$$" "$env"
 }
+
+# What starts or stops a server holds the run dir's lock: tests running side
+# by side ask for the same server at once (two `start registry`), and the
+# second must find it up and answering, not half started. flock -o keeps the
+# lock out of the servers started meanwhile, which outlive this script.
+case "${1:-}" in
+  start | stop | clean | *-start | *-stop | pg-restart | standby | primary)
+    if [[ -z ${WALRELAY_SERVICES_LOCKED:-} ]]; then
+      mkdir -p "$(dirname "$RUN_DIR")"
+      WALRELAY_SERVICES_LOCKED=1 exec flock -o "$RUN_DIR.lock" "$0" "$@"
+    fi ;;
+esac
 
 what="${2:-all}"
 if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq)$ ]]; then

@@ -13,12 +13,22 @@
 #   scripts/test.sh -L unit       one label (unit, integration, fault, fuzz, deploy, mutation), on 15
 #
 # WALRELAY_PG_MAJORS (default "14 16 17 18") names the other majors; empty skips them.
+# WALRELAY_TEST_JOBS (default 4) is how many tests run at once (`ctest -j`): the
+# integration tests mostly wait on the servers, and each works on objects of
+# its own (tests/CMakeLists.txt says how the servers are shared).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 start=$(date +%s)
 
 other_majors=${WALRELAY_PG_MAJORS-14 16 17 18}
+jobs=${WALRELAY_TEST_JOBS:-4}
+# The groups of servers the suite starts (tests/CMakeLists.txt): "" is the shared one.
+service_groups=("" solo deploy mutation)
+services_each() {  # services_each ARGS: scripts/services.sh ARGS for every group
+  local g
+  for g in "${service_groups[@]}"; do WALRELAY_SERVICES_GROUP=$g scripts/services.sh "$@" >/dev/null 2>&1 || true; done
+}
 # The walrelay of the 2.0.2 build runs these (Catch test specs).
 rdkafka_202_tests=(
   "relay: every committed event*"
@@ -54,7 +64,7 @@ asan_build=$!
 cleanup() {
   kill -- -"$asan_build" 2>/dev/null || true
   pkill -KILL -f 'walrelay --config /tmp/walrelay-test-' 2>/dev/null || true
-  scripts/services.sh stop >/dev/null 2>&1 || true
+  services_each stop
 }
 trap cleanup EXIT
 # The sanitizer build, waited for; its unit tests.
@@ -73,15 +83,15 @@ asan_unit_tests() {
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # PostgreSQL's and Kafka's data outlive a run: start from nothing, so that
 # no earlier run's slots or topics can change this one's outcome.
-scripts/services.sh clean >/dev/null 2>&1 || true
-echo "==> all tests"
+services_each clean
+echo "==> all tests, $jobs at once"
 if [[ $# -gt 0 ]]; then
-  ctest --test-dir build --output-on-failure "$@"
+  ctest --test-dir build --output-on-failure -j"$jobs" "$@"
   asan_unit_tests
   echo "==> done in $(( $(date +%s) - start )) s"
   exit 0
 fi
-ctest --test-dir build --output-on-failure
+ctest --test-dir build --output-on-failure -j"$jobs"
 asan_unit_tests
 
 # librdkafka 2.0.2: the relay and exactly-once tests that run walrelay as a
@@ -117,7 +127,7 @@ major_run() {
   local major=$1 spec
   echo "==> PostgreSQL $major"
   if [[ $major != 15 ]]; then
-    PG_MAJOR=$major ctest --test-dir build --output-on-failure -R "$version_tests" -E "$version_skip" || return 1
+    PG_MAJOR=$major ctest --test-dir build --output-on-failure -j2 -R "$version_tests" -E "$version_skip" || return 1
   fi
   PG_MAJOR=$major scripts/services.sh start >/dev/null 2>&1 || { echo "could not start PostgreSQL $major" >&2; return 1; }
   while IFS= read -r spec; do
@@ -133,7 +143,7 @@ lane_dirs=()
 lane_cleanup() {
   local d
   for d in "${lane_dirs[@]}"; do
-    WALRELAY_RUN_DIR=$d scripts/services.sh clean >/dev/null 2>&1 || true
+    WALRELAY_RUN_DIR=$d services_each clean
   done
 }
 trap 'cleanup; lane_cleanup' EXIT

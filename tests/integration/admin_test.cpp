@@ -126,7 +126,7 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
   CHECK(relay.wait_exit() == 0);
 }
 
-TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[admin][broker]") {
+TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[admin][broker][solo]") {
   Fixture f;
   Db& db = f.db();
   const std::string& slot = f.slot;
@@ -162,7 +162,7 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
 }
 
 TEST_CASE("admin: slot lag follows the server's WAL while walrelay holds back - 50 MB written, lag past 50 MB",
-          "[admin][broker]") {
+          "[admin][broker][solo]") {
   Fixture f;
   Db& db = f.db();
   const std::string& slot = f.slot;

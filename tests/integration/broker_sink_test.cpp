@@ -340,7 +340,7 @@ TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed
 
 TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the slot holds below an event written "
                    "meanwhile, /readyz names the sink, and afterwards every event is there, in order",
-                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][fault][solo]", Nats, RabbitMq) {
   const long inflight_limit = 500;
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -385,7 +385,7 @@ TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the
 
 TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is "
                    "held back and RSS stays flat - thawed, everything arrives",
-                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][fault][solo]", Nats, RabbitMq) {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
   Fixture f;

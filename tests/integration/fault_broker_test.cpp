@@ -9,7 +9,7 @@
 using namespace it;
 
 TEST_CASE("fault: broker down mid-run - slot held, backpressure, bounded RSS, everything in order afterwards",
-          "[fault][broker]") {
+          "[fault][broker][solo]") {
   const auto outage_length = std::chrono::seconds(scaled(15, 30));
   const long inflight_limit = 1000;
   const long rows = 20000;  // written while the broker is down: 20 times the limit
@@ -90,7 +90,7 @@ TEST_CASE("fault: broker down mid-run - slot held, backpressure, bounded RSS, ev
 
 TEST_CASE("fault: a finite kafka.message.timeout.ms with errors.tolerance=all - an outage dead-letters nothing, every "
           "event arrives after it",
-          "[fault][broker]") {
+          "[fault][broker][solo]") {
   // Kafka Connect's delivery.timeout.ms=300000 copied as 5 s: records time
   // out while the broker is down. A time-out is not the record's fault: it is
   // sent again from the slot, never dead-lettered, and walrelay never halts.

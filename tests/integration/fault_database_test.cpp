@@ -12,7 +12,7 @@
 using namespace it;
 
 TEST_CASE("fault: PostgreSQL restarted (fast, immediate) and the walsender terminated mid-run - nothing lost",
-          "[fault][database]") {
+          "[fault][database][solo]") {
   const long progress = scaled(200, 2000);  // events relayed between two faults
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -135,7 +135,7 @@ TEST_CASE("fault: a walsender that goes silent (SIGSTOP) is declared dead within
 }
 
 TEST_CASE("fault: an idle database is not a dead one - a quiet server is pinged at each silence and the session stays",
-          "[fault][database]") {
+          "[fault][database][solo]") {
   // An idle server sends nothing: walrelay's updates count as replies for
   // the walsender, which then never pings. walrelay asks for a reply after
   // replication.timeout.ms / 3 of silence, at every silence: asking only at

@@ -82,7 +82,7 @@ TEST_CASE("fault: exactly once - kill -9 ten times under load, transactions of 1
 
 TEST_CASE("fault: exactly once - PostgreSQL restarted with -m immediate under load: the slot goes back, nothing is "
           "relayed twice",
-          "[fault][eos]") {
+          "[fault][eos][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Walrelay relay(eos_config(f));
@@ -105,7 +105,7 @@ TEST_CASE("fault: exactly once - PostgreSQL restarted with -m immediate under lo
 
 TEST_CASE("fault: exactly once - the broker restarted in the middle of a transaction, then down 30 s: nothing twice, "
           "nothing missing",
-          "[fault][eos]") {
+          "[fault][eos][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   // A long boundary: the broker goes away with records in an open transaction.
@@ -271,7 +271,7 @@ TEST_CASE("fault: exactly once - a record the broker refuses aborts a Kafka tran
 
 TEST_CASE("fault: exactly once - a record refused at submit while it waited for a commit halts without committing "
           "what waited behind it: a restart relays it and everything after it",
-          "[fault][eos]") {
+          "[fault][eos][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   // A Kafka transaction per source transaction; the producer refuses records
@@ -412,7 +412,7 @@ TEST_CASE("fault: exactly once - a slot confirmed past the committed position is
 
 TEST_CASE("fault: exactly once - a slow take-over of the producer keeps the walsender informed, and a shutdown "
           "during a commit that hangs ends within shutdown.timeout.ms",
-          "[fault][eos]") {
+          "[fault][eos][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   struct SenderTimeout {

@@ -74,7 +74,7 @@ struct SaslBroker {
 }  // namespace
 
 TEST_CASE("fault: security: a scram password never appears in the log, /metrics or /slot - admin.token guards /metrics",
-          "[fault][security]") {
+          "[fault][security][solo]") {
   Fixture f;
   const auto& svc = Services::get();
   const std::string role = "walrelay_pw";
@@ -140,7 +140,7 @@ TEST_CASE("fault: security: a scram password never appears in the log, /metrics 
 }
 
 TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a CA made by the test",
-          "[fault][security]") {
+          "[fault][security][solo]") {
   Fixture f;
   TempDir tmp;
   const auto& svc = Services::get();

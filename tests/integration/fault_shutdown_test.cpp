@@ -25,7 +25,7 @@ std::uint64_t events_in_flight(Fixture& f, Walrelay& relay, int rows) {
 
 TEST_CASE("fault: SIGTERM with records in flight and the broker down - one shutdown.timeout.ms, nothing unacknowledged "
           "confirmed, all of it sent after a restart",
-          "[fault][shutdown]") {
+          "[fault][shutdown][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Walrelay relay(f.config("shutdown.timeout.ms=3000\n"));
@@ -62,7 +62,7 @@ TEST_CASE("fault: SIGTERM with records in flight and the broker down - one shutd
 }
 
 TEST_CASE("fault: a second signal while draining exits at once with 1, confirming nothing unacknowledged",
-          "[fault][shutdown]") {
+          "[fault][shutdown][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Walrelay relay(f.config("shutdown.timeout.ms=60000\n"));

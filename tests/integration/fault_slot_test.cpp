@@ -78,7 +78,7 @@ TEST_CASE("fault: the slot dropped while walrelay reconnects: exit 3, the slot i
 }
 
 TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error, exit 3, not recreated",
-          "[fault][slot]") {
+          "[fault][slot][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   f.db().exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
@@ -187,7 +187,7 @@ TEST_CASE("fault: a slot dropped while walrelay is stopped - every restart exits
 }
 
 TEST_CASE("fault: an invalidated slot stays invalidated across restarts until --reset-slot replaces it",
-          "[fault][slot]") {
+          "[fault][slot][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   f.db().exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
@@ -240,7 +240,7 @@ TEST_CASE("fault: an invalidated slot stays invalidated across restarts until --
 }
 
 TEST_CASE("fault: creating the slot waits for a long transaction with no time-out, saying what it waits for",
-          "[fault][slot]") {
+          "[fault][slot][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   // A transaction with an xid, open while walrelay creates its slot: the
@@ -269,7 +269,7 @@ TEST_CASE("fault: creating the slot waits for a long transaction with no time-ou
 
 TEST_CASE("fault: halted on a dropped slot and still draining - walrelay_slot_invalid 1, walrelay_halted 1, /healthz "
           "503 naming why, then exit 3",
-          "[fault][slot]") {
+          "[fault][slot][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Walrelay relay(f.config("reconnect.backoff.ms=1000\nreconnect.backoff.max.ms=1000\nshutdown.timeout.ms=60000\n"));

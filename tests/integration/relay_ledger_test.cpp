@@ -316,7 +316,7 @@ TEST_CASE("relay with a fake sink: a transient failure sends the record again fr
 }
 
 TEST_CASE("relay with a fake sink: idle with everything confirmed it stops sending status updates, and confirms the next event at the next interval",
-          "[relay][ledger][idle]") {
+          "[relay][ledger][idle][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   InProcess p(f);  // status.update.interval.ms=100

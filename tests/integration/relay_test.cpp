@@ -232,7 +232,7 @@ TEST_CASE("relay: the slot follows the server's WAL while the outbox is idle and
 }
 
 TEST_CASE("relay: the slot never passes an unacknowledged record - it catches up after the broker returns",
-          "[relay][broker]") {
+          "[relay][broker][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table);
   Walrelay relay(f.config());

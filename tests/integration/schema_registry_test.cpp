@@ -394,7 +394,7 @@ TEST_CASE("schema registry: table.field.event.schema.version picks the version p
 
 TEST_CASE("schema registry: an outage holds the stream at the first record whose schema is not cached, loses "
           "nothing and dead-letters nothing, and with the registry back, every record arrives in order",
-          "[fault][registry]") {
+          "[fault][registry][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table);
   const std::string orders = f.topic("Order"), invoices = f.topic("Invoice");

@@ -621,7 +621,7 @@ TEST_CASE("snapshot: events that leave no row - at least once - kill -9 in the m
 
 TEST_CASE("snapshot: events that leave no row - a broker outage past kafka.message.timeout.ms in the middle of the "
           "snapshot takes it again in the same process - every event since the first consistent point arrives",
-          "[fault][snapshot]") {
+          "[fault][snapshot][solo]") {
   interrupted_snapshot_keeps_rowless_events(false, true);
 }
 
