@@ -720,7 +720,7 @@ TEST_CASE("sinks: RabbitMQ with a password from the environment - a wrong one ho
 }
 
 TEST_CASE("sinks: NATS refuses walrelay's user the right to publish on the outbox subjects - the slot holds with "
-          "the server's Permissions Violation on /readyz\\, nothing is dead-lettered\\, and after a reload that grants "
+          "the server's Permissions Violation on /readyz, nothing is dead-lettered, and after a reload that grants "
           "it every event arrives once",
           "[nats][fault]") {
   Fixture f;
@@ -762,7 +762,7 @@ TEST_CASE("sinks: NATS refuses walrelay's user the right to publish on the outbo
 }
 
 TEST_CASE("sinks: RabbitMQ refuses walrelay's user the right to publish - the slot holds with the broker's "
-          "ACCESS_REFUSED on /readyz\\, nothing is dead-lettered\\, and once granted every event arrives",
+          "ACCESS_REFUSED on /readyz, nothing is dead-lettered, and once granted every event arrives",
           "[rabbitmq][fault]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");

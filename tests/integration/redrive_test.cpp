@@ -17,7 +17,7 @@ std::string dlq_config(Fixture& f, const std::string& extra = "") {
 
 }  // namespace
 
-TEST_CASE("redrive: after a fix every dead letter reaches its topic\\, and a kill -9 in the middle loses none",
+TEST_CASE("redrive: after a fix every dead letter reaches its topic, and a kill -9 in the middle loses none",
           "[redrive]") {
   const long bad = 20000;
   Fixture f;
@@ -76,7 +76,7 @@ TEST_CASE("redrive: after a fix every dead letter reaches its topic\\, and a kil
   CHECK(r.output.find("0 record(s)") != std::string::npos);
 }
 
-TEST_CASE("redrive: a row that still cannot be mapped goes back with its attempts counted\\, and a record the broker "
+TEST_CASE("redrive: a row that still cannot be mapped goes back with its attempts counted, and a record the broker "
           "refused is sent again as it was",
           "[redrive]") {
   Fixture f;
@@ -139,7 +139,7 @@ TEST_CASE("redrive: a row that still cannot be mapped goes back with its attempt
 }
 
 TEST_CASE("redrive: a dead-letter topic written in exactly-once mode - its transaction markers and an aborted or "
-          "open transaction's records do not hold the redrive\\, and those records are not redriven",
+          "open transaction's records do not hold the redrive, and those records are not redriven",
           "[redrive][eos]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");

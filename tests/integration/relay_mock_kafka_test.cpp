@@ -309,7 +309,7 @@ constexpr int32_t down_broker = 2;
 
 TEST_CASE_METHOD(TwoBrokerOutbox,
                  "relay with a mock cluster: a record retried forever (a partition with no leader) holds the slot "
-                 "below it while later transactions flow to other partitions\\, and the ledger stays bounded",
+                 "below it while later transactions flow to other partitions, and the ledger stays bounded",
                  "[relay][ledger]") {
   const std::string stuck_topic = f.topic("Stuck");
   REQUIRE(rd_kafka_mock_topic_create(cluster.mc, stuck_topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);

@@ -46,7 +46,7 @@ std::string replay_finished(Walrelay& relay, const std::string& token) {
 
 }  // namespace
 
-TEST_CASE("replay: a time range sends exactly the matching rows again\\, with their id headers\\, beside a running "
+TEST_CASE("replay: a time range sends exactly the matching rows again, with their id headers, beside a running "
           "walrelay",
           "[replay]") {
   Fixture f;
@@ -84,7 +84,7 @@ TEST_CASE("replay: a time range sends exactly the matching rows again\\, with th
   CHECK(read_topic(f.topic("Rep"), 1201, 60s).size() == 1201);
 }
 
-TEST_CASE("replay: an id range\\, a condition\\, the confirmation above a count\\, and refusals that name what is "
+TEST_CASE("replay: an id range, a condition, the confirmation above a count, and refusals that name what is "
           "wrong",
           "[replay]") {
   Fixture f;
@@ -160,8 +160,8 @@ TEST_CASE("replay: an id range\\, a condition\\, the confirmation above a count\
   CHECK(count_records(f.topic("Ids")) == 2300);
 }
 
-TEST_CASE("replay: POST /replay with admin.replay.token sends a time range again\\, one job at a time\\, and is refused "
-          "without the token\\, above the count without yes\\, or with a bad body",
+TEST_CASE("replay: POST /replay with admin.replay.token sends a time range again, one job at a time, and is refused "
+          "without the token, above the count without yes, or with a bad body",
           "[replay]") {
   const std::string token = "replay-t0ken";
   Fixture f;

@@ -327,7 +327,7 @@ TEST_CASE("snapshot: kill -9 in the middle of the snapshot, then a restart - tak
 }
 
 TEST_CASE("snapshot: a migration from a polling relay - stop the poller, start walrelay with the snapshot and the "
-          "condition, writers running: zero lost\\, zero duplicates",
+          "condition, writers running: zero lost, zero duplicates",
           "[snapshot]") {
   const long sent = 3000, unsent = 2000, during = 3000;
   Fixture f;
@@ -363,7 +363,7 @@ TEST_CASE("snapshot: a migration from a polling relay - stop the poller, start w
   check_order_per_key(recs);
 }
 
-TEST_CASE("snapshot: initial_only sends the rows and exits 0\\, keeping the slot\\, and a later start streams what follows "
+TEST_CASE("snapshot: initial_only sends the rows and exits 0, keeping the slot, and a later start streams what follows "
           "with no gap",
           "[snapshot]") {
   const long before = 5000, during = 4000;
@@ -394,7 +394,7 @@ TEST_CASE("snapshot: initial_only sends the rows and exits 0\\, keeping the slot
   check_order_per_key(recs);
 }
 
-TEST_CASE("snapshot: a second walrelay on the slot waits as a standby while the first takes the snapshot\\, and "
+TEST_CASE("snapshot: a second walrelay on the slot waits as a standby while the first takes the snapshot, and "
           "takes over the stream without taking it again",
           "[snapshot]") {
   const long before = 200000;
@@ -425,7 +425,7 @@ TEST_CASE("snapshot: a second walrelay on the slot waits as a standby while the 
   CHECK(missing_ids(f.db(), f.table, seen).empty());
 }
 
-TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot\\, and a bad override halts naming its key",
+TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot, and a bad override halts naming its key",
           "[snapshot]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -470,7 +470,7 @@ TEST_CASE("snapshot: an override cannot leave the snapshot's read-only transacti
   CHECK(f.db().scalar("SELECT count(*) FROM " + f.table) == "10");
 }
 
-TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot is told what to grant\\, and a "
+TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot is told what to grant, and a "
           "start after the grant takes the snapshot",
           "[snapshot]") {
   Fixture f;
@@ -500,8 +500,8 @@ TEST_CASE("snapshot: a role that may not read the outbox or record the snapshot 
   CHECK(ids_of(recs).duplicates() == 0);
 }
 
-TEST_CASE("snapshot: a partitioned outbox (a sub-partitioned partition\\, a default one) is read through its root\\, "
-          "once\\, with writers running",
+TEST_CASE("snapshot: a partitioned outbox (a sub-partitioned partition, a default one) is read through its root, "
+          "once, with writers running",
           "[snapshot][partition]") {
   Fixture f;
   f.db().exec("CREATE TABLE " + f.table + " (id bigint GENERATED ALWAYS AS IDENTITY, aggregatetype text NOT NULL, "
@@ -542,8 +542,8 @@ std::string eos_snapshot_config(const Fixture& f, const std::string& extra) {
 
 }  // namespace
 
-TEST_CASE("snapshot: exactly once - the snapshot is one Kafka transaction\\, and kill -9 in its middle then a "
-          "restart leaves every row exactly once for a read_committed consumer\\, writers running",
+TEST_CASE("snapshot: exactly once - the snapshot is one Kafka transaction, and kill -9 in its middle then a "
+          "restart leaves every row exactly once for a read_committed consumer, writers running",
           "[fault][snapshot]") {
   const long before = scaled(100000, 300000);
   const long during = 3000;
@@ -597,7 +597,7 @@ TEST_CASE("snapshot: exactly once - the snapshot is one Kafka transaction\\, and
 }
 
 TEST_CASE("snapshot: exactly once - a snapshot that would outlast kafka.transaction.timeout.ms halts naming the key "
-          "before the coordinator aborts it\\, with nothing of it visible",
+          "before the coordinator aborts it, with nothing of it visible",
           "[fault][snapshot]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -613,7 +613,7 @@ TEST_CASE("snapshot: exactly once - a snapshot that would outlast kafka.transact
 }
 
 TEST_CASE("snapshot: events that leave no row - at least once - kill -9 in the middle of the snapshot while writers "
-          "commit rows they delete\\, logical messages and rows a cleaner deletes - after the restart every event "
+          "commit rows they delete, logical messages and rows a cleaner deletes - after the restart every event "
           "since the first consistent point arrives",
           "[fault][snapshot]") {
   interrupted_snapshot_keeps_rowless_events(false);
@@ -626,7 +626,7 @@ TEST_CASE("snapshot: events that leave no row - a broker outage past kafka.messa
 }
 
 TEST_CASE("snapshot: events that leave no row - exactly once - kill -9 in the middle of the snapshot while writers "
-          "commit rows they delete\\, logical messages and rows a cleaner deletes - after the restart every event "
+          "commit rows they delete, logical messages and rows a cleaner deletes - after the restart every event "
           "exactly once",
           "[fault][snapshot]") {
   interrupted_snapshot_keeps_rowless_events(true);
@@ -656,7 +656,7 @@ std::unique_ptr<Walrelay> kill_mid_snapshot(const std::string& cfg, long before)
 }  // namespace
 
 TEST_CASE("snapshot: the outbox rewritten between the interruption and the restart (new xmins) - at least once "
-          "every row still arrives\\, exactly once halts naming the choice",
+          "every row still arrives, exactly once halts naming the choice",
           "[fault][snapshot]") {
   const long before = 60000;
   Fixture f;
@@ -692,8 +692,8 @@ TEST_CASE("snapshot: the outbox rewritten between the interruption and the resta
   }
 }
 
-TEST_CASE("snapshot: the interrupted snapshot's slot lost (a failover before it was synchronized\\, a drop) - the "
-          "restart halts naming --reset-slot\\, which lets the next start take the snapshot with a new slot",
+TEST_CASE("snapshot: the interrupted snapshot's slot lost (a failover before it was synchronized, a drop) - the "
+          "restart halts naming --reset-slot, which lets the next start take the snapshot with a new slot",
           "[fault][snapshot]") {
   const long before = 40000;
   Fixture f;

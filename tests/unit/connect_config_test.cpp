@@ -385,7 +385,7 @@ TEST_CASE("connect config: no key the migration guide names is an unknown key", 
     }
 }
 
-TEST_CASE("connect config: a connector configuration names no broker - the error says so\\, and the worker's "
+TEST_CASE("connect config: a connector configuration names no broker - the error says so, and the worker's "
           "bootstrap.servers is taken",
           "[config]") {
   try {
@@ -402,7 +402,7 @@ TEST_CASE("connect config: a connector configuration names no broker - the error
   CHECK_THAT(why, Catch::Contains("conflicting"));
 }
 
-TEST_CASE("connect config: the keys and families a Debezium configuration carries are noted\\, and what would let "
+TEST_CASE("connect config: the keys and families a Debezium configuration carries are noted, and what would let "
           "another confirm the slot is refused",
           "[config]") {
   for (const char* line : {"publish.via.partition.root=true", "lsn.flush.mode=connector", "flush.lsn.source=true",

@@ -261,7 +261,7 @@ TEST_CASE("ledger: a reset to a position puts flushed back there (exactly once a
   CHECK(l.flushed() == Lsn{200});
 }
 
-TEST_CASE("ledger: one stuck record keeps the ledger bounded behind it\\, never confirms past it\\, and releases "
+TEST_CASE("ledger: one stuck record keeps the ledger bounded behind it, never confirms past it, and releases "
           "everything once acknowledged",
           "[ledger]") {
   LsnLedger l(Lsn{100});
@@ -306,7 +306,7 @@ TEST_CASE("ledger: one stuck record keeps the ledger bounded behind it\\, never 
   CHECK_FALSE(l.violation());
 }
 
-TEST_CASE("ledger: randomized opens\\, commits\\, abandons and acks confirm exactly what an oracle does\\, in a "
+TEST_CASE("ledger: randomized opens, commits, abandons and acks confirm exactly what an oracle does, in a "
           "ledger bounded by what is in flight",
           "[ledger]") {
   std::mt19937 rng(7);

@@ -53,7 +53,7 @@ TEST_CASE("replay request: what is refused names the member", "[replay]") {
   CHECK(refusal(R"({"where": "true"})").empty());
 }
 
-TEST_CASE("replay: the functions a condition calls are read from its text\\, quotes and comments skipped",
+TEST_CASE("replay: the functions a condition calls are read from its text, quotes and comments skipped",
           "[replay]") {
   using walrelay::called_function_names;
   using V = std::vector<std::string>;

@@ -28,7 +28,7 @@ TEST_CASE("slot marker: written and read back, the owner's lines kept, a pending
   CHECK(markers[0].created_lsn == pgoutput::Lsn{0x16B3740000ULL});
 }
 
-TEST_CASE("slot marker: a pending snapshot's view is kept while pending\\, and only a pg_snapshot's text is read",
+TEST_CASE("slot marker: a pending snapshot's view is kept while pending, and only a pg_snapshot's text is read",
           "[catalog]") {
   SlotMarker pending{"s1", pgoutput::Lsn{0x16B3740000ULL}, "2026-12-03T03:00:00Z", "7300000000000000001", true,
                      "7461:7470:7461,7463,7469", "0f1e2d3c4b5a6978"};
