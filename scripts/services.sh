@@ -664,7 +664,7 @@ case "${1:-}" in
   env) cat "$RUN_DIR/env" ;;
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
-  clean) "$0" stop; rm -rf "$RUN_DIR" ;;
+  clean) "$0" stop; rm -rf "$RUN_DIR" "$RUN_DIR.lock" ;;
   *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac
