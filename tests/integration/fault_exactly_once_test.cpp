@@ -15,13 +15,6 @@ std::string eos_config(const Fixture& f, const std::string& extra = "") {
                   f.slot + ".offsets\nreconnect.backoff.ms=200\nreconnect.backoff.max.ms=2000\n" + extra);
 }
 
-// A walrelay stopped with SIGSTOP gets SIGCONT at scope end, also when an
-// assertion fails in between.
-struct ContinueAtEnd {
-  Walrelay& relay;
-  ~ContinueAtEnd() { relay.signal(SIGCONT); }
-};
-
 // Exactly once: every id once, none missing, order per key.
 void check_exactly_once(Fixture& f, const std::string& topic, std::chrono::milliseconds timeout = 180s) {
   auto recs = read_all(f, topic, timeout);
@@ -156,8 +149,7 @@ TEST_CASE("fault: exactly once - two walrelays on one slot, the active one froze
   // acknowledged, so in the open transaction (records relayed before it
   // prove nothing: two transactions were committed already).
   REQUIRE(eventually([&] { return first.metric("walrelay_inflight_records").value_or(0) > 0; }, 10s, 1ms));
-  first.signal(SIGSTOP);
-  ContinueAtEnd cont{first};
+  Frozen frozen(first);
   // The frozen walrelay's connection stays until wal_sender_timeout; end it
   // as the server would.
   REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
@@ -165,7 +157,7 @@ TEST_CASE("fault: exactly once - two walrelays on one slot, the active one froze
   wait_streaming_after(second, 0, 60s);
   REQUIRE(eventually([&] { return second.metric("walrelay_kafka_transactions_total{outcome=\"committed\"}").value_or(0) >= 1; },
                      60s, 100ms));
-  first.signal(SIGCONT);
+  frozen.thaw();
   // Fenced: it cannot commit again, and stops.
   CHECK(first.wait_exit(60s) == 1);
   CHECK(first.log().find("took over") != std::string::npos);
@@ -329,9 +321,8 @@ TEST_CASE("fault: exactly once - a source transaction held up past kafka.transac
   // In the middle of it: records in an open Kafka transaction.
   REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) > 1000; }, 60s, 5ms));
   REQUIRE(relay.metric("walrelay_events_relayed_total").value_or(0) < rows);
-  relay.signal(SIGSTOP);
   {
-    ContinueAtEnd cont{relay};
+    Frozen frozen(relay);
     // Past the time-out, and the coordinator's check for it (every second
     // in the test broker): the time-out's length is the test.
     std::this_thread::sleep_for(7s);
@@ -422,20 +413,7 @@ TEST_CASE("fault: exactly once - a slow take-over of the producer keeps the wals
           "[fault][eos]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
-  struct SenderTimeout {
-    Fixture& f;
-    explicit SenderTimeout(Fixture& fx) : f(fx) {
-      f.db().exec("ALTER SYSTEM SET wal_sender_timeout = '2s'");
-      f.db().scalar("SELECT pg_reload_conf()");
-    }
-    ~SenderTimeout() {
-      try {
-        f.db().exec("ALTER SYSTEM RESET wal_sender_timeout");
-        f.db().scalar("SELECT pg_reload_conf()");
-      } catch (...) {
-      }
-    }
-  } sender_timeout(f);
+  ServerSettings sender_timeout{{"wal_sender_timeout", "2s"}};
   const std::string config = with_key(eos_config(f), "transaction.boundary.interval.ms", "20000") +
                              "shutdown.timeout.ms=2000\n";
   Walrelay relay(config);
