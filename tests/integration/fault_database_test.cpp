@@ -103,11 +103,7 @@ TEST_CASE("fault: a walsender that goes silent (SIGSTOP) is declared dead within
   REQUIRE(pid > 0);
   auto reconnects_before = relay.metric("walrelay_reconnects_total").value_or(0);
 
-  REQUIRE(::kill(pid, SIGSTOP) == 0);
-  struct Continue {  // never leave a stopped backend behind
-    int pid;
-    ~Continue() { ::kill(pid, SIGCONT); }
-  } cont{pid};
+  Frozen frozen(pid);  // never a stopped backend left behind
   auto t0 = std::chrono::steady_clock::now();
   // Rows committed while the walsender is frozen: they must arrive later.
   f.db().exec(insert_event(f.table, "Silent", "k0", "jsonb_build_object('seq', 1)"));
@@ -116,7 +112,7 @@ TEST_CASE("fault: a walsender that goes silent (SIGSTOP) is declared dead within
   REQUIRE(eventually([&] { return relay.metric("walrelay_reconnects_total").value_or(0) > reconnects_before; }, 5s));
   // The frozen backend still holds the slot: walrelay waits as a standby.
   CHECK(eventually([&] { return relay.get("/slot").body.find("standby") != std::string::npos; }, 10s, 100ms));
-  ::kill(pid, SIGCONT);
+  frozen.thaw();
   // Resumed, the old walsender finds its socket closed and exits; walrelay takes the slot.
   auto t1 = std::chrono::steady_clock::now();
   auto recs = read_topic(f.topic("Silent"), 2, 60s);

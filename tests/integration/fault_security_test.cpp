@@ -80,19 +80,10 @@ TEST_CASE("fault: security: a scram password never appears in the log, /metrics 
   const std::string role = "walrelay_pw";
   const std::string password = random_secret("Pw-");
   const std::string token = random_secret("Tok-");
-  // Password authentication for this role only, above the trust lines.
-  auto hba = fs::path(svc.pg_data) / "pg_hba.conf";
-  std::string hba_text;
-  {
-    std::ifstream in(hba);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    hba_text = ss.str();
-  }
-  if (hba_text.find(role) == std::string::npos) {
-    std::ofstream(hba) << "host replication " << role << " 127.0.0.1/32 scram-sha-256\nhost all " << role
-                       << " 127.0.0.1/32 scram-sha-256\n" << hba_text;
-  }
+  // Password authentication for this role only, above the trust lines,
+  // for this test only.
+  PgHbaLines scram("host replication " + role + " 127.0.0.1/32 scram-sha-256\nhost all " + role +
+                   " 127.0.0.1/32 scram-sha-256\n");
   f.db().exec("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '" + role + "') THEN CREATE ROLE " +
               role + " LOGIN REPLICATION; END IF; END$$; GRANT CREATE ON DATABASE " + svc.pg_database + " TO " + role +
               "; SET password_encryption = 'scram-sha-256'; ALTER ROLE " + role + " PASSWORD '" + password +
@@ -157,21 +148,8 @@ TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a
   std::string owner = "$(stat -c %U " + data.string() + ")";
   sh("install -o " + owner + " -m 600 " + d + "/server.key " + (data / "fault_server.key").string() +
      " && install -o " + owner + " -m 644 " + d + "/server.crt " + (data / "fault_server.crt").string());
-  // ALTER SYSTEM runs outside a transaction block: one statement per call.
-  for (auto sql : {"ALTER SYSTEM SET ssl_cert_file = 'fault_server.crt'", "ALTER SYSTEM SET ssl_key_file = 'fault_server.key'",
-                   "ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"})
-    f.db().exec(sql);
-  struct Reset {  // TLS off again for the other tests
-    ~Reset() {
-      try {
-        Db db;
-        for (auto sql : {"ALTER SYSTEM RESET ssl", "ALTER SYSTEM RESET ssl_cert_file", "ALTER SYSTEM RESET ssl_key_file",
-                         "SELECT pg_reload_conf()"})
-          db.exec(sql);
-      } catch (...) {
-      }
-    }
-  } reset;
+  // TLS off again at the end, for the other tests.
+  ServerSettings tls{{"ssl_cert_file", "fault_server.crt"}, {"ssl_key_file", "fault_server.key"}, {"ssl", "on"}};
   REQUIRE(eventually([&] { return Db().scalar("SHOW ssl") == "on"; }, 10s, 100ms));
   create_outbox(f.db(), f.table, "bigint");
 

@@ -81,18 +81,7 @@ TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error,
           "[fault][slot][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
-  f.db().exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
-  f.db().exec("SELECT pg_reload_conf()");
-  struct Reset {  // the setting is for this test only
-    ~Reset() {
-      try {
-        Db db;
-        db.exec("ALTER SYSTEM RESET max_slot_wal_keep_size");
-        db.exec("SELECT pg_reload_conf()");
-      } catch (...) {
-      }
-    }
-  } reset;
+  ServerSettings keep_size{{"max_slot_wal_keep_size", "1MB"}};  // for this test only
   Walrelay relay(with_key(f.config("reconnect.backoff.ms=200\n"), "slot.status.interval.ms", "500"));
   relay.start();
   relay.wait_streaming();
@@ -100,11 +89,7 @@ TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error,
   REQUIRE(read_topic(f.topic("Lost"), 1).size() == 1);
 
   // walrelay falls behind: frozen, it confirms nothing while WAL is written.
-  relay.signal(SIGSTOP);
-  struct Continue {
-    Walrelay& r;
-    ~Continue() { r.signal(SIGCONT); }
-  } cont{relay};
+  Frozen frozen(relay);
   f.db().exec("CREATE TABLE " + f.slot + "_filler (v text)");
   f.db().exec(insert_event(f.table, "Lost", "k0", "jsonb_build_object('seq', 1)"));
   REQUIRE(eventually(
@@ -116,7 +101,7 @@ TEST_CASE("fault: the slot invalidated by max_slot_wal_keep_size: a clear error,
                "lost";
       },
       60s, 10ms));
-  relay.signal(SIGCONT);
+  frozen.thaw();
   CHECK(relay.wait_exit(30s) == 3);
   auto log = relay.log();
   INFO(log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
@@ -190,18 +175,7 @@ TEST_CASE("fault: an invalidated slot stays invalidated across restarts until --
           "[fault][slot][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
-  f.db().exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
-  f.db().exec("SELECT pg_reload_conf()");
-  struct Reset {  // the setting is for this test only
-    ~Reset() {
-      try {
-        Db db;
-        db.exec("ALTER SYSTEM RESET max_slot_wal_keep_size");
-        db.exec("SELECT pg_reload_conf()");
-      } catch (...) {
-      }
-    }
-  } reset_setting;
+  ServerSettings keep_size{{"max_slot_wal_keep_size", "1MB"}};  // for this test only
   Walrelay relay(f.config());
   relay.start();
   relay.wait_streaming();

@@ -200,11 +200,59 @@ std::optional<std::string> KafkaRecord::header(const std::string& name) const {
 }
 
 namespace {
-std::vector<KafkaRecord> consume_once(const std::string& topic) {
+
+// One run of kcat against the test broker: its exit code, what it printed and
+// what it said on stderr, so that a reader that failed is told apart from a
+// topic with nothing in it.
+struct KcatRun {
+  int code = -1;  // 124: `timeout` stopped it
+  std::string out, err, args;
+  bool ok() const { return code == 0; }
+  bool timed_out() const { return code == 124; }
+  // The broker answered that the topic does not exist (yet): a legitimate
+  // "nothing there", unlike a broker that did not answer.
+  bool unknown_topic() const { return code == 1 && err.find("Unknown topic or partition") != std::string::npos; }
+  std::string failure() const {
+    return "kcat " + args + (timed_out() ? " timed out" : " exited " + std::to_string(code)) + "; its stderr:\n" +
+           err.substr(0, 2000);
+  }
+};
+
+KcatRun kcat(const std::string& args, int timeout_s) {
+  char err_path[] = "/tmp/walrelay-kcat-XXXXXX";
+  int fd = mkstemp(err_path);
+  if (fd < 0) throw std::runtime_error("kcat: no temporary file for its stderr");
+  ::close(fd);
+  auto r = run_command("timeout " + std::to_string(timeout_s) + " kcat -b " + Services::get().kafka + " " + args +
+                       " 2>" + err_path);
+  KcatRun k;
+  k.code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
+  k.out = std::move(r.output);
+  k.err = read_file(err_path);
+  k.args = args;
+  ::unlink(err_path);
+  return k;
+}
+
+// A read from the beginning of a topic is sound when kcat reached the end, when
+// the broker said the topic does not exist yet, or when kcat was stopped while
+// reading a topic still being written (its -e may never see the end there);
+// not when it stopped having read nothing for another reason.
+bool read_is_sound(const KcatRun& k, bool read_something) {
+  return k.ok() || k.unknown_topic() || (k.timed_out() && read_something);
+}
+
+// What one bounded read of `topic` found; `failure` says why it cannot be
+// trusted ("" when it can).
+struct TopicRead {
+  std::vector<KafkaRecord> recs;
+  std::string failure;
+};
+
+TopicRead consume_once(const std::string& topic) {
   // Bounded: on a topic still being written kcat's -e may never see the end.
-  std::string cmd = "timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                    "' -o beginning -e -q -J -m 10 -X topic.metadata.refresh.interval.ms=1000 2>/dev/null";
-  std::string out = run_command(cmd).output;
+  auto k = kcat("-C -t '" + topic + "' -o beginning -e -q -J -m 10 -X topic.metadata.refresh.interval.ms=1000", 30);
+  const std::string& out = k.out;
   std::vector<KafkaRecord> recs;
   simdjson::ondemand::parser parser;
   std::istringstream lines(out);
@@ -238,16 +286,17 @@ std::vector<KafkaRecord> consume_once(const std::string& topic) {
     }
     recs.push_back(std::move(r));
   }
-  return recs;
+  return {std::move(recs), read_is_sound(k, !recs.empty()) ? std::string() : k.failure()};
 }
 }  // namespace
 
 std::vector<KafkaRecord> consume(const std::string& topic, std::size_t expected, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::vector<KafkaRecord> recs;
   for (;;) {
-    recs = consume_once(topic);
-    if (recs.size() >= expected || std::chrono::steady_clock::now() > deadline) return recs;
+    auto read = consume_once(topic);
+    bool late = std::chrono::steady_clock::now() > deadline;
+    if (read.failure.empty() && (read.recs.size() >= expected || late)) return std::move(read.recs);
+    if (late) throw std::runtime_error("reading " + topic + " failed: " + read.failure);
     std::this_thread::sleep_for(200ms);
   }
 }
@@ -258,8 +307,8 @@ std::vector<std::optional<std::string>> consume_values_raw(const std::string& to
   std::vector<std::optional<std::string>> values;
   for (;;) {
     // %R: payload length as a big-endian int32 (-1 for NULL), then the bytes.
-    std::string out = run_command("timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                                  "' -o beginning -e -q -f '%R%s' 2>/dev/null").output;
+    auto k = kcat("-C -t '" + topic + "' -o beginning -e -q -f '%R%s'", 30);
+    const std::string& out = k.out;
     values.clear();
     std::size_t p = 0;
     while (p + 4 <= out.size()) {
@@ -273,25 +322,41 @@ std::vector<std::optional<std::string>> consume_values_raw(const std::string& to
       values.push_back(out.substr(p, static_cast<std::size_t>(len)));
       p += static_cast<std::size_t>(len);
     }
-    if (values.size() >= expected || std::chrono::steady_clock::now() > deadline) return values;
+    bool sound = read_is_sound(k, !values.empty());
+    bool late = std::chrono::steady_clock::now() > deadline;
+    if (sound && (values.size() >= expected || late)) return values;
+    if (late) throw std::runtime_error("reading " + topic + " failed: " + k.failure());
     std::this_thread::sleep_for(200ms);
   }
 }
 
 std::size_t count_records(const std::string& topic) {
-  return run_command("timeout 60 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                     "' -o beginning -e -q -f '.' 2>/dev/null")
-      .output.size();
+  // Read to the end, or the broker's word that the topic does not exist; a
+  // passing hiccup (a leader moving) is tried again, a reader that keeps
+  // failing fails the test instead of counting 0.
+  KcatRun k;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt) std::this_thread::sleep_for(1s);
+    k = kcat("-C -t '" + topic + "' -o beginning -e -q -f '.'", 60);
+    if (k.ok()) return k.out.size();
+    if (k.unknown_topic()) return 0;
+  }
+  throw std::runtime_error("counting the records of " + topic + " failed: " + k.failure());
 }
 
 bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeout) {
-  return eventually(
+  // No record yet is kcat waiting for one (stopped by timeout) or a topic not
+  // there yet; anything else, still so at the deadline, is a failed reader.
+  KcatRun k;
+  bool found = eventually(
       [&] {
-        return !run_command("timeout 10 kcat -b " + Services::get().kafka + " -C -t '" + topic +
-                            "' -o beginning -c 1 -q -f '.' 2>/dev/null")
-                    .output.empty();
+        k = kcat("-C -t '" + topic + "' -o beginning -c 1 -q -f '.'", 10);
+        return !k.out.empty();
       },
       timeout, 200ms);
+  if (!found && !k.ok() && !k.timed_out() && !k.unknown_topic())
+    throw std::runtime_error("waiting for a record of " + topic + " failed: " + k.failure());
+  return found;
 }
 
 std::vector<KafkaRecord> read_topic(const std::string& topic, std::size_t expected, std::chrono::milliseconds timeout) {
@@ -481,9 +546,17 @@ HttpResponse Walrelay::get(const std::string& path, const std::string& bearer) {
 }
 
 std::optional<double> Walrelay::metric(const std::string& name, const std::string& bearer) {
-  auto resp = get("/metrics", bearer);
-  if (resp.status != 200) return std::nullopt;
-  return metric_value(resp.body, name);
+  // A dead endpoint must not read as an absent metric (a `value_or(0) == 0`
+  // would pass): no answer throws. A loaded machine can hold one answer past
+  // http_get's 5 s, so a silent endpoint of a running walrelay is asked again.
+  HttpResponse resp;
+  eventually([&] { return (resp = get("/metrics", bearer)).status != 0 || !running(); }, 15s, 200ms);
+  if (resp.status == 200) return metric_value(resp.body, name);
+  std::string what = resp.status ? "answered " + std::to_string(resp.status) + ": " + resp.body.substr(0, 300)
+                     : !running()  ? "did not answer: walrelay exited with " + std::to_string(exit_code_)
+                     : admin_port_ ? "did not answer on port " + std::to_string(admin_port_)
+                                   : "is not known: no \"admin endpoint listening\" in the log";
+  throw std::runtime_error("reading " + name + ": the /metrics of the walrelay of " + config_path_ + " " + what);
 }
 
 }  // namespace it

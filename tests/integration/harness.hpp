@@ -80,15 +80,19 @@ struct KafkaRecord {
 };
 
 // Reads a topic from the beginning with kcat until at least `expected`
-// records are there or the timeout passes; returns all it read.
+// records are there or the timeout passes; returns all it read (none when the
+// topic does not exist). Throws with kcat's exit and stderr when its last
+// read failed: a dead reader never passes for an empty topic.
 std::vector<KafkaRecord> consume(const std::string& topic, std::size_t expected,
                                  std::chrono::milliseconds timeout = 60s);
-// Same, but only the payload bytes exactly as stored (binary-safe).
+// Same, but only the payload bytes exactly as stored (binary-safe); throws likewise.
 std::vector<std::optional<std::string>> consume_values_raw(const std::string& topic, std::size_t expected,
                                                            std::chrono::milliseconds timeout = 60s);
-// Records in `topic` now (0 when it does not exist yet), read in full with kcat.
+// Records in `topic` now (0 when the broker says it does not exist yet), read
+// in full with kcat; throws with kcat's exit and stderr when kcat fails.
 std::size_t count_records(const std::string& topic);
-// True once one record of `topic` can be read (the topic exists and has a leader).
+// True once one record of `topic` can be read (the topic exists and has a
+// leader); false when none came in time; throws when kcat failed otherwise.
 bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeout = 60s);
 // consume(), once the topic can be read: kcat's consumer can hang for good
 // when it starts while the broker is still creating the topic.
@@ -147,8 +151,8 @@ class Walrelay {
   std::string this_run_log() const;  // since the last start()
   int admin_port();
   HttpResponse get(const std::string& path, const std::string& bearer = {});
-  // metric_value() of this process's /metrics; nullopt when absent or when
-  // the endpoint does not answer.
+  // metric_value() of this process's /metrics; nullopt when the metric is
+  // absent; throws when the endpoint does not answer (or not with 200).
   std::optional<double> metric(const std::string& name, const std::string& bearer = {});
   const std::string& config_path() const { return config_path_; }
   pid_t pid() const { return pid_; }

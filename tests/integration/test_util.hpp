@@ -21,6 +21,9 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include <sys/wait.h>
 
@@ -154,18 +157,41 @@ inline std::vector<KafkaRecord> read_all(Fixture& f, const std::string& topic, s
   return read_topic(topic, 1, 30s);
 }
 
-// The broker frozen (SIGSTOP) for the life of the object: connections stay
-// open and every request waits, as in a long GC pause or a stalled disk.
-class BrokerFreeze {
+// A process frozen (SIGSTOP) for the life of the object and continued at its
+// end (or earlier with thaw()), also when an assertion fails in between: a
+// frozen walrelay, walsender or broker left behind stalls the tests after.
+class Frozen {
  public:
-  BrokerFreeze() : pid_(broker_pid()) { REQUIRE(::kill(pid_, SIGSTOP) == 0); }
-  ~BrokerFreeze() { thaw(); }
-  BrokerFreeze(const BrokerFreeze&) = delete;
-  BrokerFreeze& operator=(const BrokerFreeze&) = delete;
+  explicit Frozen(pid_t pid) : pid_(pid) {
+    REQUIRE(pid_ > 0);
+    REQUIRE(::kill(pid_, SIGSTOP) == 0);
+  }
+  // A walrelay: continued through Walrelay::signal, which signals no process
+  // once it has been reaped (its pid may be another's by then).
+  explicit Frozen(Walrelay& relay) : relay_(&relay) {
+    REQUIRE(relay.running());
+    relay.signal(SIGSTOP);
+  }
+  ~Frozen() { thaw(); }
+  Frozen(const Frozen&) = delete;
+  Frozen& operator=(const Frozen&) = delete;
   void thaw() {
-    if (pid_ > 0) ::kill(pid_, SIGCONT);
+    if (relay_) relay_->signal(SIGCONT);
+    else if (pid_ > 0) ::kill(pid_, SIGCONT);
+    relay_ = nullptr;
     pid_ = 0;
   }
+
+ private:
+  Walrelay* relay_ = nullptr;
+  pid_t pid_ = 0;
+};
+
+// The broker frozen for the life of the object: connections stay open and
+// every request waits, as in a long GC pause or a stalled disk.
+class BrokerFreeze : public Frozen {
+ public:
+  BrokerFreeze() : Frozen(broker_pid()) {}
 
  private:
   static pid_t broker_pid() {
@@ -175,7 +201,89 @@ class BrokerFreeze {
     REQUIRE(pid > 0);
     return pid;
   }
-  pid_t pid_;
+};
+
+// Server settings changed with ALTER SYSTEM for the life of the object and
+// put back at its end as postgresql.auto.conf had them (or removed from it),
+// also when an assertion fails in between or a step here fails: the server
+// outlives the test, and the tests after it must not run on its settings.
+class ServerSettings {
+ public:
+  // ServerSettings s{{"name", "value"}, ...}
+  explicit ServerSettings(std::initializer_list<std::pair<std::string, std::string>> settings) {
+    try {
+      Db db;
+      for (auto& [name, value] : settings) {
+        auto before = db.exec("SELECT setting FROM pg_file_settings WHERE name = '" + name +
+                              "' AND sourcefile LIKE '%/postgresql.auto.conf' ORDER BY seqno DESC LIMIT 1");
+        saved_.emplace_back(name, before.empty() ? std::nullopt : before[0][0]);
+        db.exec("ALTER SYSTEM SET " + name + " = " + quoted(value));  // one statement a call: not in a transaction
+      }
+      db.exec("SELECT pg_reload_conf()");
+    } catch (...) {
+      restore();
+      throw;
+    }
+  }
+  ~ServerSettings() { restore(); }
+  ServerSettings(const ServerSettings&) = delete;
+  ServerSettings& operator=(const ServerSettings&) = delete;
+
+ private:
+  static std::string quoted(const std::string& value) {
+    std::string out = "'";
+    for (char c : value) out += c == '\'' ? std::string("''") : std::string(1, c);
+    return out + "'";
+  }
+  void restore() noexcept {
+    if (saved_.empty()) return;
+    try {
+      Db db;
+      for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+        db.exec(it->second ? "ALTER SYSTEM SET " + it->first + " = " + quoted(*it->second)
+                           : "ALTER SYSTEM RESET " + it->first);
+      db.exec("SELECT pg_reload_conf()");
+    } catch (const std::exception& e) {
+      std::cerr << "could not put the server's settings back: " << e.what() << "\n";
+    }
+    saved_.clear();
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// Lines put at the top of the server's pg_hba.conf (the first match wins)
+// for the life of the object, and the file as it was at its end, reloaded
+// both times, also when an assertion fails in between.
+class PgHbaLines {
+ public:
+  explicit PgHbaLines(const std::string& lines) : path_(Services::get().pg_data + "/pg_hba.conf") {
+    std::ifstream in(path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    original_ = text.str();
+    REQUIRE_FALSE(original_.empty());
+    write(lines + original_);
+  }
+  ~PgHbaLines() {
+    try {
+      write(original_);
+    } catch (const std::exception& e) {
+      std::cerr << "could not put " << path_ << " back: " << e.what() << "\n";
+    }
+  }
+  PgHbaLines(const PgHbaLines&) = delete;
+  PgHbaLines& operator=(const PgHbaLines&) = delete;
+
+ private:
+  void write(const std::string& text) {
+    {
+      std::ofstream out(path_, std::ios::trunc);  // rewritten in place: its owner and mode stay
+      out << text;
+      if (!out.flush()) throw std::runtime_error("could not write " + path_);
+    }
+    Db().exec("SELECT pg_reload_conf()");
+  }
+  std::string path_, original_;
 };
 
 // The broker stopped for the life of the object and started again at its
