@@ -870,6 +870,22 @@ asio::awaitable<void> Relay::drain(PgConnection* conn) {
                    sent_flushed_lsn_.to_string());
     } catch (const PgError& e) {
       spdlog::warn("slot={} could not send the final status update: {}", config_.slot_name, e.what());
+      co_return;
+    }
+    // Ended with the walsender's answer, so that it has applied the update
+    // before walrelay exits: a restart, a standby taking over or an operator
+    // reading pg_replication_slots sees it. Within the stop's deadline when
+    // one is set (at most 2 s), for the walsender may be mid-transaction.
+    auto now = std::chrono::steady_clock::now();
+    auto deadline = now + 2s;
+    if (drain_deadline_) deadline = std::min(deadline, std::max(*drain_deadline_, now + 250ms));
+    try {
+      co_await conn->end_copy(deadline);
+      spdlog::debug("slot={} replication ended; the walsender has the final status update", config_.slot_name);
+    } catch (const PgError& e) {
+      spdlog::warn("slot={} the walsender did not end replication ({}): the final status update may not be applied, "
+                   "and a restart may send again what it confirmed",
+                   config_.slot_name, e.what());
     }
   }
 }

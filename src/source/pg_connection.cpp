@@ -376,6 +376,26 @@ void PgConnection::finish_copy() {
   throw PgError("the server ended replication", "");
 }
 
+asio::awaitable<void> PgConnection::end_copy(std::chrono::steady_clock::time_point deadline) {
+  using wait_type = asio::posix::stream_descriptor::wait_type;
+  int sent;
+  while ((sent = PQputCopyEnd(conn_, nullptr)) == 0) co_await wait(wait_type::wait_write, deadline, "ending replication");
+  if (sent < 0) throw_conn_error("could not end replication");
+  for (;;) {
+    char* buffer = nullptr;
+    int n = PQgetCopyData(conn_, &buffer, 1);
+    if (n > 0) {
+      PQfreemem(buffer);  // WAL the walsender sent before it saw the CopyDone
+      continue;
+    }
+    if (n == -1) break;  // its CopyDone
+    if (n == -2) throw_conn_error("could not end replication");
+    co_await wait(wait_type::wait_read, deadline, "ending replication");
+    if (!PQconsumeInput(conn_)) throw_conn_error("could not end replication");
+  }
+  co_await last_result(deadline);  // START_REPLICATION's end; throws on an error
+}
+
 asio::awaitable<void> PgConnection::put_copy_data(std::span<const std::byte> data) {
   auto deadline = std::chrono::steady_clock::now() + 30s;
   for (;;) {
