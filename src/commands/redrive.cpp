@@ -143,9 +143,7 @@ struct DeadRecord {
 class Remapper {
  public:
   Remapper(asio::io_context& io, const Config& config, const bool& stop)
-      : io_(io), config_(config), stop_(stop), mapper_(config) {
-    if (config.registry.format != RegistryFormat::none)
-      encoder_ = std::make_unique<SchemaEncoder>(io, config, metrics_);
+      : io_(io), config_(config), stop_(stop), mapping_(io, config) {
     for (auto& p : config.message_prefix_include_list) prefixes_.emplace_back(p, std::regex::ECMAScript);
   }
 
@@ -165,24 +163,24 @@ class Remapper {
       refused = r.copy_back("redrive_failed", "redrive: the row image is not JSON");
     }
     if (refused) co_return refused;
-    writer_.insert(rows->oid, static_cast<std::uint16_t>(rows->columns.size()));
+    mapping_.writer.insert(rows->oid, static_cast<std::uint16_t>(rows->columns.size()));
     std::vector<std::string> texts;  // held while the Insert views them
     for (auto& c : rows->columns) {
       auto it = row.find(c.name);
-      if (it == row.end() || it->is_null()) writer_.null();
-      else if (it->is_string()) writer_.text(it->template get_ref<const std::string&>());
-      else writer_.text(texts.emplace_back(it->dump()));
+      if (it == row.end() || it->is_null()) mapping_.writer.null();
+      else if (it->is_string()) mapping_.writer.text(it->template get_ref<const std::string&>());
+      else mapping_.writer.text(texts.emplace_back(it->dump()));
     }
-    auto decoded = decoder_.decode(writer_.bytes());
+    auto decoded = mapping_.decoder.decode(mapping_.writer.bytes());
     if (!decoded || !std::holds_alternative<pgoutput::Insert>(decoded.value()))
       co_return r.copy_back("redrive_failed", "redrive: the row image could not be encoded");
     const auto& insert = std::get<pgoutput::Insert>(decoded.value());
-    std::optional<MapError> error = mapper_.map(insert, pgoutput::pg_epoch_micros_now(), record);
-    if (!error) error = co_await encode_when_ready(io_, encoder_.get(), record, stop_);
+    std::optional<MapError> error = mapping_.mapper.map(insert, pgoutput::pg_epoch_micros_now(), record);
+    if (!error) error = co_await encode_when_ready(io_, mapping_.encoder.get(), record, stop_);
     if (!error) co_return std::nullopt;
     spdlog::warn("redrive: the row of {} with id {} still cannot be mapped ({}): back to {}", table_name,
                  r.headers.text("id"), error->message, config_.dlq_topic);
-    co_return unmappable_row(mapper_, insert, *error,
+    co_return unmappable_row(mapping_.mapper, insert, *error,
                              pgoutput::Lsn::parse(r.headers.text("walrelay.source.lsn")).value_or(pgoutput::Lsn{}),
                              config_.dlq_context_headers);
   }
@@ -202,9 +200,9 @@ class Remapper {
         std::nullopt, 1, pgoutput::Lsn::parse(r.headers.text("walrelay.source.lsn")).value_or(pgoutput::Lsn{}),
         prefix, {reinterpret_cast<const std::byte*>(r.value->data()), r.value->size()}};
     std::optional<MapError> error =
-        mapper_.map_message(message, pgoutput::pg_epoch_micros_now(),
-                            static_cast<std::uint16_t>(config_.table_include_list.size() + source), record);
-    if (!error) error = co_await encode_when_ready(io_, encoder_.get(), record, stop_);
+        mapping_.mapper.map_message(message, pgoutput::pg_epoch_micros_now(),
+                                    static_cast<std::uint16_t>(config_.table_include_list.size() + source), record);
+    if (!error) error = co_await encode_when_ready(io_, mapping_.encoder.get(), record, stop_);
     if (!error) co_return std::nullopt;
     co_return unmappable_message(message, *error, config_.dlq_context_headers);
   }
@@ -222,10 +220,7 @@ class Remapper {
       if (!pg_.connected())
         co_await pg_.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
       TableRows rows = co_await describe_table(pg_, name);
-      rows.relation(writer_);
-      auto rel = decoder_.decode(writer_.bytes());
-      if (!rel || !mapper_.on_relation(std::get<pgoutput::Relation>(rel.value())))
-        throw PgError(table_name + " is not in table.include.list", "");
+      if (!mapping_.announce(rows)) throw PgError(table_name + " is not in table.include.list", "");
       co_return &tables_.emplace(table_name, std::move(rows)).first->second;
     } catch (const PgError& e) {
       refused = r.copy_back("redrive_failed", "redrive: " + std::string(e.what()));
@@ -236,14 +231,10 @@ class Remapper {
   asio::io_context& io_;
   const Config& config_;
   const bool& stop_;
-  OutboxMapper mapper_;
-  Metrics metrics_;
-  std::unique_ptr<SchemaEncoder> encoder_;
+  RowMapping mapping_;
   std::vector<std::regex> prefixes_;
   PgConnection pg_{io_};
   std::map<std::string, TableRows> tables_;
-  pgoutput::Decoder decoder_{1};
-  pgoutput::MessageWriter writer_;
 };
 
 // One redrive: reads the dead-letter topic up to where it ended at the

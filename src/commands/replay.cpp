@@ -413,33 +413,15 @@ class Replay {
     return std::nullopt;
   }
 
-  // What mapping the rows needs, made once they are to be sent.
-  struct Mapping {
-    Mapping(asio::io_context& io, const Config& config) : mapper(config) {
-      if (config.registry.format != RegistryFormat::none)
-        encoder = std::make_unique<SchemaEncoder>(io, config, metrics);
-    }
-    OutboxMapper mapper;
-    Metrics metrics;
-    std::unique_ptr<SchemaEncoder> encoder;
-    pgoutput::Decoder decoder{1};
-    pgoutput::MessageWriter writer;
-    int id_column = -1;  // where the event id is, for the log
-  };
-
   // Sends the counted rows and waits for their acknowledgements; the exit code.
   asio::awaitable<int> send() {
-    Mapping m(io_, config_);
-    rows_.relation(m.writer);
-    {
-      auto relation = m.decoder.decode(m.writer.bytes());
-      if (!relation || !m.mapper.on_relation(std::get<pgoutput::Relation>(relation.value()))) {
-        spdlog::critical("replay: {} is not an outbox table walrelay can map", where_);
-        co_return exit_config;
-      }
+    RowMapping m(io_, config_);
+    if (!m.announce(rows_)) {
+      spdlog::critical("replay: {} is not an outbox table walrelay can map", where_);
+      co_return exit_config;
     }
     for (std::size_t i = 0; i < rows_.columns.size(); ++i)
-      if (rows_.columns[i].name == config_.field_event_id) m.id_column = static_cast<int>(i);
+      if (rows_.columns[i].name == config_.field_event_id) id_column_ = static_cast<int>(i);
     sink_.on_delivery([this](const Delivery& d) { on_delivery(d); });
     std::optional<int> failed;
     try {
@@ -469,7 +451,7 @@ class Replay {
 
   // Reads the cursor a batch at a time and sends each row, until the rows
   // end, a stop, or a halt.
-  asio::awaitable<void> fetch_all(Mapping& m, std::chrono::steady_clock::time_point started) {
+  asio::awaitable<void> fetch_all(RowMapping& m, std::chrono::steady_clock::time_point started) {
     const std::string fetch = "FETCH FORWARD " + std::to_string(config_.snapshot_fetch_size) + " FROM walrelay_replay";
     const std::int64_t now = pgoutput::pg_epoch_micros_now();
     auto logged = started;
@@ -499,7 +481,7 @@ class Replay {
 
   // One row of the cursor's batch, mapped and sent, waiting for room among
   // the records in flight.
-  asio::awaitable<void> send_row(Mapping& m, PGresult* result, int r, std::int64_t now) {
+  asio::awaitable<void> send_row(RowMapping& m, PGresult* result, int r, std::int64_t now) {
     rows_.insert(m.writer, result, r);
     auto decoded = m.decoder.decode(m.writer.bytes());
     if (!decoded || !std::holds_alternative<pgoutput::Insert>(decoded.value())) {
@@ -512,8 +494,8 @@ class Replay {
     if (!error) error = co_await encode_when_ready(io_, m.encoder.get(), record_, stop_);
     if (error) {
       p_.rows_unmapped = ++tally_.unmapped;
-      const std::string id = m.id_column >= 0 && !PQgetisnull(result, r, m.id_column)
-                                 ? PQgetvalue(result, r, m.id_column)
+      const std::string id = id_column_ >= 0 && !PQgetisnull(result, r, id_column_)
+                                 ? PQgetvalue(result, r, id_column_)
                                  : std::string("?");
       spdlog::error("replay: the row of {} with {}={} cannot be mapped ({}): {}", where_, config_.field_event_id, id,
                     error->reason, error->message);
@@ -571,6 +553,7 @@ class Replay {
   std::string condition_, select_, count_sql_;
   TableRows rows_;
   std::uint64_t count_ = 0;
+  int id_column_ = -1;  // where the event id is, for the log
   struct Tally {
     std::uint64_t inflight = 0, sent = 0, delivered = 0, failed = 0, unmapped = 0;
   } tally_;
