@@ -34,10 +34,6 @@ using namespace walrelay;
 
 namespace {
 
-// The configuration of an operator's command (replay, redrive): the relay's
-// file, logging set up, and at least once whatever the relay runs with: a
-// second transactional producer under the relay's transactional.id would
-// fence the running walrelay.
 // The configuration file (--config, else $WALRELAY_CONFIG) with the
 // WALRELAY_* variables over it; nullopt after saying what is wrong.
 std::optional<Config> read_config(std::string path, const std::string& who) {
@@ -54,15 +50,16 @@ std::optional<Config> read_config(std::string path, const std::string& who) {
   }
 }
 
-// Parses an operator's command line; an exit code when it is done (--help,
-// or a bad option), nullopt to go on.
-std::optional<int> parse_command(int argc, char** argv, const po::options_description& options,
-                                 const char* command, const char* exit_codes, po::variables_map& vm) {
+// Parses a command line (walrelay's, or an operator's command's, `who` in
+// its messages); an exit code when it is done (--help, or a bad option),
+// nullopt to go on.
+std::optional<int> parse_command(int argc, char** argv, const po::options_description& options, const char* who,
+                                 const char* exit_codes, po::variables_map& vm) {
   try {
     po::store(po::parse_command_line(argc, argv, options), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "walrelay " << command << ": " << e.what() << "\n" << options << "\n";
+    std::cerr << who << ": " << e.what() << "\n" << options << "\n";
     return exit_config;
   }
   if (vm.count("help")) {
@@ -72,6 +69,10 @@ std::optional<int> parse_command(int argc, char** argv, const po::options_descri
   return std::nullopt;
 }
 
+// The configuration of an operator's command (replay, redrive): the relay's
+// file, logging set up, and at least once whatever the relay runs with: a
+// second transactional producer under the relay's transactional.id would
+// fence the running walrelay.
 std::optional<Config> command_config(std::string path, const char* command) {
   auto read = read_config(std::move(path), std::string("walrelay ") + command);
   if (!read) return std::nullopt;
@@ -142,7 +143,7 @@ int replay_main(int argc, char** argv) {
       ("dry-run", "count the rows and send nothing")
       ("help,h", "print this help and exit");
   po::variables_map vm;
-  if (auto done = parse_command(argc, argv, options, "replay",
+  if (auto done = parse_command(argc, argv, options, "walrelay replay",
                                 "0 every row sent and acknowledged, 1 not confirmed or interrupted, 2 bad options or "
                                 "condition, 3 rows that could not be mapped or delivered",
                                 vm))
@@ -171,7 +172,7 @@ int redrive_main(int argc, char** argv) {
       ("dry-run", "list what would be sent again; send and commit nothing")
       ("help,h", "print this help and exit");
   po::variables_map vm;
-  if (auto done = parse_command(argc, argv, options, "redrive",
+  if (auto done = parse_command(argc, argv, options, "walrelay redrive",
                                 "0 every record sent on or back to the dead-letter topic, 1 could not run or "
                                 "interrupted, 2 bad options, 3 stopped on a record that could not be sent",
                                 vm))
@@ -190,164 +191,113 @@ int redrive_main(int argc, char** argv) {
   });
 }
 
-}  // namespace
+// --version: walrelay's version and its libraries'.
+int print_version() {
+  std::cout << "walrelay " WALRELAY_VERSION " (librdkafka " << rd_kafka_version_str() << ", libpq "
+            << PQlibVersion() / 10000 << ")";
+  if (mutation::compiled_in) std::cout << " MUTATION TESTING: " << mutation::name(mutation::selected());
+  std::cout << "\n";
+  return exit_ok;
+}
 
-int main(int argc, char** argv) {
-  if (argc > 1 && std::string_view(argv[1]) == "replay") return replay_main(argc - 1, argv + 1);
-  if (argc > 1 && std::string_view(argv[1]) == "redrive") return redrive_main(argc - 1, argv + 1);
-  po::options_description options("walrelay " WALRELAY_VERSION
-                                   ": relays transactional-outbox rows from PostgreSQL's WAL to Kafka\n\n"
-                                   "Usage: walrelay --config FILE [--check]\n"
-                                   "       walrelay replay --config FILE --where COND ... (walrelay replay --help)\n"
-                                   "       walrelay redrive --config FILE (walrelay redrive --help)\n\nOptions");
-  options.add_options()
-      ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
-      ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")
-      ("reset-slot", "create the replication slot anew when it is missing or invalidated, accepting that the events "
-                     "since its last confirmed position are not relayed; logs the skipped LSN range, then exits")
-      ("reset-offsets", "exactly once: forget the position committed in offsets.storage.topic (after a restore or a "
-                        "failover that rewound the database), so that the next start skips nothing; fences a running "
-                        "walrelay with the same transactional.id, then exits")
-      ("print-config", "print the effective configuration (secrets masked) and exit")
-      ("list-metrics", "print every metric family walrelay exports, one a line: name, type, labels (comma-separated, "
-                       "- for none) and help, tab-separated; connects nowhere, reads no configuration")
-      ("version", "print the version and exit")
-      ("help,h", "print this help and exit");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "walrelay: " << e.what() << "\n" << options << "\n";
+// --list-metrics: the families as the running daemon registers them
+// (docs/operations.md's table is checked against this by
+// tests/deploy/test_metrics_table.sh).
+int list_metrics() {
+  Metrics metrics;
+  for (auto& family : metrics.describe()) {
+    std::string labels;
+    for (auto& l : family.labels) labels += (labels.empty() ? "" : ",") + l;
+    std::cout << family.name << '\t' << family.type << '\t' << (labels.empty() ? "-" : labels) << '\t'
+              << family.help << '\n';
+  }
+  return exit_ok;
+}
+
+// --check: the configuration, the database, the broker and the registry
+// checked, each problem printed; 0 when there is none.
+int check(asio::io_context& io, const Config& config, Sink& sink) {
+  int code = exit_ok;
+  asio::co_spawn(io, check_setup(io, config, sink), [&](std::exception_ptr e, CheckReport report) {
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        report.problems.push_back(ex.what());
+      }
+    }
+    if (config.registry.format != RegistryFormat::none) {
+      try {
+        SchemaEncoder::check(config, "");
+        report.notes.push_back("the schema registry answers (" + redact_url(config.registry.urls.front()) +
+                               "); each subject's schema is fetched at its first record");
+      } catch (const std::exception& ex) {
+        report.problems.push_back(std::string("value.converter.schema.registry.url: ") + ex.what());
+      }
+    }
+    for (auto& n : report.notes) std::cout << "note: " << n << "\n";
+    for (auto& p : report.problems) std::cout << "problem: " << p << "\n";
+    if (report.problems.empty()) std::cout << "ok: configuration, database and broker checked\n";
+    code = report.problems.empty() ? exit_ok : exit_failure;
+    io.stop();
+  });
+  io.run();
+  return code;
+}
+
+// --reset-offsets: exactly once, the position committed in
+// offsets.storage.topic forgotten (after a restore or a failover).
+int reset_offsets(asio::io_context& io, const Config& config, Sink& sink) {
+  if (!config.exactly_once) {
+    spdlog::critical("--reset-offsets: there is no committed position without exactly.once.support=required");
     return exit_config;
   }
-  if (vm.count("help")) {
-    std::cout << options << "\nExit codes: 0 stopped cleanly, 1 could not run, 2 invalid configuration, "
-                            "3 halted on an event that needs attention\n";
-    return exit_ok;
-  }
-  if (vm.count("version")) {
-    std::cout << "walrelay " WALRELAY_VERSION " (librdkafka " << rd_kafka_version_str() << ", libpq "
-              << PQlibVersion() / 10000 << ")";
-    if (mutation::compiled_in) std::cout << " MUTATION TESTING: " << mutation::name(mutation::selected());
-    std::cout << "\n";
-    return exit_ok;
-  }
-  if (vm.count("list-metrics")) {
-    // The families as the running daemon registers them (docs/operations.md's
-    // table is checked against this by tests/deploy/test_metrics_table.sh).
-    Metrics metrics;
-    for (auto& family : metrics.describe()) {
-      std::string labels;
-      for (auto& l : family.labels) labels += (labels.empty() ? "" : ",") + l;
-      std::cout << family.name << '\t' << family.type << '\t' << (labels.empty() ? "-" : labels) << '\t'
-                << family.help << '\n';
+  int code = exit_failure;
+  // exactly.once.support=required holds only with the Kafka sink (config.cpp).
+  asio::co_spawn(io, static_cast<KafkaSink&>(sink).forget_position(), [&](std::exception_ptr e, std::optional<CommittedPosition> p) {
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        spdlog::critical("--reset-offsets: {}", ex.what());
+      }
+    } else {
+      if (p)
+        spdlog::warn("--reset-offsets: forgot the position {} (system identifier {}, timeline {}) committed for {} "
+                     "in {}; the next start sends every event from the slot's confirmed position on",
+                     p->end_lsn.to_string(), p->system, p->timeline, config.transactional_id(),
+                     config.offsets_topic);
+      else
+        spdlog::info("--reset-offsets: no position committed for {} in {}: nothing to forget",
+                     config.transactional_id(), config.offsets_topic);
+      code = exit_ok;
     }
-    return exit_ok;
-  }
-  if (mutation::compiled_in && mutation::selected() != mutation::Break::none)
-    std::cerr << "walrelay-mutation: '" << mutation::name(mutation::selected())
-              << "' is broken on purpose (tests/mutation/run.sh)\n";
+    io.stop();
+  });
+  io.run();
+  return code;
+}
 
-  auto read = read_config(vm.count("config") ? vm["config"].as<std::string>() : "", "walrelay");
-  if (!read) return exit_config;
-  Config config = std::move(*read);
-  if (vm.count("print-config")) {
-    // A Debezium or Connect file comes out as walrelay's own, what it
-    // dropped as comments.
-    for (auto& n : config.notes) std::cout << "# " << n << "\n";
-    std::cout << config.describe();
-    return exit_ok;
-  }
-  setup_logging(config.log_level, config.log_format);
-  for (auto& w : config_warnings(config)) spdlog::warn("{}", w);
-  for (auto& n : config.notes) spdlog::info("{}", n);
+// --reset-slot: the replication slot made anew when missing or invalidated.
+int reset_slot_once(asio::io_context& io, const Config& config) {
+  int code = exit_failure;
+  asio::co_spawn(io, reset_slot(io, config), [&](std::exception_ptr e, int result) {
+    if (!e) code = result;
+    io.stop();
+  });
+  io.run();
+  return code;
+}
 
-  asio::io_context io(1);
-  Metrics metrics(config.slot_name);
-  std::unique_ptr<Sink> sink;
-  try {
-    sink = make_sink(io, config);
-  } catch (const ConfigError& e) {
-    spdlog::critical("configuration error: {}", e.what());
-    return exit_config;
-  }
-
-  if (vm.count("check")) {
-    int code = exit_ok;
-    asio::co_spawn(io, check_setup(io, config, *sink), [&](std::exception_ptr e, CheckReport report) {
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          report.problems.push_back(ex.what());
-        }
-      }
-      if (config.registry.format != RegistryFormat::none) {
-        try {
-          SchemaEncoder::check(config, "");
-          report.notes.push_back("the schema registry answers (" + redact_url(config.registry.urls.front()) +
-                                 "); each subject's schema is fetched at its first record");
-        } catch (const std::exception& ex) {
-          report.problems.push_back(std::string("value.converter.schema.registry.url: ") + ex.what());
-        }
-      }
-      for (auto& n : report.notes) std::cout << "note: " << n << "\n";
-      for (auto& p : report.problems) std::cout << "problem: " << p << "\n";
-      if (report.problems.empty()) std::cout << "ok: configuration, database and broker checked\n";
-      code = report.problems.empty() ? exit_ok : exit_failure;
-      io.stop();
-    });
-    io.run();
-    return code;
-  }
-  if (vm.count("reset-offsets")) {
-    if (!config.exactly_once) {
-      spdlog::critical("--reset-offsets: there is no committed position without exactly.once.support=required");
-      return exit_config;
-    }
-    int code = exit_failure;
-    // exactly.once.support=required holds only with the Kafka sink (config.cpp).
-    asio::co_spawn(io, static_cast<KafkaSink&>(*sink).forget_position(), [&](std::exception_ptr e, std::optional<CommittedPosition> p) {
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          spdlog::critical("--reset-offsets: {}", ex.what());
-        }
-      } else {
-        if (p)
-          spdlog::warn("--reset-offsets: forgot the position {} (system identifier {}, timeline {}) committed for {} "
-                       "in {}; the next start sends every event from the slot's confirmed position on",
-                       p->end_lsn.to_string(), p->system, p->timeline, config.transactional_id(),
-                       config.offsets_topic);
-        else
-          spdlog::info("--reset-offsets: no position committed for {} in {}: nothing to forget",
-                       config.transactional_id(), config.offsets_topic);
-        code = exit_ok;
-      }
-      io.stop();
-    });
-    io.run();
-    return code;
-  }
-  if (vm.count("reset-slot")) {
-    int code = exit_failure;
-    asio::co_spawn(io, reset_slot(io, config), [&](std::exception_ptr e, int result) {
-      if (!e) code = result;
-      io.stop();
-    });
-    io.run();
-    return code;
-  }
-
+// The daemon: the relay and its admin endpoint, until a signal stops them.
+int run_relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink) {
   spdlog::info("walrelay {} starting: slot={} publication={} tables={}", WALRELAY_VERSION, config.slot_name,
                config.publication_name, [&] {
                  std::string t;
                  for (auto& n : config.table_include_list) t += (t.empty() ? "" : ",") + n.qualified();
                  return t;
                }());
-  Relay relay(io, config, metrics, *sink);
+  Relay relay(io, config, metrics, sink);
   ReplayJobs replays(io, config, metrics);  // POST /replay
   AdminOptions admin_options;
   admin_options.listen = config.admin_listen;
@@ -381,4 +331,68 @@ int main(int argc, char** argv) {
   io.run();
   admin.stop();
   return relay.exit_code();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "replay") return replay_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string_view(argv[1]) == "redrive") return redrive_main(argc - 1, argv + 1);
+  po::options_description options("walrelay " WALRELAY_VERSION
+                                   ": relays transactional-outbox rows from PostgreSQL's WAL to Kafka\n\n"
+                                   "Usage: walrelay --config FILE [--check]\n"
+                                   "       walrelay replay --config FILE --where COND ... (walrelay replay --help)\n"
+                                   "       walrelay redrive --config FILE (walrelay redrive --help)\n\nOptions");
+  options.add_options()
+      ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
+      ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")
+      ("reset-slot", "create the replication slot anew when it is missing or invalidated, accepting that the events "
+                     "since its last confirmed position are not relayed; logs the skipped LSN range, then exits")
+      ("reset-offsets", "exactly once: forget the position committed in offsets.storage.topic (after a restore or a "
+                        "failover that rewound the database), so that the next start skips nothing; fences a running "
+                        "walrelay with the same transactional.id, then exits")
+      ("print-config", "print the effective configuration (secrets masked) and exit")
+      ("list-metrics", "print every metric family walrelay exports, one a line: name, type, labels (comma-separated, "
+                       "- for none) and help, tab-separated; connects nowhere, reads no configuration")
+      ("version", "print the version and exit")
+      ("help,h", "print this help and exit");
+  po::variables_map vm;
+  if (auto done = parse_command(argc, argv, options, "walrelay",
+                                "0 stopped cleanly, 1 could not run, 2 invalid configuration, 3 halted on an event "
+                                "that needs attention",
+                                vm))
+    return *done;
+  if (vm.count("version")) return print_version();
+  if (vm.count("list-metrics")) return list_metrics();
+  if (mutation::compiled_in && mutation::selected() != mutation::Break::none)
+    std::cerr << "walrelay-mutation: '" << mutation::name(mutation::selected())
+              << "' is broken on purpose (tests/mutation/run.sh)\n";
+
+  auto read = read_config(vm.count("config") ? vm["config"].as<std::string>() : "", "walrelay");
+  if (!read) return exit_config;
+  Config config = std::move(*read);
+  if (vm.count("print-config")) {
+    // A Debezium or Connect file comes out as walrelay's own, what it
+    // dropped as comments.
+    for (auto& n : config.notes) std::cout << "# " << n << "\n";
+    std::cout << config.describe();
+    return exit_ok;
+  }
+  setup_logging(config.log_level, config.log_format);
+  for (auto& w : config_warnings(config)) spdlog::warn("{}", w);
+  for (auto& n : config.notes) spdlog::info("{}", n);
+
+  asio::io_context io(1);
+  Metrics metrics(config.slot_name);
+  std::unique_ptr<Sink> sink;
+  try {
+    sink = make_sink(io, config);
+  } catch (const ConfigError& e) {
+    spdlog::critical("configuration error: {}", e.what());
+    return exit_config;
+  }
+  if (vm.count("check")) return check(io, config, *sink);
+  if (vm.count("reset-offsets")) return reset_offsets(io, config, *sink);
+  if (vm.count("reset-slot")) return reset_slot_once(io, config);
+  return run_relay(io, config, metrics, *sink);
 }

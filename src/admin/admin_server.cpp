@@ -57,6 +57,16 @@ constexpr std::string_view json_content_type = "application/json";
 std::string_view to_std(beast::string_view s) { return {s.data(), s.size()}; }
 beast::string_view to_beast(std::string_view s) { return {s.data(), s.size()}; }
 
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+// Sets a response's status, content type and body.
+void reply(Response& response, http::status status, std::string_view content_type, std::string body) {
+  response.result(status);
+  response.set(http::field::content_type, to_beast(content_type));
+  response.body() = std::move(body);
+}
+
 // Parses "host:port" or "[v6]:port" into an endpoint; host must be an IP
 // literal or "localhost" (no name resolution on the loop); empty host is loopback.
 tcp::endpoint parse_listen(const std::string& listen) {
@@ -208,7 +218,7 @@ class Core : public std::enable_shared_from_this<Core> {
   unsigned short port() const { return port_; }
 
   // Builds the response to a complete, well-formed request.
-  http::response<http::string_body> handle(const http::request<http::string_body>& request);
+  Response handle(const Request& request);
 
   bool running() const { return running_; }
   const AdminOptions& options() const { return options_; }
@@ -218,6 +228,25 @@ class Core : public std::enable_shared_from_this<Core> {
  private:
   void do_accept();
   void on_accept(const error_code& ec, tcp::socket socket);
+
+  // A read-only endpoint (GET or HEAD): fills the response.
+  using Endpoint = void (Core::*)(Response&);
+  // What a request asks for: an endpoint of the table, or /replay.
+  struct Route {
+    std::string_view path;
+    Endpoint endpoint;  // null for /replay or an unknown path
+    bool replay;        // /replay, when the daemon offers it
+    bool post_replay;   // POST /replay
+    bool get;           // GET or HEAD
+  };
+  static Endpoint endpoint(std::string_view path);
+  Route route(const Request& request) const;
+  bool refuse(const Request& request, const Route& route, Response& response) const;
+  void answer(const Request& request, const Route& route, Response& response);
+  void get_healthz(Response& response);
+  void get_readyz(Response& response);
+  void get_metrics(Response& response);
+  void get_slot(Response& response);
 
   net::io_context& io_;                               // the relay's loop
   AdminOptions options_;                              // limits, token, address
@@ -508,95 +537,133 @@ void Core::on_accept(const error_code& ec, tcp::socket socket) {
 }
 
 // Routes one request: token check, path, method, then the endpoint.
-http::response<http::string_body> Core::handle(const http::request<http::string_body>& request) {
-  const std::string_view target = to_std(request.target());
-  const std::string_view path = target.substr(0, target.find('?'));
+Response Core::handle(const Request& request) {
   const unsigned version = request.version() == 10 ? 10u : 11u;
-
-  http::response<http::string_body> response{http::status::ok, version};
+  Response response{http::status::ok, version};
   response.keep_alive(request.keep_alive());
-  auto reply = [&](http::status status, std::string_view content_type, std::string body) {
-    response.result(status);
-    response.set(http::field::content_type, to_beast(content_type));
-    response.body() = std::move(body);
+  const Route r = route(request);
+  if (!refuse(request, r, response)) answer(request, r, response);
+  response.content_length(response.body().size());
+  if (request.method() == http::verb::head) response.body().clear();
+  spdlog::debug("admin: {} {} -> {}", to_std(request.method_string()), r.path,
+                static_cast<unsigned>(response.result_int()));
+  return response;
+}
+
+// The read-only endpoints, by path (null: none).
+Core::Endpoint Core::endpoint(std::string_view path) {
+  static const std::pair<std::string_view, Endpoint> endpoints[] = {
+      {"/healthz", &Core::get_healthz},
+      {"/readyz", &Core::get_readyz},
+      {"/metrics", &Core::get_metrics},
+      {"/slot", &Core::get_slot},
   };
+  for (const auto& [p, e] : endpoints)
+    if (p == path) return e;
+  return nullptr;
+}
 
-  const bool is_health = path == "/healthz";
-  const bool is_replay = path == "/replay" && replay_ != nullptr;
-  const bool known = is_health || is_replay || path == "/readyz" || path == "/metrics" || path == "/slot";
-  const bool is_get = request.method() == http::verb::get || request.method() == http::verb::head;
+// What the request's target and method ask for.
+Core::Route Core::route(const Request& request) const {
+  const std::string_view target = to_std(request.target());
+  Route r;
+  r.path = target.substr(0, target.find('?'));
+  r.endpoint = endpoint(r.path);
+  r.replay = r.path == "/replay" && replay_ != nullptr;
+  r.post_replay = r.replay && request.method() == http::verb::post;
+  r.get = request.method() == http::verb::get || request.method() == http::verb::head;
+  return r;
+}
 
-  const bool is_post_replay = is_replay && request.method() == http::verb::post;
+// Refuses what the request may not ask (its token, path, method or body)
+// into the response; whether it did.
+bool Core::refuse(const Request& request, const Route& route, Response& response) const {
+  const bool is_health = route.path == "/healthz";
+  const bool known = route.replay || route.endpoint != nullptr;
   const std::string_view authorization = to_std(request[http::field::authorization]);
   // The readers' token (a Prometheus scraper's) allows reads only; the
   // replay token, when set, allows them too.
   const bool reader = options_.token.empty() || bearer_matches(authorization, options_.token) ||
                       (!options_.replay_token.empty() && bearer_matches(authorization, options_.replay_token));
-  if (is_post_replay && options_.replay_token.empty()) {
+  if (route.post_replay && options_.replay_token.empty()) {
     // Sending rows again is an operator's act: never on an endpoint that
     // anyone on the network path, or a scraper's credential, may call.
-    reply(http::status::forbidden, text_plain,
+    reply(response, http::status::forbidden, text_plain,
           "POST /replay needs admin.replay.token: set it (not admin.token, which the readers of /metrics hold), and "
           "send Authorization: Bearer <token> (or run walrelay replay beside the relay)\n");
-  } else if (is_post_replay ? !bearer_matches(authorization, options_.replay_token) : (!is_health && !reader)) {
-    reply(http::status::unauthorized, text_plain, "unauthorized\n");
+  } else if (route.post_replay ? !bearer_matches(authorization, options_.replay_token) : (!is_health && !reader)) {
+    reply(response, http::status::unauthorized, text_plain, "unauthorized\n");
     response.set(http::field::www_authenticate, "Bearer");
   } else if (!known) {
-    reply(http::status::not_found, text_plain, "not found\n");
-  } else if (!is_get && !is_post_replay) {
-    reply(http::status::method_not_allowed, text_plain, "method not allowed\n");
-    response.set(http::field::allow, is_replay ? "GET, HEAD, POST" : "GET, HEAD");
-  } else if (is_get && !request.body().empty()) {
-    reply(http::status::payload_too_large, text_plain, "request body not allowed\n");
+    reply(response, http::status::not_found, text_plain, "not found\n");
+  } else if (!route.get && !route.post_replay) {
+    reply(response, http::status::method_not_allowed, text_plain, "method not allowed\n");
+    response.set(http::field::allow, route.replay ? "GET, HEAD, POST" : "GET, HEAD");
+  } else if (route.get && !request.body().empty()) {
+    reply(response, http::status::payload_too_large, text_plain, "request body not allowed\n");
     response.keep_alive(false);
-  } else if (is_post_replay) {
-    auto answer = replay_->start(to_std(request.body()));
-    reply(static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
-  } else if (is_replay) {
-    reply(http::status::ok, json_content_type, replay_->status_json());
-  } else if (is_health) {
-    const StatusSnapshot status = status_.status();
-    if (status.state == RelayState::halted && status.halt_stays) {
-      // Alive: a restart would only halt again. /readyz (behind the token:
-      // the reason can quote a row's values) and walrelay_halted say why.
-      reply(http::status::ok, text_plain, "ok, halted (halt.action=stay): see /readyz\n");
-    } else if (status.state == RelayState::halted) {
-      reply(http::status::service_unavailable, text_plain, fmt::format("halted: {}\n", one_line(status.state_reason)));
-    } else {
-      reply(http::status::ok, text_plain, "ok\n");
-    }
-  } else if (path == "/readyz") {
-    const StatusSnapshot status = status_.status();
-    if (status.state != RelayState::streaming) {
-      std::string line = to_string(status.state);
-      if (!status.state_reason.empty()) line += ": " + one_line(status.state_reason);
-      reply(http::status::service_unavailable, text_plain, line + "\n");
-    } else if (!status.schema_registry_error.empty()) {
-      // First: records wait on it, so the producer may not even have
-      // connected yet.
-      reply(http::status::service_unavailable, text_plain,
-            fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
-    } else if (!status.producer_healthy) {
-      reply(http::status::service_unavailable, text_plain,
-            fmt::format("broker unreachable ({}): {}\n", status.sink, one_line(status.producer_error)));
-    } else {
-      reply(http::status::ok, text_plain, "ready\n");
-    }
-  } else if (path == "/metrics") {
-    // The relay's gauges are refreshed here, not by a timer: an idle relay
-    // does not wake every second to update what nobody may read.
-    status_.status();
-    reply(http::status::ok, metrics_content_type, metrics_.serialize());
   } else {
-    reply(http::status::ok, json_content_type, slot_json(status_.status()));
+    return false;
   }
-
-  response.content_length(response.body().size());
-  if (request.method() == http::verb::head) response.body().clear();
-  spdlog::debug("admin: {} {} -> {}", to_std(request.method_string()), path,
-                static_cast<unsigned>(response.result_int()));
-  return response;
+  return true;
 }
+
+// A request allowed: /replay's POST or GET, or a read-only endpoint.
+void Core::answer(const Request& request, const Route& route, Response& response) {
+  if (route.post_replay) {
+    auto answer = replay_->start(to_std(request.body()));
+    reply(response, static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
+  } else if (route.replay) {
+    reply(response, http::status::ok, json_content_type, replay_->status_json());
+  } else {
+    (this->*route.endpoint)(response);
+  }
+}
+
+// /healthz: alive, unless halted in a way a restart may cure.
+void Core::get_healthz(Response& response) {
+  const StatusSnapshot status = status_.status();
+  if (status.state == RelayState::halted && status.halt_stays) {
+    // Alive: a restart would only halt again. /readyz (behind the token:
+    // the reason can quote a row's values) and walrelay_halted say why.
+    reply(response, http::status::ok, text_plain, "ok, halted (halt.action=stay): see /readyz\n");
+  } else if (status.state == RelayState::halted) {
+    reply(response, http::status::service_unavailable, text_plain,
+          fmt::format("halted: {}\n", one_line(status.state_reason)));
+  } else {
+    reply(response, http::status::ok, text_plain, "ok\n");
+  }
+}
+
+// /readyz: streaming, with the registry and the broker reachable.
+void Core::get_readyz(Response& response) {
+  const StatusSnapshot status = status_.status();
+  if (status.state != RelayState::streaming) {
+    std::string line = to_string(status.state);
+    if (!status.state_reason.empty()) line += ": " + one_line(status.state_reason);
+    reply(response, http::status::service_unavailable, text_plain, line + "\n");
+  } else if (!status.schema_registry_error.empty()) {
+    // First: records wait on it, so the producer may not even have
+    // connected yet.
+    reply(response, http::status::service_unavailable, text_plain,
+          fmt::format("schema registry: {}\n", one_line(status.schema_registry_error)));
+  } else if (!status.producer_healthy) {
+    reply(response, http::status::service_unavailable, text_plain,
+          fmt::format("broker unreachable ({}): {}\n", status.sink, one_line(status.producer_error)));
+  } else {
+    reply(response, http::status::ok, text_plain, "ready\n");
+  }
+}
+
+// /metrics: the relay's gauges are refreshed here, not by a timer: an idle
+// relay does not wake every second to update what nobody may read.
+void Core::get_metrics(Response& response) {
+  status_.status();
+  reply(response, http::status::ok, metrics_content_type, metrics_.serialize());
+}
+
+// /slot: the slot's positions as JSON.
+void Core::get_slot(Response& response) { reply(response, http::status::ok, json_content_type, slot_json(status_.status())); }
 
 }  // namespace
 

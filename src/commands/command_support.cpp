@@ -8,6 +8,16 @@ namespace walrelay {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
+RowMapping::RowMapping(asio::io_context& io, const Config& config) : mapper(config) {
+  if (config.registry.format != RegistryFormat::none) encoder = std::make_unique<SchemaEncoder>(io, config, metrics);
+}
+
+bool RowMapping::announce(const TableRows& rows) {
+  rows.relation(writer);
+  auto relation = decoder.decode(writer.bytes());
+  return relation && mapper.on_relation(std::get<pgoutput::Relation>(relation.value()));
+}
+
 asio::awaitable<void> pause(asio::io_context& io, std::chrono::milliseconds duration) {
   asio::steady_timer timer(io);
   timer.expires_after(duration);

@@ -349,34 +349,58 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
   if (columns_.size() != rel.column_names.size())
     return MapError{"column_count", "row of " + rel.table + " has " + std::to_string(columns_.size()) +
                                         " columns, its Relation message " + std::to_string(rel.column_names.size())};
-  auto col = [&](const ColumnRef& r) -> const pgoutput::Column& { return columns_[static_cast<std::size_t>(r.index)]; };
 
   std::string_view id;
-  if (auto e = text_of(rel, rel.id, col(rel.id), id_buf_, id, "event id")) return e;
+  if (auto e = text_of(rel, rel.id, column(rel.id), id_buf_, id, "event id")) return e;
   std::string_view key;
-  if (auto e = text_of(rel, rel.key, col(rel.key), key_buf_, key, "event key")) return e;
+  if (auto e = text_of(rel, rel.key, column(rel.key), key_buf_, key, "event key")) return e;
   out.key = key;
+  if (auto e = row_topic(rel, out)) return e;
+  if (auto e = row_value(rel, out)) return e;
+  if (rel.timestamp) {
+    if (auto e = timestamp_of(rel, column(rel.timestamp), out.timestamp_ms)) return e;
+  } else {
+    out.timestamp_ms = pg_epoch_unix_ms + commit_time_us / 1000;
+  }
+  if (auto e = row_headers(rel, id, out)) return e;
+  convert(out, rel.payload.type_oid == pgtype::bytea);
+  if (auto e = row_schema_fields(rel, out)) return e;
+  if (config_.cloudevents != CloudEventsMode::none) {
+    const pgoutput::Column& c = column(rel.type);
+    if (c.is_null())
+      return MapError{"null_value", "CloudEvents type column \"" + config_.field_event_type + "\" is NULL"};
+    std::string_view type;
+    if (auto e = text_of(rel, rel.type, c, ce_type_buf_, type, "CloudEvents type")) return e;
+    const auto t = rel.payload.type_oid;
+    cloudevent(id, type, key, t == pgtype::json || t == pgtype::jsonb, t == pgtype::bytea, out);
+  }
+  row_trace(rel, out);
+  return std::nullopt;
+}
 
-  // Topic: ${routedByValue} replaced by the route column's text form.
+// Topic: ${routedByValue} replaced by the route column's text form.
+std::optional<MapError> OutboxMapper::row_topic(const RelationInfo& rel, OutboxRecord& out) {
   if (!config_.routes_by_value()) {
     out.topic = config_.route_topic_replacement;
-  } else {
-    std::string_view route;
-    if (auto e = text_of(rel, rel.route, col(rel.route), route_buf_, route, "route")) return e;
-    for (std::size_t i = 0; i < rel.route_columns.size(); ++i) {
-      const pgoutput::Column& c = col(rel.route_columns[i]);
-      if (c.is_null())
-        return MapError{"null_value", "route column \"" + route_column_names_[i] +
-                                          "\" (named by route.topic.replacement) is NULL: no topic to route to"};
-      if (auto e = text_of(rel, rel.route_columns[i], c, route_column_bufs_[i], route_column_values_[i], "route"))
-        return e;
-    }
-    if (auto e = route_to(route, "route column", out)) return e;
+    return std::nullopt;
   }
+  std::string_view route;
+  if (auto e = text_of(rel, rel.route, column(rel.route), route_buf_, route, "route")) return e;
+  for (std::size_t i = 0; i < rel.route_columns.size(); ++i) {
+    const pgoutput::Column& c = column(rel.route_columns[i]);
+    if (c.is_null())
+      return MapError{"null_value", "route column \"" + route_column_names_[i] +
+                                        "\" (named by route.topic.replacement) is NULL: no topic to route to"};
+    if (auto e = text_of(rel, rel.route_columns[i], c, route_column_bufs_[i], route_column_values_[i], "route"))
+      return e;
+  }
+  return route_to(route, "route column", out);
+}
 
-  // Value: the payload as stored. NULL is a tombstone; so is an empty payload
-  // when route.tombstone.on.empty.payload is set.
-  const pgoutput::Column& payload = col(rel.payload);
+// Value: the payload as stored. NULL is a tombstone; so is an empty payload
+// when route.tombstone.on.empty.payload is set.
+std::optional<MapError> OutboxMapper::row_value(const RelationInfo& rel, OutboxRecord& out) {
+  const pgoutput::Column& payload = column(rel.payload);
   if (payload.is_null()) {
     out.value.reset();
   } else if (payload.is_unchanged_toast()) {
@@ -394,24 +418,33 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     if (auto e = text_of(rel, rel.payload, payload, value_buf_, v, "payload")) return e;
     out.value = v;
   }
+  tombstone_if_empty(out);
+  return std::nullopt;
+}
+
+// An empty payload as a tombstone, when route.tombstone.on.empty.payload says so.
+void OutboxMapper::tombstone_if_empty(OutboxRecord& out) const {
   if (out.value && out.value->empty() && config_.route_tombstone_on_empty_payload) out.value.reset();
+}
 
-  if (rel.timestamp) {
-    if (auto e = timestamp_of(rel, col(rel.timestamp), out.timestamp_ms)) return e;
-  } else {
-    out.timestamp_ms = pg_epoch_unix_ms + commit_time_us / 1000;
-  }
-
+// The headers a mapped record starts with (its id), and no placement yet.
+void OutboxMapper::start_headers(std::string_view id, OutboxRecord& out) {
   out.headers.clear();
   out.headers.push_back({"id", id});
   out.event_id = id;
   out.partition = -1;
   envelope_.clear();
+}
+
+// The id header, the placed columns (header, envelope, partition) and the
+// headers column's members.
+std::optional<MapError> OutboxMapper::row_headers(const RelationInfo& rel, std::string_view id, OutboxRecord& out) {
+  start_headers(id, out);
   if (header_bufs_.size() < rel.placements.size()) header_bufs_.resize(rel.placements.size());
   for (std::size_t i = 0; i < rel.placements.size(); ++i) {
     const PlacedColumn& p = rel.placements[i];
     if (!p.column) continue;  // absent, and error.on.missing=false
-    const pgoutput::Column& c = col(p.column);
+    const pgoutput::Column& c = column(p.column);
     if (c.is_null()) {
       if (auto e = place(i, std::nullopt, false, out)) return e;
       continue;
@@ -423,55 +456,54 @@ std::optional<MapError> OutboxMapper::map(const pgoutput::Insert& insert, std::i
     if (auto e = place(i, v, number, out)) return e;
   }
   if (rel.headers) {
-    const pgoutput::Column& c = col(rel.headers);
+    const pgoutput::Column& c = column(rel.headers);
     if (!c.is_null()) {
       std::string_view text;
       if (auto e = text_of(rel, rel.headers, c, headers_text_buf_, text, "headers")) return e;
       if (auto e = add_row_headers(text, out)) return e;
     }
   }
-  convert(out, rel.payload.type_oid == pgtype::bytea);
+  return std::nullopt;
+}
+
+// With a schema registry: the event's type (for the record name strategies)
+// and the schema version the row asks for.
+std::optional<MapError> OutboxMapper::row_schema_fields(const RelationInfo& rel, OutboxRecord& out) {
   out.event_type.reset();
   out.schema_version.reset();
-  if (config_.registry.format != RegistryFormat::none) {
-    if (rel.type && config_.registry.subject_strategy != SubjectNameStrategy::topic && !col(rel.type).is_null()) {
-      std::string_view type;
-      if (auto e = text_of(rel, rel.type, col(rel.type), event_type_buf_, type, "type")) return e;
-      out.event_type = type;
-    }
-    if (rel.schema_version && !col(rel.schema_version).is_null()) {
-      std::string_view text;
-      if (auto e = text_of(rel, rel.schema_version, col(rel.schema_version), schema_version_buf_, text, "schema version"))
-        return e;
-      int version = 0;
-      auto r = std::from_chars(text.data(), text.data() + text.size(), version);
-      if (r.ec != std::errc{} || r.ptr != text.data() + text.size() || version < 1)
-        return MapError{"bad_value", "schema version column \"" + config_.field_event_schema_version + "\" holds \"" +
-                                         std::string(text.substr(0, 40)) + "\", not a version number (1, 2, ...)"};
-      out.schema_version = version;
-    }
-  }
-  if (config_.cloudevents != CloudEventsMode::none) {
-    const pgoutput::Column& c = col(rel.type);
-    if (c.is_null())
-      return MapError{"null_value", "CloudEvents type column \"" + config_.field_event_type + "\" is NULL"};
+  if (config_.registry.format == RegistryFormat::none) return std::nullopt;
+  if (rel.type && config_.registry.subject_strategy != SubjectNameStrategy::topic && !column(rel.type).is_null()) {
     std::string_view type;
-    if (auto e = text_of(rel, rel.type, c, ce_type_buf_, type, "CloudEvents type")) return e;
-    const auto t = rel.payload.type_oid;
-    cloudevent(id, type, key, t == pgtype::json || t == pgtype::jsonb, t == pgtype::bytea, out);
+    if (auto e = text_of(rel, rel.type, column(rel.type), event_type_buf_, type, "type")) return e;
+    out.event_type = type;
   }
-  trace_problem_.clear();
-  if (rel.tracing && config_.tracing_enabled) {
-    const pgoutput::Column& c = col(rel.tracing);
+  if (rel.schema_version && !column(rel.schema_version).is_null()) {
     std::string_view text;
-    if (c.kind == pgoutput::ColumnKind::text || c.kind == pgoutput::ColumnKind::binary) {
-      if (auto e = text_of(rel, rel.tracing, c, trace_text_buf_, text, "tracing span context"))
-        trace_problem_ = e->message;
-      else
-        add_trace_headers(text, out);
-    }
+    if (auto e = text_of(rel, rel.schema_version, column(rel.schema_version), schema_version_buf_, text, "schema version"))
+      return e;
+    int version = 0;
+    auto r = std::from_chars(text.data(), text.data() + text.size(), version);
+    if (r.ec != std::errc{} || r.ptr != text.data() + text.size() || version < 1)
+      return MapError{"bad_value", "schema version column \"" + config_.field_event_schema_version + "\" holds \"" +
+                                       std::string(text.substr(0, 40)) + "\", not a version number (1, 2, ...)"};
+    out.schema_version = version;
   }
   return std::nullopt;
+}
+
+// The trace context column's traceparent and tracestate headers; a problem
+// with it is noted (trace_problem_), never the row's mapping error.
+void OutboxMapper::row_trace(const RelationInfo& rel, OutboxRecord& out) {
+  trace_problem_.clear();
+  if (!rel.tracing || !config_.tracing_enabled) return;
+  const pgoutput::Column& c = column(rel.tracing);
+  std::string_view text;
+  if (c.kind == pgoutput::ColumnKind::text || c.kind == pgoutput::ColumnKind::binary) {
+    if (auto e = text_of(rel, rel.tracing, c, trace_text_buf_, text, "tracing span context"))
+      trace_problem_ = e->message;
+    else
+      add_trace_headers(text, out);
+  }
 }
 
 std::optional<MapError> OutboxMapper::place(std::size_t index, std::optional<std::string_view> value, bool json,
@@ -806,10 +838,56 @@ std::string OutboxMapper::event_id_of(const pgoutput::Insert& insert) const {
 std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage& message,
                                                   std::int64_t commit_time_us, std::uint16_t source_index,
                                                   OutboxRecord& out) {
+  out.table_index = source_index;
+  MessageMembers m;
+  if (auto e = read_members(message.content, m)) return e;
+  if (auto e = required(m.id, config_.field_event_id, "event id")) return e;
+  if (auto e = required(m.key, config_.field_event_key, "event key")) return e;
+  out.key = m.key.text;
+  if (auto e = message_topic(m.route, out)) return e;
+  // The payload as written: a string's characters, other JSON as its text;
+  // null is a tombstone, as a NULL payload column is.
+  if (!m.payload.present)
+    return MapError{"missing_column", "payload member \"" + config_.field_event_payload + "\" is missing"};
+  if (m.payload.null) out.value.reset();
+  else out.value = m.payload.text;
+  tombstone_if_empty(out);
+  if (auto e = message_timestamp(m.timestamp, commit_time_us, out)) return e;
+
+  start_headers(m.id.text, out);
+  for (std::size_t i = 0; i < placed_members_.size(); ++i) {
+    const MessageMember& p = placed_members_[i];
+    auto value = !p.present || p.null ? std::nullopt : std::optional<std::string_view>(p.text);
+    if (auto e = place(i, value, !p.string, out)) return e;
+  }
+  if (m.headers.present && !m.headers.null)
+    if (auto e = add_row_headers(m.headers.text, out)) return e;
+  convert(out, false);
+  out.event_type.reset();
+  out.schema_version.reset();
+  if (config_.registry.format != RegistryFormat::none && m.type.present && !m.type.null) out.event_type = m.type.text;
+  if (config_.cloudevents != CloudEventsMode::none) {
+    if (auto e = required(m.type, config_.field_event_type, "CloudEvents type")) return e;
+    cloudevent(m.id.text, m.type.text, m.key.text, m.payload.present && !m.payload.string, false, out);
+  }
+  trace_problem_.clear();
+  if (config_.tracing_enabled && m.tracing.present && !m.tracing.null) add_trace_headers(m.tracing.text, out);
+  return std::nullopt;
+}
+
+// A member the mapping needs, missing or null: its mapping error.
+std::optional<MapError> OutboxMapper::required(const MessageMember& m, const std::string& member,
+                                               std::string_view role) {
+  if (!m.present) return MapError{"missing_column", std::string(role) + " member \"" + member + "\" is missing"};
+  if (m.null) return MapError{"null_value", std::string(role) + " member \"" + member + "\" is null"};
+  return std::nullopt;
+}
+
+// Reads the content's members that the mapping uses into `m`,
+// placed_members_ and route_members_, in one pass; the others unread.
+std::optional<MapError> OutboxMapper::read_members(pgoutput::Bytes content, MessageMembers& m) {
   namespace od = simdjson::ondemand;
   static thread_local od::parser parser;
-  out.table_index = source_index;
-  const auto content = message.content;
   message_buf_.assign(reinterpret_cast<const char*>(content.data()), content.size());
   message_buf_.append(simdjson::SIMDJSON_PADDING, '\0');
   auto bad = [](std::string why) { return MapError{"bad_content", std::move(why)}; };
@@ -819,119 +897,95 @@ std::optional<MapError> OutboxMapper::map_message(const pgoutput::LogicalMessage
   od::object object;
   if (doc.get_object().get(object)) return bad("the content is not a JSON object");
 
-  using Member = MessageMember;
-  Member id, key, payload, timestamp, route, tracing, headers, type;
-  std::vector<Member>& placed = placed_members_;
-  placed.assign(config_.additional_placement.size(), Member{});
-  route_members_.assign(route_column_names_.size(), Member{});
+  placed_members_.assign(config_.additional_placement.size(), MessageMember{});
+  route_members_.assign(route_column_names_.size(), MessageMember{});
   for (auto field : object) {
     std::string_view name;
     if (field.unescaped_key().get(name)) return bad("a member's name is not valid JSON");
-    Member* targets[16];
-    std::size_t n = 0;
-    if (name == config_.field_event_id) targets[n++] = &id;
-    if (name == config_.field_event_key) targets[n++] = &key;
-    if (name == config_.field_event_payload) targets[n++] = &payload;
-    if (!config_.field_event_timestamp.empty() && name == config_.field_event_timestamp) targets[n++] = &timestamp;
-    if (name == config_.route_by_field) targets[n++] = &route;
-    if (!config_.tracing_span_context_field.empty() && name == config_.tracing_span_context_field)
-      targets[n++] = &tracing;
-    if (!config_.field_event_headers.empty() && name == config_.field_event_headers) targets[n++] = &headers;
-    if (config_.cloudevents != CloudEventsMode::none && name == config_.field_event_type) targets[n++] = &type;
-    for (std::size_t i = 0; i < route_column_names_.size() && n < std::size(targets); ++i)
-      if (name == route_column_names_[i]) targets[n++] = &route_members_[i];
+    MessageMember* targets[16];
+    const std::size_t n = member_targets(name, m, targets);
     bool wanted = n > 0;
     for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
       if (name == config_.additional_placement[i].column) wanted = true;
     if (!wanted) continue;  // skipped unread by the on-demand reader
     od::value value = field.value();
-    Member m;
-    m.present = true;
+    MessageMember member;
+    member.present = true;
     od::json_type type;
     if (value.type().get(type)) return bad("member \"" + std::string(name) + "\" is not valid JSON");
     if (type == od::json_type::null) {
-      m.null = true;
+      member.null = true;
       if (value.is_null().error()) return bad("member \"" + std::string(name) + "\" is not valid JSON");
     } else if (type == od::json_type::string) {
-      m.string = true;
-      if (value.get_string().get(m.text)) return bad("member \"" + std::string(name) + "\" is not a valid JSON string");
+      member.string = true;
+      if (value.get_string().get(member.text))
+        return bad("member \"" + std::string(name) + "\" is not a valid JSON string");
     } else {
       auto raw = json_text(value, type);
       if (!raw) return bad("member \"" + std::string(name) + "\" is not valid JSON");
-      m.text = *raw;
+      member.text = *raw;
     }
-    for (std::size_t i = 0; i < n; ++i) *targets[i] = m;
+    for (std::size_t i = 0; i < n; ++i) *targets[i] = member;
     for (std::size_t i = 0; i < config_.additional_placement.size(); ++i)
-      if (name == config_.additional_placement[i].column) placed[i] = m;
+      if (name == config_.additional_placement[i].column) placed_members_[i] = member;
   }
+  return std::nullopt;
+}
 
-  auto required = [&](const Member& m, const std::string& member, std::string_view role) -> std::optional<MapError> {
-    if (!m.present)
-      return MapError{"missing_column", std::string(role) + " member \"" + member + "\" is missing"};
-    if (m.null) return MapError{"null_value", std::string(role) + " member \"" + member + "\" is null"};
-    return std::nullopt;
-  };
-  if (auto e = required(id, config_.field_event_id, "event id")) return e;
-  if (auto e = required(key, config_.field_event_key, "event key")) return e;
-  out.key = key.text;
+// The members a member's name fills (it may be several roles' at once),
+// into targets; how many.
+std::size_t OutboxMapper::member_targets(std::string_view name, MessageMembers& m, MessageMember* (&targets)[16]) {
+  std::size_t n = 0;
+  if (name == config_.field_event_id) targets[n++] = &m.id;
+  if (name == config_.field_event_key) targets[n++] = &m.key;
+  if (name == config_.field_event_payload) targets[n++] = &m.payload;
+  if (!config_.field_event_timestamp.empty() && name == config_.field_event_timestamp) targets[n++] = &m.timestamp;
+  if (name == config_.route_by_field) targets[n++] = &m.route;
+  if (!config_.tracing_span_context_field.empty() && name == config_.tracing_span_context_field)
+    targets[n++] = &m.tracing;
+  if (!config_.field_event_headers.empty() && name == config_.field_event_headers) targets[n++] = &m.headers;
+  if (config_.cloudevents != CloudEventsMode::none && name == config_.field_event_type) targets[n++] = &m.type;
+  for (std::size_t i = 0; i < route_column_names_.size() && n < std::size(targets); ++i)
+    if (name == route_column_names_[i]) targets[n++] = &route_members_[i];
+  return n;
+}
+
+// A message's topic: by its route member and the members
+// route.topic.replacement names, or the fixed replacement.
+std::optional<MapError> OutboxMapper::message_topic(const MessageMember& route, OutboxRecord& out) {
   if (!config_.routes_by_value()) {
     out.topic = config_.route_topic_replacement;
-  } else {
-    if (auto e = required(route, config_.route_by_field, "route")) return e;
-    for (std::size_t i = 0; i < route_members_.size(); ++i) {
-      if (auto e = required(route_members_[i], route_column_names_[i], "route")) return e;
-      route_column_values_[i] = route_members_[i].text;
-    }
-    if (auto e = route_to(route.text, "route member", out)) return e;
+    return std::nullopt;
   }
-  // The payload as written: a string's characters, other JSON as its text;
-  // null is a tombstone, as a NULL payload column is.
-  if (!payload.present)
-    return MapError{"missing_column", "payload member \"" + config_.field_event_payload + "\" is missing"};
-  if (payload.null) out.value.reset();
-  else out.value = payload.text;
-  if (out.value && out.value->empty() && config_.route_tombstone_on_empty_payload) out.value.reset();
+  if (auto e = required(route, config_.route_by_field, "route")) return e;
+  for (std::size_t i = 0; i < route_members_.size(); ++i) {
+    if (auto e = required(route_members_[i], route_column_names_[i], "route")) return e;
+    route_column_values_[i] = route_members_[i].text;
+  }
+  return route_to(route.text, "route member", out);
+}
 
-  if (!config_.field_event_timestamp.empty()) {
-    const std::string& member = config_.field_event_timestamp;
-    auto bad_ts = [&](const std::string& why) {
-      return MapError{"bad_timestamp", "timestamp member \"" + member + "\": " + why};
-    };
-    if (!timestamp.present || timestamp.null) return bad_ts("is missing or null");
-    if (timestamp.string) {
-      if (!parse_iso_timestamp(timestamp.text, out.timestamp_ms))
-        return bad_ts("could not parse \"" + std::string(timestamp.text) + "\"");
-    } else {
-      auto r = std::from_chars(timestamp.text.data(), timestamp.text.data() + timestamp.text.size(), out.timestamp_ms);
-      if (r.ec != std::errc{} || r.ptr != timestamp.text.data() + timestamp.text.size())
-        return bad_ts("\"" + std::string(timestamp.text) + "\" is neither epoch milliseconds nor an ISO 8601 string");
-    }
-  } else {
+// A message's timestamp: its timestamp member (ISO 8601 or epoch
+// milliseconds) when one is configured, else the commit's time.
+std::optional<MapError> OutboxMapper::message_timestamp(const MessageMember& timestamp, std::int64_t commit_time_us,
+                                                        OutboxRecord& out) const {
+  if (config_.field_event_timestamp.empty()) {
     out.timestamp_ms = pg_epoch_unix_ms + commit_time_us / 1000;
+    return std::nullopt;
   }
-
-  out.headers.clear();
-  out.headers.push_back({"id", id.text});
-  out.event_id = id.text;
-  out.partition = -1;
-  envelope_.clear();
-  for (std::size_t i = 0; i < placed.size(); ++i) {
-    const Member& m = placed[i];
-    auto value = !m.present || m.null ? std::nullopt : std::optional<std::string_view>(m.text);
-    if (auto e = place(i, value, !m.string, out)) return e;
+  const std::string& member = config_.field_event_timestamp;
+  auto bad_ts = [&](const std::string& why) {
+    return MapError{"bad_timestamp", "timestamp member \"" + member + "\": " + why};
+  };
+  if (!timestamp.present || timestamp.null) return bad_ts("is missing or null");
+  if (timestamp.string) {
+    if (!parse_iso_timestamp(timestamp.text, out.timestamp_ms))
+      return bad_ts("could not parse \"" + std::string(timestamp.text) + "\"");
+  } else {
+    auto r = std::from_chars(timestamp.text.data(), timestamp.text.data() + timestamp.text.size(), out.timestamp_ms);
+    if (r.ec != std::errc{} || r.ptr != timestamp.text.data() + timestamp.text.size())
+      return bad_ts("\"" + std::string(timestamp.text) + "\" is neither epoch milliseconds nor an ISO 8601 string");
   }
-  if (headers.present && !headers.null)
-    if (auto e = add_row_headers(headers.text, out)) return e;
-  convert(out, false);
-  out.event_type.reset();
-  out.schema_version.reset();
-  if (config_.registry.format != RegistryFormat::none && type.present && !type.null) out.event_type = type.text;
-  if (config_.cloudevents != CloudEventsMode::none) {
-    if (auto e = required(type, config_.field_event_type, "CloudEvents type")) return e;
-    cloudevent(id.text, type.text, key.text, payload.present && !payload.string, false, out);
-  }
-  trace_problem_.clear();
-  if (config_.tracing_enabled && tracing.present && !tracing.null) add_trace_headers(tracing.text, out);
   return std::nullopt;
 }
 

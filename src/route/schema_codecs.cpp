@@ -697,9 +697,6 @@ class AvroCodec final : public SchemaCodec {
                                        simdjson::dom::element j) {
     using T = simdjson::dom::element_type;
     const AvroLogical logical = node->logical;
-    auto expected = [&](const std::string& what) {
-      return mismatch(path_, "expected " + what + ", got " + json_kind(j));
-    };
     std::string_view str;
     const bool is_string = !j.get_string().get(str);
     if (logical == AvroLogical::decimal) {
@@ -715,7 +712,7 @@ class AvroCodec final : public SchemaCodec {
         if (!raw) return mismatch(path_, "the number's text was not found in the payload");
         text.assign(*raw);
       } else {
-        return expected("a decimal (a JSON number or a decimal string)");
+        return expected("a decimal (a JSON number or a decimal string)", j);
       }
       if (auto why = decimal_bytes(text, node->precision, node->scale, scratch_)) return mismatch(path_, *why);
       if (avro_typeof(s) == AVRO_FIXED) {
@@ -732,7 +729,7 @@ class AvroCodec final : public SchemaCodec {
       return std::nullopt;
     }
     if (logical == AvroLogical::uuid) {
-      if (!is_string) return expected("a string (a UUID)");
+      if (!is_string) return expected("a string (a UUID)", j);
       if (!is_uuid(str))
         return mismatch(path_, quoted(str) + " is not a UUID (8-4-4-4-12 hexadecimal digits, as "
                                              "0f8fad5b-d9cb-469f-a165-70867728950e)");
@@ -748,7 +745,8 @@ class AvroCodec final : public SchemaCodec {
                                   : logical == AvroLogical::time_millis || logical == AvroLogical::time_micros
                                       ? "a time of day (an integer or HH:MM:SS.ffffff)"
                                       : "an integer since the epoch or an ISO-8601 date and time") +
-                      " for " + logical_name(logical));
+                          " for " + logical_name(logical),
+                      j);
     } else if (logical == AvroLogical::time_millis || logical == AvroLogical::time_micros) {
       const std::int64_t day = 86400 * per_second(logical);
       if (n < 0 || n >= day)
@@ -765,30 +763,47 @@ class AvroCodec final : public SchemaCodec {
     return std::nullopt;
   }
 
+  // What a value of the wrong JSON kind is told.
+  MapError expected(const std::string& what, simdjson::dom::element j) const {
+    return mismatch(path_, "expected " + what + ", got " + json_kind(j));
+  }
+
+  // Fills an Avro value from the JSON one by its schema, the logical types
+  // by what they mean; the mapping error names where it does not fit.
   std::optional<MapError> fill(avro_value_t& v, avro_schema_t s, const AvroNode* node, simdjson::dom::element j) {
     s = resolve(s);
     // A default is in the underlying type's JSON form, as the spec has it
     // (a decimal's is Avro's JSON form of bytes).
     if (node->logical != AvroLogical::none && !(in_default_ && node->logical == AvroLogical::decimal))
       return fill_logical(v, s, node, j);
+    switch (avro_typeof(s)) {
+      case AVRO_BYTES:
+      case AVRO_FIXED: return fill_bytes(v, s, j);
+      case AVRO_ARRAY: return fill_array(v, s, node, j);
+      case AVRO_MAP: return fill_map(v, s, node, j);
+      case AVRO_RECORD: return fill_record(v, s, node, j);
+      case AVRO_UNION: return fill_union(v, s, node, j);
+      default: return fill_scalar(v, s, j);
+    }
+  }
+
+  // A null, boolean, number, string or enum symbol.
+  std::optional<MapError> fill_scalar(avro_value_t& v, avro_schema_t s, simdjson::dom::element j) {
     using T = simdjson::dom::element_type;
-    auto expected = [&](const char* what) {
-      return mismatch(path_, std::string("expected ") + what + ", got " + json_kind(j));
-    };
     switch (avro_typeof(s)) {
       case AVRO_NULL:
-        if (!j.is_null()) return expected("null");
+        if (!j.is_null()) return expected("null", j);
         avro_value_set_null(&v);
         return std::nullopt;
       case AVRO_BOOLEAN: {
         bool b;
-        if (j.get_bool().get(b)) return expected("a boolean");
+        if (j.get_bool().get(b)) return expected("a boolean", j);
         avro_value_set_boolean(&v, b);
         return std::nullopt;
       }
       case AVRO_INT32: {
         int64_t n;
-        if (j.get_int64().get(n)) return expected("an integer (int)");
+        if (j.get_int64().get(n)) return expected("an integer (int)", j);
         if (n < std::numeric_limits<int32_t>::min() || n > std::numeric_limits<int32_t>::max())
           return mismatch(path_, std::to_string(n) + " does not fit an int (32 bits)");
         avro_value_set_int(&v, static_cast<int32_t>(n));
@@ -796,7 +811,7 @@ class AvroCodec final : public SchemaCodec {
       }
       case AVRO_INT64: {
         int64_t n;
-        if (j.get_int64().get(n)) return expected("an integer (long)");
+        if (j.get_int64().get(n)) return expected("an integer (long)", j);
         avro_value_set_long(&v, n);
         return std::nullopt;
       }
@@ -805,155 +820,170 @@ class AvroCodec final : public SchemaCodec {
         double d;
         if (j.type() == T::INT64) d = static_cast<double>(int64_t(j));
         else if (j.type() == T::UINT64) d = static_cast<double>(uint64_t(j));
-        else if (j.get_double().get(d)) return expected("a number");
+        else if (j.get_double().get(d)) return expected("a number", j);
         if (avro_typeof(s) == AVRO_FLOAT) avro_value_set_float(&v, static_cast<float>(d));
         else avro_value_set_double(&v, d);
         return std::nullopt;
       }
       case AVRO_STRING: {
         std::string_view str;
-        if (j.get_string().get(str)) return expected("a string");
+        if (j.get_string().get(str)) return expected("a string", j);
         scratch_.assign(str);
         avro_value_set_string_len(&v, scratch_.c_str(), scratch_.size() + 1);
         return std::nullopt;
       }
-      case AVRO_BYTES:
-      case AVRO_FIXED: {
-        std::string_view str;
-        if (j.get_string().get(str)) return expected("a string (Avro's JSON form of bytes)");
-        auto bytes = latin1(str);
-        if (!bytes) return mismatch(path_, "bytes must be characters U+0000 to U+00FF, one per byte");
-        if (avro_typeof(s) == AVRO_FIXED) {
-          const auto size = avro_schema_fixed_size(s);
-          if (static_cast<int64_t>(bytes->size()) != size)
-            return mismatch(path_, "fixed " + branch_name(s) + " takes " + std::to_string(size) + " bytes, got " +
-                                       std::to_string(bytes->size()));
-          avro_value_set_fixed(&v, bytes->data(), bytes->size());
-        } else {
-          avro_value_set_bytes(&v, bytes->data(), bytes->size());
-        }
-        return std::nullopt;
-      }
       case AVRO_ENUM: {
         std::string_view str;
-        if (j.get_string().get(str)) return expected("a string (an enum symbol)");
+        if (j.get_string().get(str)) return expected("a string (an enum symbol)", j);
         scratch_.assign(str);
         int symbol = avro_schema_enum_get_by_name(s, scratch_.c_str());
         if (symbol < 0) return mismatch(path_, "\"" + scratch_ + "\" is not a symbol of enum " + branch_name(s));
         avro_value_set_enum(&v, symbol);
         return std::nullopt;
       }
-      case AVRO_ARRAY: {
-        simdjson::dom::array a;
-        if (j.get_array().get(a)) return expected("an array");
-        const auto items = avro_schema_array_items(s);
-        const auto depth = path_.size(), pointer_depth = pointer_.size();
-        std::size_t i = 0;
-        for (auto item : a) {
-          avro_value_t child;
-          avro_value_append(&v, &child, nullptr);
-          path_ += '/';
-          path_ += std::to_string(i);
-          pointer_ += '/';
-          pointer_ += std::to_string(i++);
-          if (auto e = fill(child, items, node->child(0), item)) return e;
-          path_.resize(depth);
-          pointer_.resize(pointer_depth);
-        }
-        return std::nullopt;
-      }
-      case AVRO_MAP: {
-        simdjson::dom::object o;
-        if (j.get_object().get(o)) return expected("an object (a map)");
-        const auto values = avro_schema_map_values(s);
-        const auto depth = path_.size(), pointer_depth = pointer_.size();
-        for (auto field : o) {
-          avro_value_t child;
-          scratch_.assign(field.key);
-          avro_value_add(&v, scratch_.c_str(), &child, nullptr, nullptr);
-          path_ += '/';
-          path_ += scratch_;
-          append_pointer(pointer_, field.key);
-          if (auto e = fill(child, values, node->child(0), field.value)) return e;
-          path_.resize(depth);
-          pointer_.resize(pointer_depth);
-        }
-        return std::nullopt;
-      }
-      case AVRO_RECORD: {
-        simdjson::dom::object o;
-        if (j.get_object().get(o)) return expected(("an object (record " + branch_name(s) + ")").c_str());
-        const auto depth = path_.size(), pointer_depth = pointer_.size();
-        const auto fields = avro_schema_record_size(s);
-        std::size_t matched = 0;
-        for (std::size_t i = 0; i < fields; ++i) {
-          const char* name = avro_schema_record_field_name(s, static_cast<int>(i));
-          avro_value_t child;
-          avro_value_get_by_index(&v, i, &child, nullptr);
-          const auto field_schema = avro_schema_record_field_get_by_index(s, static_cast<int>(i));
-          path_ += "/";
-          path_ += name;
-          append_pointer(pointer_, name);
-          simdjson::dom::element member;
-          if (!o.at_key(name).get(member)) {
-            ++matched;
-            if (auto e = fill(child, field_schema, node->child(i), member)) return e;
-          } else if (auto d = defaults_.find(std::string(avro_schema_type_name(s)) + "\n" + name); d != defaults_.end()) {
-            // A default is parsed where it is used (a parser of its own: j's is in use).
-            simdjson::dom::element dv;
-            if (default_parser_.parse(d->second).get(dv))
-              return mismatch(path_, "the schema's default is not JSON");
-            ++in_default_;
-            auto e = fill(child, field_schema, node->child(i), dv);
-            --in_default_;
-            if (e) return e;
-          } else {
-            return mismatch(path_, "the field is missing and the schema gives it no default");
-          }
-          path_.resize(depth);
-          pointer_.resize(pointer_depth);
-        }
-        if (matched < o.size()) {
-          for (auto field : o) {
-            bool known = false;
-            for (std::size_t i = 0; i < fields && !known; ++i)
-              known = field.key == avro_schema_record_field_name(s, static_cast<int>(i));
-            if (!known) return mismatch(path_ + "/" + std::string(field.key), "record " + branch_name(s) + " has no such field");
-          }
-        }
-        return std::nullopt;
-      }
-      case AVRO_UNION: {
-        const auto branches = avro_schema_union_size(s);
-        // Avro's JSON encoding of a union, {"<branch name>": value}, is taken too.
-        simdjson::dom::object o;
-        if (!j.get_object().get(o) && o.size() == 1) {
-          auto field = *o.begin();
-          for (std::size_t i = 0; i < branches; ++i) {
-            auto b = avro_schema_union_branch(s, static_cast<int>(i));
-            if (branch_name(b) == field.key && avro_typeof(resolve(b)) != AVRO_MAP) {
-              avro_value_t branch;
-              avro_value_set_branch(&v, static_cast<int>(i), &branch);
-              append_pointer(pointer_, field.key);
-              return fill(branch, b, node->child(i), field.value);
-            }
-          }
-        }
-        for (std::size_t i = 0; i < branches; ++i) {
-          auto b = avro_schema_union_branch(s, static_cast<int>(i));
-          if (!fits(b, node->child(i), j)) continue;
-          avro_value_t branch;
-          avro_value_set_branch(&v, static_cast<int>(i), &branch);
-          return fill(branch, b, node->child(i), j);
-        }
-        std::string names;
-        for (std::size_t i = 0; i < branches; ++i)
-          names += (i ? ", " : "") + branch_name(avro_schema_union_branch(s, static_cast<int>(i)));
-        return mismatch(path_, std::string(json_kind(j)) + " fits none of the union's types (" + names + ")");
-      }
       default:
         return mismatch(path_, "an Avro type walrelay does not encode");
     }
+  }
+
+  // Bytes or fixed, from Avro's JSON form of bytes.
+  std::optional<MapError> fill_bytes(avro_value_t& v, avro_schema_t s, simdjson::dom::element j) {
+    std::string_view str;
+    if (j.get_string().get(str)) return expected("a string (Avro's JSON form of bytes)", j);
+    auto bytes = latin1(str);
+    if (!bytes) return mismatch(path_, "bytes must be characters U+0000 to U+00FF, one per byte");
+    if (avro_typeof(s) == AVRO_FIXED) {
+      const auto size = avro_schema_fixed_size(s);
+      if (static_cast<int64_t>(bytes->size()) != size)
+        return mismatch(path_, "fixed " + branch_name(s) + " takes " + std::to_string(size) + " bytes, got " +
+                                   std::to_string(bytes->size()));
+      avro_value_set_fixed(&v, bytes->data(), bytes->size());
+    } else {
+      avro_value_set_bytes(&v, bytes->data(), bytes->size());
+    }
+    return std::nullopt;
+  }
+
+  // An array, item by item.
+  std::optional<MapError> fill_array(avro_value_t& v, avro_schema_t s, const AvroNode* node, simdjson::dom::element j) {
+    simdjson::dom::array a;
+    if (j.get_array().get(a)) return expected("an array", j);
+    const auto items = avro_schema_array_items(s);
+    const auto depth = path_.size(), pointer_depth = pointer_.size();
+    std::size_t i = 0;
+    for (auto item : a) {
+      avro_value_t child;
+      avro_value_append(&v, &child, nullptr);
+      path_ += '/';
+      path_ += std::to_string(i);
+      pointer_ += '/';
+      pointer_ += std::to_string(i++);
+      if (auto e = fill(child, items, node->child(0), item)) return e;
+      path_.resize(depth);
+      pointer_.resize(pointer_depth);
+    }
+    return std::nullopt;
+  }
+
+  // A map, member by member.
+  std::optional<MapError> fill_map(avro_value_t& v, avro_schema_t s, const AvroNode* node, simdjson::dom::element j) {
+    simdjson::dom::object o;
+    if (j.get_object().get(o)) return expected("an object (a map)", j);
+    const auto values = avro_schema_map_values(s);
+    const auto depth = path_.size(), pointer_depth = pointer_.size();
+    for (auto field : o) {
+      avro_value_t child;
+      scratch_.assign(field.key);
+      avro_value_add(&v, scratch_.c_str(), &child, nullptr, nullptr);
+      path_ += '/';
+      path_ += scratch_;
+      append_pointer(pointer_, field.key);
+      if (auto e = fill(child, values, node->child(0), field.value)) return e;
+      path_.resize(depth);
+      pointer_.resize(pointer_depth);
+    }
+    return std::nullopt;
+  }
+
+  // A record, field by field: a missing field takes the schema's default; a
+  // member the record does not have is refused.
+  std::optional<MapError> fill_record(avro_value_t& v, avro_schema_t s, const AvroNode* node, simdjson::dom::element j) {
+    simdjson::dom::object o;
+    if (j.get_object().get(o)) return expected("an object (record " + branch_name(s) + ")", j);
+    const auto depth = path_.size(), pointer_depth = pointer_.size();
+    const auto fields = avro_schema_record_size(s);
+    std::size_t matched = 0;
+    for (std::size_t i = 0; i < fields; ++i) {
+      const char* name = avro_schema_record_field_name(s, static_cast<int>(i));
+      avro_value_t child;
+      avro_value_get_by_index(&v, i, &child, nullptr);
+      const auto field_schema = avro_schema_record_field_get_by_index(s, static_cast<int>(i));
+      path_ += "/";
+      path_ += name;
+      append_pointer(pointer_, name);
+      simdjson::dom::element member;
+      if (!o.at_key(name).get(member)) {
+        ++matched;
+        if (auto e = fill(child, field_schema, node->child(i), member)) return e;
+      } else if (auto d = defaults_.find(std::string(avro_schema_type_name(s)) + "\n" + name); d != defaults_.end()) {
+        if (auto e = fill_default(child, field_schema, node->child(i), d->second)) return e;
+      } else {
+        return mismatch(path_, "the field is missing and the schema gives it no default");
+      }
+      path_.resize(depth);
+      pointer_.resize(pointer_depth);
+    }
+    if (matched < o.size()) {
+      for (auto field : o) {
+        bool known = false;
+        for (std::size_t i = 0; i < fields && !known; ++i)
+          known = field.key == avro_schema_record_field_name(s, static_cast<int>(i));
+        if (!known) return mismatch(path_ + "/" + std::string(field.key), "record " + branch_name(s) + " has no such field");
+      }
+    }
+    return std::nullopt;
+  }
+
+  // A missing field's default, parsed where it is used (a parser of its
+  // own: the payload's is in use).
+  std::optional<MapError> fill_default(avro_value_t& v, avro_schema_t s, const AvroNode* node,
+                                       const std::string& json) {
+    simdjson::dom::element dv;
+    if (default_parser_.parse(json).get(dv)) return mismatch(path_, "the schema's default is not JSON");
+    ++in_default_;
+    auto e = fill(v, s, node, dv);
+    --in_default_;
+    return e;
+  }
+
+  // A union: Avro's JSON encoding {"<branch name>": value}, else the first
+  // branch the plain JSON value fits.
+  std::optional<MapError> fill_union(avro_value_t& v, avro_schema_t s, const AvroNode* node, simdjson::dom::element j) {
+    const auto branches = avro_schema_union_size(s);
+    simdjson::dom::object o;
+    if (!j.get_object().get(o) && o.size() == 1) {
+      auto field = *o.begin();
+      for (std::size_t i = 0; i < branches; ++i) {
+        auto b = avro_schema_union_branch(s, static_cast<int>(i));
+        if (branch_name(b) == field.key && avro_typeof(resolve(b)) != AVRO_MAP) {
+          avro_value_t branch;
+          avro_value_set_branch(&v, static_cast<int>(i), &branch);
+          append_pointer(pointer_, field.key);
+          return fill(branch, b, node->child(i), field.value);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < branches; ++i) {
+      auto b = avro_schema_union_branch(s, static_cast<int>(i));
+      if (!fits(b, node->child(i), j)) continue;
+      avro_value_t branch;
+      avro_value_set_branch(&v, static_cast<int>(i), &branch);
+      return fill(branch, b, node->child(i), j);
+    }
+    std::string names;
+    for (std::size_t i = 0; i < branches; ++i)
+      names += (i ? ", " : "") + branch_name(avro_schema_union_branch(s, static_cast<int>(i)));
+    return mismatch(path_, std::string(json_kind(j)) + " fits none of the union's types (" + names + ")");
   }
 
   avro_schema_t schema_ = nullptr;

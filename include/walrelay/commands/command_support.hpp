@@ -6,17 +6,39 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <pgoutput/encode.hpp>
+
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/config.hpp"
 #include "walrelay/route/outbox_mapper.hpp"
 #include "walrelay/route/schema_registry.hpp"
 #include "walrelay/sinks/sink.hpp"
+#include "walrelay/source/table_rows.hpp"
 
 namespace walrelay {
+
+// How the commands map a table's rows as the relay does: the mapper, the
+// registry's encoder (when value.converter has one), and the writer and
+// decoder that make a row the Insert the mapper takes.
+struct RowMapping {
+  RowMapping(boost::asio::io_context& io, const Config& config);
+  // Describes the table to the mapper (its Relation message); false when it
+  // is not an outbox table the mapper maps.
+  bool announce(const TableRows& rows);
+
+  OutboxMapper mapper;
+  Metrics metrics;
+  std::unique_ptr<SchemaEncoder> encoder;  // null without a registry
+  pgoutput::Decoder decoder{1};
+  pgoutput::MessageWriter writer;
+};
 
 boost::asio::awaitable<void> pause(boost::asio::io_context& io, std::chrono::milliseconds duration);
 

@@ -152,6 +152,18 @@ class OutboxMapper {
   std::optional<MapError> route_to(std::string_view route, std::string_view what, OutboxRecord& out);
   // The value of a column route.topic.replacement names, for the row being mapped.
   std::optional<std::string_view> route_column(std::string_view name) const;
+  // map()'s parts, for the row in columns_.
+  std::optional<MapError> row_topic(const RelationInfo& rel, OutboxRecord& out);
+  std::optional<MapError> row_value(const RelationInfo& rel, OutboxRecord& out);
+  std::optional<MapError> row_headers(const RelationInfo& rel, std::string_view id, OutboxRecord& out);
+  std::optional<MapError> row_schema_fields(const RelationInfo& rel, OutboxRecord& out);
+  void row_trace(const RelationInfo& rel, OutboxRecord& out);
+  // The column a reference names, in the row being mapped.
+  const pgoutput::Column& column(const ColumnRef& ref) const { return columns_[static_cast<std::size_t>(ref.index)]; }
+  // An empty payload as a tombstone, when route.tombstone.on.empty.payload says so.
+  void tombstone_if_empty(OutboxRecord& out) const;
+  // The headers a mapped record starts with (its id), and no placement yet.
+  void start_headers(std::string_view id, OutboxRecord& out);
 
   const Config& config_;
   std::optional<boost::regex> route_regex_;  // a route.topic.regex of the user's own
@@ -185,6 +197,17 @@ class OutboxMapper {
   };
   std::vector<MessageMember> placed_members_;  // one per additional placement
   std::vector<MessageMember> route_members_;   // one per route_column_names_
+  // A message's members that the mapping reads, found in one pass.
+  struct MessageMembers {
+    MessageMember id, key, payload, timestamp, route, tracing, headers, type;
+  };
+  std::optional<MapError> read_members(pgoutput::Bytes content, MessageMembers& m);
+  std::size_t member_targets(std::string_view name, MessageMembers& m, MessageMember* (&targets)[16]);
+  std::optional<MapError> message_topic(const MessageMember& route, OutboxRecord& out);
+  std::optional<MapError> message_timestamp(const MessageMember& timestamp, std::int64_t commit_time_us,
+                                            OutboxRecord& out) const;
+  // A member the mapping needs, missing or null: its mapping error.
+  static std::optional<MapError> required(const MessageMember& m, const std::string& member, std::string_view role);
   std::string trace_text_buf_, traceparent_buf_, tracestate_buf_, trace_problem_;
   // The headers column's text (padded for simdjson) and its members' names
   // (NUL-terminated) and unescaped string values, reserved before filling so
