@@ -103,6 +103,13 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> run();
   boost::asio::awaitable<void> session();
   boost::asio::awaitable<void> prepare(PgConnection& conn);
+  boost::asio::awaitable<ServerFacts> check_source(PgConnection& conn, const std::string& system);
+  boost::asio::awaitable<bool> prepare_slot(PgConnection& conn, const ServerFacts& facts, const SourceIdentity& source,
+                                            std::optional<pgoutput::Lsn>& wal_reached);
+  boost::asio::awaitable<std::string> start_replication(PgConnection& conn);
+  boost::asio::awaitable<void> take_over_position(PgConnection& conn, const SourceIdentity& source,
+                                                  const ServerFacts& facts, std::optional<pgoutput::Lsn> wal_reached,
+                                                  const std::string& history);
   boost::asio::awaitable<void> stream(PgConnection& conn);
   boost::asio::awaitable<std::optional<CommittedPosition>> recover_position(PgConnection& conn,
                                                                             const SourceIdentity& source);
