@@ -154,6 +154,25 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts,
                                                                         const SourceIdentity& source);
   struct SnapshotTable;  // relay_snapshot.cpp
+  boost::asio::awaitable<std::string> lock_snapshot(PgConnection& conn, const ServerFacts& facts);
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> snapshot_in_kafka(PgConnection& conn, const ServerFacts& facts,
+                                                                         const SourceIdentity& source,
+                                                                         const std::string& lock_key);
+  boost::asio::awaitable<std::string> begin_snapshot_retake(PgConnection& conn, const ServerFacts& facts,
+                                                            pgoutput::Lsn point);
+  boost::asio::awaitable<std::string> first_view_unusable(PgConnection& conn, const ServerFacts& facts);
+  boost::asio::awaitable<pgoutput::Lsn> begin_snapshot_with_slot(PgConnection& conn, const ServerFacts& facts);
+  boost::asio::awaitable<std::string> first_view_filter(PgConnection& conn, const std::string& first_view);
+  boost::asio::awaitable<void> plan_snapshot(PgConnection& conn, const std::string& visible_at_point,
+                                             std::vector<SnapshotTable>& tables);
+  void snapshot_select(PgConnection& conn, const TableName& name, const std::string& visible_at_point,
+                       SnapshotTable& t) const;
+  void start_snapshot_progress(pgoutput::Lsn point, const std::vector<SnapshotTable>& tables);
+  boost::asio::awaitable<void> send_snapshot(PgConnection& conn, const std::vector<SnapshotTable>& tables,
+                                             pgoutput::Lsn point);
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> finish_snapshot(PgConnection& conn, const ServerFacts& facts,
+                                                                       pgoutput::Lsn point,
+                                                                       const std::string& lock_key);
   boost::asio::awaitable<void> snapshot_table(PgConnection& conn, const SnapshotTable& table, pgoutput::Lsn point);
   // Hands one decoded snapshot row to the mapper and the sink, waiting for
   // room as the stream does. false: stopped, halted or replaying.
