@@ -650,23 +650,35 @@ void apply_kafka_policy(Config& c) {
   c.kafka.try_emplace("queue.buffering.max.kbytes", kb);
 }
 
-void validate(Config& c) {
-  // Messages only: the default outbox table is not wanted unless named.
+// Messages only: the default outbox table is not wanted unless named; and
+// something must be relayed.
+void check_relayed(Config& c) {
   if (!c.message_prefix_include_list.empty() && !c.origin.count("table.include.list")) c.table_include_list.clear();
   if (c.table_include_list.empty() && c.message_prefix_include_list.empty())
     throw ConfigError("table.include.list", "must name at least one table (or set message.prefix.include.list for "
                                             "the tableless outbox)");
-  {
-    auto hosts = split_list(c.database_hostname);
-    auto ports = split_list(c.database_port);
-    if (hosts.empty()) throw ConfigError("database.hostname", "must name a host");
-    if (ports.size() != 1 && ports.size() != hosts.size())
-      throw ConfigError("database.port", std::to_string(ports.size()) + " ports for " + std::to_string(hosts.size()) +
-                                             " hosts: give one port for all, or one per host");
-  }
+}
+
+// A port for all hosts, or one per host.
+void check_hosts(Config& c) {
+  auto hosts = split_list(c.database_hostname);
+  auto ports = split_list(c.database_port);
+  if (hosts.empty()) throw ConfigError("database.hostname", "must name a host");
+  if (ports.size() != 1 && ports.size() != hosts.size())
+    throw ConfigError("database.port", std::to_string(ports.size()) + " ports for " + std::to_string(hosts.size()) +
+                                           " hosts: give one port for all, or one per host");
+}
+
+// POST /replay's token must not be one the readers of /metrics hold.
+void check_replay_token(Config& c) {
   if (!c.admin_replay_token.empty() && c.admin_replay_token == c.admin_token)
     throw ConfigError("admin.replay.token", "is admin.token: give POST /replay a token of its own, one that the "
                                             "readers of /metrics and /slot do not hold");
+}
+
+// A snapshot's statement overrides name relayed tables, for a snapshot
+// that is taken.
+void check_snapshot_overrides(Config& c) {
   for (auto& [table, statement] : c.snapshot_select_overrides) {
     const std::string key = "snapshot.select.statement.overrides." + table;
     bool listed = false;
@@ -675,20 +687,31 @@ void validate(Config& c) {
     if (c.snapshot_mode == SnapshotMode::no_data)
       throw ConfigError(key, "is used only by a snapshot: set snapshot.mode=initial (or initial_only)");
   }
-  {
-    // Debezium's list names the tables that have an override; each must.
-    for (auto& name : split_list(c.snapshot_override_tables)) {
-      auto t = parse_table("snapshot.select.statement.overrides", name).qualified();
-      if (!c.snapshot_select_overrides.count(t))
-        throw ConfigError("snapshot.select.statement.overrides",
-                          "names " + t + ", but snapshot.select.statement.overrides." + t + " is not set");
-    }
+  // Debezium's list names the tables that have an override; each must.
+  for (auto& name : split_list(c.snapshot_override_tables)) {
+    auto t = parse_table("snapshot.select.statement.overrides", name).qualified();
+    if (!c.snapshot_select_overrides.count(t))
+      throw ConfigError("snapshot.select.statement.overrides",
+                        "names " + t + ", but snapshot.select.statement.overrides." + t + " is not set");
   }
+}
+
+// The back-off grows from its start to its bound, not down.
+void check_backoff(Config& c) {
   if (c.reconnect_backoff_max_ms < c.reconnect_backoff_ms)
     throw ConfigError("reconnect.backoff.max.ms", "must be at least reconnect.backoff.ms");
+}
+
+// A row walrelay cannot relay goes somewhere when it is tolerated.
+void check_dead_letter_named(Config& c) {
   if (c.errors_tolerance == ErrorTolerance::all && c.dlq_topic.empty())
     throw ConfigError("errors.deadletterqueue.topic.name",
                       "is required with errors.tolerance=all: walrelay never drops an event silently");
+}
+
+// JsonConverter's schemas.enable defaults to an envelope walrelay does not
+// write, so it must be turned off explicitly.
+void check_json_schemas(Config& c) {
   for (const char* side : {"key", "value"}) {
     const bool json = std::string(side) == "key" ? c.key_converter == Converter::json : c.value_converter == Converter::json;
     const std::string schemas = std::string(side) + ".converter.schemas.enable";
@@ -697,99 +720,124 @@ void validate(Config& c) {
                                      ".converter=org.apache.kafka.connect.json.JsonConverter (Kafka Connect's default "
                                      "is true, a schema envelope walrelay does not write)");
   }
-  {
-    const bool registry = c.registry.format != RegistryFormat::none;
-    if (c.registry.apicurio && !registry) {
-      throw ConfigError("value.converter.apicurio.registry.converter.serializer",
-                        "is required with SerdeBasedConverter: it names the format");
-    } else if (!registry) {
-      // (The other registry keys are harmless without one: --print-config
-      // lists them all, and its output must load again.)
-      for (const char* key : {"value.converter.schema.registry.url", "table.field.event.schema.version"})
-        if ((key[0] == 'v' ? !c.registry.urls.empty() : !c.field_event_schema_version.empty()))
-          throw ConfigError(key, "applies to a schema-registry converter only: set value.converter to "
-                                 "io.confluent.connect.avro.AvroConverter, ...json.JsonSchemaConverter or "
-                                 "...protobuf.ProtobufConverter");
-    } else {
-      if (!c.registry.apicurio_username.empty() || !c.registry.apicurio_password.empty()) {
-        if (!c.registry.basic_auth_user_info.empty())
-          throw ConfigError("value.converter.apicurio.auth.username",
-                            "and value.converter.basic.auth.user.info both set: give one");
-        c.registry.basic_auth_user_info = c.registry.apicurio_username + ":" + c.registry.apicurio_password;
-      }
-      if (c.registry.urls.empty() && c.registry.apicurio)
-        throw ConfigError("value.converter.apicurio.registry.url", "is required with Apicurio's converter");
-      if (c.registry.urls.empty())
-        throw ConfigError("value.converter.schema.registry.url", "is required with value.converter=" +
-                                                                     std::string(registry_converter_name(c.registry.format)));
-      if (c.cloudevents == CloudEventsMode::structured)
-        throw ConfigError("value.converter", "CloudEvents' structured mode writes the event as JSON; with a schema "
-                                             "registry use cloudevents.mode=binary (the attributes in headers, the "
-                                             "value encoded by its schema)");
-      if (c.registry.subject_strategy != SubjectNameStrategy::topic && c.field_event_type.empty())
-        throw ConfigError("table.field.event.type", "must name a column: the record name strategies take the "
-                                                    "record's name from the event's type");
-      if (!c.registry.basic_auth_user_info.empty() && !c.registry.bearer_token.empty())
-        throw ConfigError("value.converter.bearer.auth.token", "and value.converter.basic.auth.user.info both set: "
-                                                               "the registry takes one kind of credentials");
-    }
+}
+
+// A schema registry's keys: set with a registry converter only, and with
+// what one needs (a URL, one kind of credentials, a record name).
+void check_registry(Config& c) {
+  const bool registry = c.registry.format != RegistryFormat::none;
+  if (c.registry.apicurio && !registry)
+    throw ConfigError("value.converter.apicurio.registry.converter.serializer",
+                      "is required with SerdeBasedConverter: it names the format");
+  if (!registry) {
+    // (The other registry keys are harmless without one: --print-config
+    // lists them all, and its output must load again.)
+    for (const char* key : {"value.converter.schema.registry.url", "table.field.event.schema.version"})
+      if ((key[0] == 'v' ? !c.registry.urls.empty() : !c.field_event_schema_version.empty()))
+        throw ConfigError(key, "applies to a schema-registry converter only: set value.converter to "
+                               "io.confluent.connect.avro.AvroConverter, ...json.JsonSchemaConverter or "
+                               "...protobuf.ProtobufConverter");
+    return;
   }
+  if (!c.registry.apicurio_username.empty() || !c.registry.apicurio_password.empty()) {
+    if (!c.registry.basic_auth_user_info.empty())
+      throw ConfigError("value.converter.apicurio.auth.username",
+                        "and value.converter.basic.auth.user.info both set: give one");
+    c.registry.basic_auth_user_info = c.registry.apicurio_username + ":" + c.registry.apicurio_password;
+  }
+  if (c.registry.urls.empty() && c.registry.apicurio)
+    throw ConfigError("value.converter.apicurio.registry.url", "is required with Apicurio's converter");
+  if (c.registry.urls.empty())
+    throw ConfigError("value.converter.schema.registry.url", "is required with value.converter=" +
+                                                                 std::string(registry_converter_name(c.registry.format)));
+  if (c.cloudevents == CloudEventsMode::structured)
+    throw ConfigError("value.converter", "CloudEvents' structured mode writes the event as JSON; with a schema "
+                                         "registry use cloudevents.mode=binary (the attributes in headers, the "
+                                         "value encoded by its schema)");
+  if (c.registry.subject_strategy != SubjectNameStrategy::topic && c.field_event_type.empty())
+    throw ConfigError("table.field.event.type", "must name a column: the record name strategies take the "
+                                                "record's name from the event's type");
+  if (!c.registry.basic_auth_user_info.empty() && !c.registry.bearer_token.empty())
+    throw ConfigError("value.converter.bearer.auth.token", "and value.converter.basic.auth.user.info both set: "
+                                                           "the registry takes one kind of credentials");
+}
+
+// A replacement that refers to the route value needs a column to take it from.
+void check_route_by_field(Config& c) {
   if (c.routes_by_value() && c.route_by_field.empty())
     throw ConfigError("route.by.field", "must name a column while route.topic.replacement refers to the route value");
-  if (c.cloudevents != CloudEventsMode::none) {
-    if (c.field_event_type.empty())
-      throw ConfigError("table.field.event.type", "must name a column: it is the CloudEvents type, which is required");
-    if (c.value_converter == Converter::json)
-      throw ConfigError("value.converter", "the CloudEvents structured mode is the value's format: set "
-                                           "value.converter=io.debezium.converters.CloudEventsConverter or leave "
-                                           "it out");
-    for (auto& f : c.additional_placement)
-      if (f.placement == Placement::envelope)
-        throw ConfigError("table.fields.additional.placement",
-                          "an envelope placement (" + f.column + ") and CloudEvents: the event is the value's "
-                          "envelope; place the column in a header instead");
-  }
+}
+
+// CloudEvents need a type, and are the value's format and envelope themselves.
+void check_cloudevents(Config& c) {
+  if (c.cloudevents == CloudEventsMode::none) return;
+  if (c.field_event_type.empty())
+    throw ConfigError("table.field.event.type", "must name a column: it is the CloudEvents type, which is required");
+  if (c.value_converter == Converter::json)
+    throw ConfigError("value.converter", "the CloudEvents structured mode is the value's format: set "
+                                         "value.converter=io.debezium.converters.CloudEventsConverter or leave "
+                                         "it out");
+  for (auto& f : c.additional_placement)
+    if (f.placement == Placement::envelope)
+      throw ConfigError("table.fields.additional.placement",
+                        "an envelope placement (" + f.column + ") and CloudEvents: the event is the value's "
+                        "envelope; place the column in a header instead");
+}
+
+// A column placed in a header needs the header's name.
+void check_header_names(Config& c) {
   for (auto& f : c.additional_placement)
     if (f.alias.empty()) throw ConfigError("table.fields.additional.placement", "empty header name for column " + f.column);
+}
+
+// Kafka transactions are walrelay's to manage, with a legal offsets topic
+// and a boundary interval the transaction timeout leaves room for.
+void check_transactions(Config& c) {
   if (!c.exactly_once && c.kafka.count("transactional.id"))
     throw ConfigError("kafka.transactional.id", "transactions are walrelay's to manage: set exactly.once.support=required");
-  if (c.exactly_once) {
-    if (auto why = illegal_topic_reason(c.offsets_topic))
-      throw ConfigError("offsets.storage.topic", "\"" + c.offsets_topic + "\" is not a legal Kafka topic name: " + *why);
-    // librdkafka's default when the key is not set.
-    auto found = c.kafka.find("transaction.timeout.ms");
-    const std::string timeout_text = found != c.kafka.end() ? found->second : "60000";
-    {
-      auto ms = parse_int("kafka.transaction.timeout.ms", timeout_text, 1000, 3600000);
-      // A Kafka transaction stays open at least one boundary interval; the
-      // broker aborts one older than transaction.timeout.ms.
-      if (c.transaction_boundary_interval_ms * 2 > ms)
-        throw ConfigError("transaction.boundary.interval.ms",
-                          std::to_string(c.transaction_boundary_interval_ms) +
-                              " ms leaves no room in kafka.transaction.timeout.ms=" + timeout_text +
-                              ": a Kafka transaction stays open for one interval and must commit well within the "
-                              "timeout (and so must the largest source transaction): keep the interval under half of "
-                              "it");
-    }
-  }
+  if (!c.exactly_once) return;
+  if (auto why = illegal_topic_reason(c.offsets_topic))
+    throw ConfigError("offsets.storage.topic", "\"" + c.offsets_topic + "\" is not a legal Kafka topic name: " + *why);
+  // librdkafka's default when the key is not set.
+  auto found = c.kafka.find("transaction.timeout.ms");
+  const std::string timeout_text = found != c.kafka.end() ? found->second : "60000";
+  auto ms = parse_int("kafka.transaction.timeout.ms", timeout_text, 1000, 3600000);
+  // A Kafka transaction stays open at least one boundary interval; the
+  // broker aborts one older than transaction.timeout.ms.
+  if (c.transaction_boundary_interval_ms * 2 > ms)
+    throw ConfigError("transaction.boundary.interval.ms",
+                      std::to_string(c.transaction_boundary_interval_ms) +
+                          " ms leaves no room in kafka.transaction.timeout.ms=" + timeout_text +
+                          ": a Kafka transaction stays open for one interval and must commit well within the "
+                          "timeout (and so must the largest source transaction): keep the interval under half of "
+                          "it");
+}
+
+// The dead-letter topic is written to: its name must be legal.
+void check_dead_letter_topic(Config& c) {
   if (!c.dlq_topic.empty())
     if (auto why = illegal_topic_reason(c.dlq_topic))
       throw ConfigError("errors.deadletterqueue.topic.name", "\"" + c.dlq_topic + "\" is not a legal Kafka topic name: " + *why);
-  {
-    // The fixed parts of the route must be legal whatever the row supplies:
-    // every group reference stands for one legal character here.
-    std::string fixed;
-    if (auto problem = expand_route_replacement(
-            c.route_topic_replacement, [](std::string_view) { return std::optional<std::string_view>("x"); }, fixed))
-      throw ConfigError("route.topic.replacement", "\"" + c.route_topic_replacement + "\": " + *problem);
-    if (auto why = illegal_topic_reason(fixed))
-      throw ConfigError("route.topic.replacement",
-                        "\"" + c.route_topic_replacement + "\" cannot make a legal Kafka topic name: " + *why);
-  }
+}
+
+// The fixed parts of the route must be legal whatever the row supplies:
+// every group reference stands for one legal character here.
+void check_route_replacement(Config& c) {
+  std::string fixed;
+  if (auto problem = expand_route_replacement(
+          c.route_topic_replacement, [](std::string_view) { return std::optional<std::string_view>("x"); }, fixed))
+    throw ConfigError("route.topic.replacement", "\"" + c.route_topic_replacement + "\": " + *problem);
+  if (auto why = illegal_topic_reason(fixed))
+    throw ConfigError("route.topic.replacement",
+                      "\"" + c.route_topic_replacement + "\" cannot make a legal Kafka topic name: " + *why);
+}
+
+// Kafka's policy for the Kafka sink; for another broker, what only Kafka or
+// another sink has would silently mean nothing. Then the sink's own checks.
+void check_sink(Config& c) {
   if (c.sink_type == "kafka") {
     apply_kafka_policy(c);
   } else {
-    // What only Kafka has, set for another broker, would silently mean nothing.
     if (!c.kafka.empty())
       throw ConfigError("kafka." + c.kafka.begin()->first,
                         "sink.type is " + c.sink_type + ": kafka.* keys configure the Kafka sink only");
@@ -803,6 +851,20 @@ void validate(Config& c) {
       throw ConfigError(key, "sink.type is " + c.sink_type + ": this key of another sink would be ignored");
   }
   find_sink_kind(c.sink_type)->validate(c);
+}
+
+// The rules on keys that must agree, in the order they are checked: the
+// first broken one is reported. Some fill in what follows from the others.
+constexpr void (*config_checks[])(Config&) = {
+    check_relayed,           check_hosts,           check_replay_token,   check_snapshot_overrides,
+    check_backoff,           check_dead_letter_named, check_json_schemas, check_registry,
+    check_route_by_field,    check_cloudevents,     check_header_names,   check_transactions,
+    check_dead_letter_topic, check_route_replacement, check_sink,
+};
+
+// The configuration as a whole checked, once every key has been read.
+void validate(Config& c) {
+  for (auto check : config_checks) check(c);
 }
 
 // A byte as two lowercase hex digits, for a message that names it.
@@ -940,43 +1002,40 @@ bool is_secret_key(const std::string& key) {
   return false;
 }
 
-Config parse_config(const std::string& text, const std::string& source_name, const std::vector<std::string>& environ) {
-  Config c;
-  // The file as written: a properties file, or Kafka Connect's JSON.
-  std::vector<RawSetting> settings;
-  if (auto json = parse_connect_json(text, source_name)) {
-    settings = std::move(*json);
-  } else {
-    std::istringstream in(text);
-    std::string line;
-    int lineno = 0;
-    while (std::getline(in, line)) {
-      ++lineno;
-      auto t = trim(line);
-      if (t.empty() || t[0] == '#' || t[0] == '!') continue;
-      auto eq = t.find('=');
-      if (eq == std::string::npos)
-        throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" +
-                                  shown_setting(t, t) + "\"");
-      auto key = trim(t.substr(0, eq));
-      auto value = trim(t.substr(eq + 1));
-      if (key.empty()) throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": empty key");
-      for (auto& s : settings)
-        if (s.key == key)
-          throw ConfigError(key, "conflicting or redundant: set again at " + source_name + ":" + std::to_string(lineno));
-      settings.push_back({key, value, source_name + ":" + std::to_string(lineno)});
-    }
-  }
-  translate_connect_keys(settings, c.notes);
-  std::map<std::string, std::pair<std::string, std::string>> values;  // key -> (value, origin)
-  for (auto& s : settings) {
-    if (auto it = values.find(s.key); it != values.end())
-      throw ConfigError(s.key, "conflicting or redundant: set at " + it->second.second + " and at " + s.origin);
-    values[s.key] = {s.value, s.origin};
-  }
+namespace {
 
-  // Environment: WALRELAY_DATABASE_PASSWORD -> database.password. Known keys
-  // are matched by their environment spelling; WALRELAY_KAFKA_* become kafka.*
+// The file as written: a properties file, or Kafka Connect's JSON.
+std::vector<RawSetting> read_settings(const std::string& text, const std::string& source_name) {
+  if (auto json = parse_connect_json(text, source_name)) return std::move(*json);
+  std::vector<RawSetting> settings;
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    auto t = trim(line);
+    if (t.empty() || t[0] == '#' || t[0] == '!') continue;
+    auto eq = t.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": expected key=value, got \"" +
+                                shown_setting(t, t) + "\"");
+    auto key = trim(t.substr(0, eq));
+    auto value = trim(t.substr(eq + 1));
+    if (key.empty()) throw ConfigError("", source_name + ":" + std::to_string(lineno) + ": empty key");
+    for (auto& s : settings)
+      if (s.key == key)
+        throw ConfigError(key, "conflicting or redundant: set again at " + source_name + ":" + std::to_string(lineno));
+    settings.push_back({key, value, source_name + ":" + std::to_string(lineno)});
+  }
+  return settings;
+}
+
+// Each key's value and where it was set.
+using SettingValues = std::map<std::string, std::pair<std::string, std::string>>;  // key -> (value, origin)
+
+// Environment: WALRELAY_DATABASE_PASSWORD -> database.password. Known keys
+// are matched by their environment spelling; WALRELAY_KAFKA_* become kafka.*
+void add_environment(SettingValues& values, const std::vector<std::string>& environ) {
   std::map<std::string, std::string> env_names;
   auto env_name = [](std::string_view key) {
     std::string e = "WALRELAY_";
@@ -1006,41 +1065,63 @@ Config parse_config(const std::string& text, const std::string& source_name, con
     }
     values[key] = {value, "environment " + name};
   }
+}
 
-  for (auto& [key, vo] : values) {
-    auto& [value, origin] = vo;
-    c.origin[key] = origin;
-    if (key.starts_with("sink.") && key != "sink.type") {
-      const SinkKind* kind = nullptr;
-      for (auto& k : sink_kinds())
-        if (key.size() > k.name.size() + 6 && key.compare(5, k.name.size(), k.name) == 0 && key[5 + k.name.size()] == '.')
-          kind = &k;
-      if (!kind) throw ConfigError(key, "unknown sink (sink.type takes " + sink_type_names() + ") (" + origin + ")");
-      auto rest = std::string_view(key).substr(6 + kind->name.size());
-      if (std::find(kind->keys.begin(), kind->keys.end(), rest) == kind->keys.end())
-        throw ConfigError(key, "unknown key of the " + std::string(kind->name) + " sink (" + origin + ")");
-      c.sink_settings[key] = value;
-      continue;
-    }
-    if (constexpr std::string_view overrides = "snapshot.select.statement.overrides.";
-        key.starts_with(overrides) && key.size() > overrides.size()) {
-      auto table = parse_table(key, key.substr(overrides.size()));
-      auto statement = trim(value);
-      if (statement.empty()) throw ConfigError(key, "is empty: give a SELECT of the table's rows or a WHERE condition");
-      c.snapshot_select_overrides[table.qualified()] = statement;
-      continue;
-    }
-    if (key.rfind("kafka.", 0) == 0) {
-      auto k = key.substr(6);
-      if (k.empty()) throw ConfigError(key, "empty librdkafka property name");
-      c.kafka[k] = value;
-      continue;
-    }
-    auto spec = std::find_if(key_specs().begin(), key_specs().end(), [&](auto& s) { return key == s.name; });
-    if (spec == key_specs().end())
-      throw ConfigError(key, "unknown configuration key (" + origin + ")");
-    spec->set(c, key, value);
+// A sink.<broker>.* key kept for its sink, which must have it.
+void set_sink_setting(Config& c, const std::string& key, const std::string& value, const std::string& origin) {
+  const SinkKind* kind = nullptr;
+  for (auto& k : sink_kinds())
+    if (key.size() > k.name.size() + 6 && key.compare(5, k.name.size(), k.name) == 0 && key[5 + k.name.size()] == '.')
+      kind = &k;
+  if (!kind) throw ConfigError(key, "unknown sink (sink.type takes " + sink_type_names() + ") (" + origin + ")");
+  auto rest = std::string_view(key).substr(6 + kind->name.size());
+  if (std::find(kind->keys.begin(), kind->keys.end(), rest) == kind->keys.end())
+    throw ConfigError(key, "unknown key of the " + std::string(kind->name) + " sink (" + origin + ")");
+  c.sink_settings[key] = value;
+}
+
+// One key set in the Config: a sink's, a table's snapshot statement, a
+// librdkafka property, or one of key_specs.
+void set_setting(Config& c, const std::string& key, const std::string& value, const std::string& origin) {
+  c.origin[key] = origin;
+  if (key.starts_with("sink.") && key != "sink.type") {
+    set_sink_setting(c, key, value, origin);
+    return;
   }
+  if (constexpr std::string_view overrides = "snapshot.select.statement.overrides.";
+      key.starts_with(overrides) && key.size() > overrides.size()) {
+    auto table = parse_table(key, key.substr(overrides.size()));
+    auto statement = trim(value);
+    if (statement.empty()) throw ConfigError(key, "is empty: give a SELECT of the table's rows or a WHERE condition");
+    c.snapshot_select_overrides[table.qualified()] = statement;
+    return;
+  }
+  if (key.rfind("kafka.", 0) == 0) {
+    auto k = key.substr(6);
+    if (k.empty()) throw ConfigError(key, "empty librdkafka property name");
+    c.kafka[k] = value;
+    return;
+  }
+  auto spec = std::find_if(key_specs().begin(), key_specs().end(), [&](auto& s) { return key == s.name; });
+  if (spec == key_specs().end())
+    throw ConfigError(key, "unknown configuration key (" + origin + ")");
+  spec->set(c, key, value);
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& source_name, const std::vector<std::string>& environ) {
+  Config c;
+  std::vector<RawSetting> settings = read_settings(text, source_name);
+  translate_connect_keys(settings, c.notes);
+  SettingValues values;
+  for (auto& s : settings) {
+    if (auto it = values.find(s.key); it != values.end())
+      throw ConfigError(s.key, "conflicting or redundant: set at " + it->second.second + " and at " + s.origin);
+    values[s.key] = {s.value, s.origin};
+  }
+  add_environment(values, environ);
+  for (auto& [key, vo] : values) set_setting(c, key, vo.first, vo.second);
   validate(c);
   return c;
 }
@@ -1092,148 +1173,179 @@ std::string Config::conninfo_redacted(bool replication) const {
   return s;
 }
 
-std::string Config::describe() const {
+namespace {
+
+// The lines of --print-config, each value shown as shown_setting shows it.
+struct SettingLines {
   std::ostringstream out;
-  auto line = [&](const std::string& k, const std::string& v) {
-    out << k << '=' << shown_setting(k, v) << '\n';
-  };
-  line("database.hostname", database_hostname);
-  line("database.port", database_port);
-  line("database.target.session.attrs", database_target_session_attrs);
-  line("database.user", database_user);
-  line("database.password", database_password);
-  line("database.dbname", database_dbname);
-  line("database.sslmode", database_sslmode);
-  line("database.sslrootcert", database_sslrootcert);
-  line("database.sslcert", database_sslcert);
-  line("database.sslkey", database_sslkey);
-  line("database.connect.timeout.ms", std::to_string(database_connect_timeout_ms));
-  line("slot.name", slot_name);
-  line("slot.failover", slot_failover ? "true" : "false");
-  line("slot.status.interval.ms", std::to_string(slot_status_interval_ms));
-  line("status.update.interval.ms", std::to_string(status_update_interval_ms));
-  line("replication.timeout.ms", std::to_string(replication_timeout_ms));
-  line("reconnect.backoff.ms", std::to_string(reconnect_backoff_ms));
-  line("reconnect.backoff.max.ms", std::to_string(reconnect_backoff_max_ms));
-  line("pgoutput.binary", binary ? "true" : "false");
-  line("snapshot.mode", snapshot_mode == SnapshotMode::no_data   ? "no_data"
-                        : snapshot_mode == SnapshotMode::initial ? "initial"
+  void operator()(const std::string& k, const std::string& v) { out << k << '=' << shown_setting(k, v) << '\n'; }
+};
+
+// Where walrelay reads from: the server, the slot and the replication stream.
+void describe_source(const Config& c, SettingLines& line) {
+  line("database.hostname", c.database_hostname);
+  line("database.port", c.database_port);
+  line("database.target.session.attrs", c.database_target_session_attrs);
+  line("database.user", c.database_user);
+  line("database.password", c.database_password);
+  line("database.dbname", c.database_dbname);
+  line("database.sslmode", c.database_sslmode);
+  line("database.sslrootcert", c.database_sslrootcert);
+  line("database.sslcert", c.database_sslcert);
+  line("database.sslkey", c.database_sslkey);
+  line("database.connect.timeout.ms", std::to_string(c.database_connect_timeout_ms));
+  line("slot.name", c.slot_name);
+  line("slot.failover", c.slot_failover ? "true" : "false");
+  line("slot.status.interval.ms", std::to_string(c.slot_status_interval_ms));
+  line("status.update.interval.ms", std::to_string(c.status_update_interval_ms));
+  line("replication.timeout.ms", std::to_string(c.replication_timeout_ms));
+  line("reconnect.backoff.ms", std::to_string(c.reconnect_backoff_ms));
+  line("reconnect.backoff.max.ms", std::to_string(c.reconnect_backoff_max_ms));
+  line("pgoutput.binary", c.binary ? "true" : "false");
+}
+
+// What walrelay reads and how a row becomes a record: the snapshot, the
+// publication, the outbox columns and the route.
+void describe_tables(const Config& c, SettingLines& line) {
+  line("snapshot.mode", c.snapshot_mode == SnapshotMode::no_data   ? "no_data"
+                        : c.snapshot_mode == SnapshotMode::initial ? "initial"
                                                                  : "initial_only");
-  line("snapshot.fetch.size", std::to_string(snapshot_fetch_size));
-  line("snapshot.order.column", snapshot_order_column.empty() ? field_event_id : snapshot_order_column);
+  line("snapshot.fetch.size", std::to_string(c.snapshot_fetch_size));
+  line("snapshot.order.column", c.snapshot_order_column.empty() ? c.field_event_id : c.snapshot_order_column);
   {
     std::string tables;
-    for (auto& [table, statement] : snapshot_select_overrides) tables += (tables.empty() ? "" : ",") + table;
+    for (auto& [table, statement] : c.snapshot_select_overrides) tables += (tables.empty() ? "" : ",") + table;
     line("snapshot.select.statement.overrides", tables);
-    for (auto& [table, statement] : snapshot_select_overrides)
+    for (auto& [table, statement] : c.snapshot_select_overrides)
       line("snapshot.select.statement.overrides." + table, statement);
   }
-  line("publication.name", publication_name);
-  line("publication.autocreate.mode", publication_autocreate == PublicationAutocreate::filtered ? "filtered" : "disabled");
+  line("publication.name", c.publication_name);
+  line("publication.autocreate.mode", c.publication_autocreate == PublicationAutocreate::filtered ? "filtered" : "disabled");
   std::string tables;
-  for (auto& t : table_include_list) tables += (tables.empty() ? "" : ",") + t.qualified();
+  for (auto& t : c.table_include_list) tables += (tables.empty() ? "" : ",") + t.qualified();
   line("table.include.list", tables);
-  line("table.field.event.id", field_event_id);
-  line("table.field.event.key", field_event_key);
-  line("table.field.event.type", field_event_type);
-  line("table.field.event.payload", field_event_payload);
-  line("table.field.event.timestamp", field_event_timestamp);
-  line("table.field.event.headers", field_event_headers);
-  line("route.by.field", route_by_field);
-  line("route.topic.replacement", route_topic_replacement);
-  line("route.topic.regex", route_topic_regex);
-  line("tracing.span.context.field", tracing_span_context_field);
-  line("tracing.enabled", tracing_enabled ? "true" : "false");
+  line("table.field.event.id", c.field_event_id);
+  line("table.field.event.key", c.field_event_key);
+  line("table.field.event.type", c.field_event_type);
+  line("table.field.event.payload", c.field_event_payload);
+  line("table.field.event.timestamp", c.field_event_timestamp);
+  line("table.field.event.headers", c.field_event_headers);
+  line("route.by.field", c.route_by_field);
+  line("route.topic.replacement", c.route_topic_replacement);
+  line("route.topic.regex", c.route_topic_regex);
+  line("tracing.span.context.field", c.tracing_span_context_field);
+  line("tracing.enabled", c.tracing_enabled ? "true" : "false");
   std::string placements;
-  for (auto& f : additional_placement)
+  for (auto& f : c.additional_placement)
     placements += (placements.empty() ? "" : ",") + f.column + ":" + placement_name(f.placement) +
                   (f.alias.empty() ? "" : ":" + f.alias);
   line("table.fields.additional.placement", placements);
-  line("table.fields.additional.error.on.missing", additional_error_on_missing ? "true" : "false");
-  line("table.op.invalid.behavior", op_invalid_behavior == InvalidOperation::warn    ? "warn"
-                                    : op_invalid_behavior == InvalidOperation::error ? "error"
+  line("table.fields.additional.error.on.missing", c.additional_error_on_missing ? "true" : "false");
+  line("table.op.invalid.behavior", c.op_invalid_behavior == InvalidOperation::warn    ? "warn"
+                                    : c.op_invalid_behavior == InvalidOperation::error ? "error"
                                                                                      : "fatal");
-  line("route.tombstone.on.empty.payload", route_tombstone_on_empty_payload ? "true" : "false");
-  line("table.expand.json.payload", expand_json_payload ? "true" : "false");
+  line("route.tombstone.on.empty.payload", c.route_tombstone_on_empty_payload ? "true" : "false");
+  line("table.expand.json.payload", c.expand_json_payload ? "true" : "false");
+}
+
+// The record's formats: the converters and CloudEvents.
+void describe_converters(const Config& c, SettingLines& line) {
   auto converter = [](Converter c) {
     return std::string(c == Converter::json ? "org.apache.kafka.connect.json.JsonConverter"
                                             : "org.apache.kafka.connect.storage.StringConverter");
   };
-  line("key.converter", converter(key_converter));
+  line("key.converter", converter(c.key_converter));
   line("key.converter.schemas.enable", "false");
-  line("value.converter", cloudevents == CloudEventsMode::structured     ? "io.debezium.converters.CloudEventsConverter"
-                          : registry.format != RegistryFormat::none ? registry_converter_name(registry.format)
-                                                                    : converter(value_converter));
-  line("cloudevents.mode", cloudevents == CloudEventsMode::none     ? "none"
-                           : cloudevents == CloudEventsMode::binary ? "binary"
+  line("value.converter", c.cloudevents == CloudEventsMode::structured     ? "io.debezium.converters.CloudEventsConverter"
+                          : c.registry.format != RegistryFormat::none ? registry_converter_name(c.registry.format)
+                                                                    : converter(c.value_converter));
+  line("cloudevents.mode", c.cloudevents == CloudEventsMode::none     ? "none"
+                           : c.cloudevents == CloudEventsMode::binary ? "binary"
                                                                     : "structured");
-  line("cloudevents.source", cloudevents_source_or_default());
+  line("cloudevents.source", c.cloudevents_source_or_default());
   line("value.converter.schemas.enable", "false");
-  {
-    // The schema registry's keys: what walrelay does, whatever was set
-    // (it has no schema of its own: auto.register.schemas=false and
-    // use.latest.version=true are what it does).
-    std::string urls;
-    for (auto& u : registry.urls) urls += (urls.empty() ? "" : ",") + u;
-    line("value.converter.schema.registry.url", urls);
-    line("value.converter.basic.auth.credentials.source", registry.basic_auth_user_info.empty() ? "URL" : "USER_INFO");
-    line("value.converter.basic.auth.user.info", registry.basic_auth_user_info);
-    line("value.converter.bearer.auth.credentials.source", registry.bearer_token.empty() ? "" : "STATIC_TOKEN");
-    line("value.converter.bearer.auth.token", registry.bearer_token);
-    line("value.converter.schema.registry.ssl.ca.location", registry.ssl_ca_location);
-    line("value.converter.schema.registry.ssl.certificate.location", registry.ssl_certificate_location);
-    line("value.converter.schema.registry.ssl.key.location", registry.ssl_key_location);
-    line("value.converter.schema.registry.ssl.key.password", registry.ssl_key_password);
-    line("value.converter.schema.registry.ssl.endpoint.identification.algorithm", registry.ssl_verify ? "https" : "none");
-    line("value.converter.schema.registry.request.timeout.ms", std::to_string(registry.request_timeout_ms));
-    line("value.converter.value.subject.name.strategy",
-         std::string("io.confluent.kafka.serializers.subject.") +
-             (registry.subject_strategy == SubjectNameStrategy::topic    ? "TopicNameStrategy"
-              : registry.subject_strategy == SubjectNameStrategy::record ? "RecordNameStrategy"
-                                                                         : "TopicRecordNameStrategy"));
-    line("value.converter.auto.register.schemas", "false");
-    line("value.converter.use.latest.version", "true");
-    line("value.converter.latest.compatibility.strict", "false");
-    line("table.field.event.schema.version", field_event_schema_version);
-    // Apicurio's converter keys: what walrelay writes with them.
-    line("value.converter.apicurio.registry.url", "");
-    line("value.converter.apicurio.registry.converter.serializer", "");
-    line("value.converter.apicurio.registry.converter.deserializer", "");
-    line("value.converter.apicurio.registry.headers.enabled", "false");
-    line("value.converter.apicurio.registry.use-id", "contentId");
-    line("value.converter.apicurio.registry.id-handler", "io.apicurio.registry.serde.Default4ByteIdHandler");
-    line("value.converter.apicurio.registry.artifact.group-id", "default");
-    line("value.converter.apicurio.registry.avro.encoding", "BINARY");
-    line("value.converter.apicurio.registry.as-confluent", "true");
-    line("value.converter.apicurio.registry.auto-register", "false");
-    line("value.converter.apicurio.registry.find-latest", "true");
-    line("value.converter.apicurio.auth.username", registry.apicurio_username);
-    line("value.converter.apicurio.auth.password", registry.apicurio_password);
-  }
+}
+
+// The schema registry's keys: what walrelay does, whatever was set
+// (it has no schema of its own: auto.register.schemas=false and
+// use.latest.version=true are what it does).
+void describe_registry(const Config& c, SettingLines& line) {
+  std::string urls;
+  for (auto& u : c.registry.urls) urls += (urls.empty() ? "" : ",") + u;
+  line("value.converter.schema.registry.url", urls);
+  line("value.converter.basic.auth.credentials.source", c.registry.basic_auth_user_info.empty() ? "URL" : "USER_INFO");
+  line("value.converter.basic.auth.user.info", c.registry.basic_auth_user_info);
+  line("value.converter.bearer.auth.credentials.source", c.registry.bearer_token.empty() ? "" : "STATIC_TOKEN");
+  line("value.converter.bearer.auth.token", c.registry.bearer_token);
+  line("value.converter.schema.registry.ssl.ca.location", c.registry.ssl_ca_location);
+  line("value.converter.schema.registry.ssl.certificate.location", c.registry.ssl_certificate_location);
+  line("value.converter.schema.registry.ssl.key.location", c.registry.ssl_key_location);
+  line("value.converter.schema.registry.ssl.key.password", c.registry.ssl_key_password);
+  line("value.converter.schema.registry.ssl.endpoint.identification.algorithm", c.registry.ssl_verify ? "https" : "none");
+  line("value.converter.schema.registry.request.timeout.ms", std::to_string(c.registry.request_timeout_ms));
+  line("value.converter.value.subject.name.strategy",
+       std::string("io.confluent.kafka.serializers.subject.") +
+           (c.registry.subject_strategy == SubjectNameStrategy::topic    ? "TopicNameStrategy"
+            : c.registry.subject_strategy == SubjectNameStrategy::record ? "RecordNameStrategy"
+                                                                       : "TopicRecordNameStrategy"));
+  line("value.converter.auto.register.schemas", "false");
+  line("value.converter.use.latest.version", "true");
+  line("value.converter.latest.compatibility.strict", "false");
+  line("table.field.event.schema.version", c.field_event_schema_version);
+  // Apicurio's converter keys: what walrelay writes with them.
+  line("value.converter.apicurio.registry.url", "");
+  line("value.converter.apicurio.registry.converter.serializer", "");
+  line("value.converter.apicurio.registry.converter.deserializer", "");
+  line("value.converter.apicurio.registry.headers.enabled", "false");
+  line("value.converter.apicurio.registry.use-id", "contentId");
+  line("value.converter.apicurio.registry.id-handler", "io.apicurio.registry.serde.Default4ByteIdHandler");
+  line("value.converter.apicurio.registry.artifact.group-id", "default");
+  line("value.converter.apicurio.registry.avro.encoding", "BINARY");
+  line("value.converter.apicurio.registry.as-confluent", "true");
+  line("value.converter.apicurio.registry.auto-register", "false");
+  line("value.converter.apicurio.registry.find-latest", "true");
+  line("value.converter.apicurio.auth.username", c.registry.apicurio_username);
+  line("value.converter.apicurio.auth.password", c.registry.apicurio_password);
+}
+
+// How records are delivered: the bounds, errors, the sink, transactions,
+// the admin server and the log.
+void describe_delivery(const Config& c, SettingLines& line) {
   std::string prefixes;
-  for (auto& p : message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;
+  for (auto& p : c.message_prefix_include_list) prefixes += (prefixes.empty() ? "" : ",") + p;
   line("message.prefix.include.list", prefixes);
-  line("max.inflight.records", std::to_string(max_inflight_records));
-  line("max.inflight.bytes", std::to_string(max_inflight_bytes));
-  line("errors.tolerance", errors_tolerance == ErrorTolerance::none ? "none" : "all");
-  line("errors.deadletterqueue.topic.name", dlq_topic);
-  line("errors.deadletterqueue.context.headers.enable", dlq_context_headers ? "true" : "false");
-  line("shutdown.timeout.ms", std::to_string(shutdown_timeout_ms));
-  line("halt.action", halt_action == HaltAction::stay ? "stay" : "exit");
-  line("sink.type", sink_type);
-  for (auto& [k, v] : sink_settings) line(k, v);
-  line("exactly.once.support", exactly_once ? "required" : "disabled");
-  line("transaction.boundary", transaction_boundary_interval_ms == 0 ? "poll" : "interval");
-  line("transaction.boundary.interval.ms", std::to_string(transaction_boundary_interval_ms));
-  line("transaction.boundary.max.records", std::to_string(transaction_boundary_max_records));
-  line("offsets.storage.topic", offsets_topic);
-  line("admin.listen", admin_listen);
-  line("admin.token", admin_token);
-  line("admin.replay.token", admin_replay_token);
-  line("log.level", log_level);
-  line("log.format", log_format == LogFormat::json ? "json" : "text");
-  for (auto& [k, v] : kafka) line("kafka." + k, v);
-  return out.str();
+  line("max.inflight.records", std::to_string(c.max_inflight_records));
+  line("max.inflight.bytes", std::to_string(c.max_inflight_bytes));
+  line("errors.tolerance", c.errors_tolerance == ErrorTolerance::none ? "none" : "all");
+  line("errors.deadletterqueue.topic.name", c.dlq_topic);
+  line("errors.deadletterqueue.context.headers.enable", c.dlq_context_headers ? "true" : "false");
+  line("shutdown.timeout.ms", std::to_string(c.shutdown_timeout_ms));
+  line("halt.action", c.halt_action == HaltAction::stay ? "stay" : "exit");
+  line("sink.type", c.sink_type);
+  for (auto& [k, v] : c.sink_settings) line(k, v);
+  line("exactly.once.support", c.exactly_once ? "required" : "disabled");
+  line("transaction.boundary", c.transaction_boundary_interval_ms == 0 ? "poll" : "interval");
+  line("transaction.boundary.interval.ms", std::to_string(c.transaction_boundary_interval_ms));
+  line("transaction.boundary.max.records", std::to_string(c.transaction_boundary_max_records));
+  line("offsets.storage.topic", c.offsets_topic);
+  line("admin.listen", c.admin_listen);
+  line("admin.token", c.admin_token);
+  line("admin.replay.token", c.admin_replay_token);
+  line("log.level", c.log_level);
+  line("log.format", c.log_format == LogFormat::json ? "json" : "text");
+  for (auto& [k, v] : c.kafka) line("kafka." + k, v);
+}
+
+}  // namespace
+
+std::string Config::describe() const {
+  SettingLines line;
+  describe_source(*this, line);
+  describe_tables(*this, line);
+  describe_converters(*this, line);
+  describe_registry(*this, line);
+  describe_delivery(*this, line);
+  return line.out.str();
 }
 
 }  // namespace walrelay

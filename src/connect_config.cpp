@@ -297,6 +297,380 @@ void refuse_value(const RawSetting& s, const std::string& why) {
   throw ConfigError(s.key, "\"" + s.value + "\" (" + s.origin + "): " + why);
 }
 
+// The settings being translated and the notes on what is dropped, which
+// each family's step below reads and adds to.
+struct Translation {
+  std::vector<RawSetting>& settings;
+  std::vector<std::string>& notes;
+
+  RawSetting* find(const std::string& key) {
+    for (auto& s : settings)
+      if (s.key == key) return &s;
+    return nullptr;
+  }
+  void note(const RawSetting& s, const std::string& why) {
+    notes.push_back(s.key + "=" + shown_setting(s.key, s.value) + " (" + s.origin + ") is not used: " + why);
+  }
+};
+
+// Debezium Server's application.properties: debezium.source.* are the
+// connector's keys, debezium.transforms* the chain, debezium.sink.kafka.
+// producer.* the producer's, debezium.sink.type and the other sinks' keys
+// walrelay's sink.* (checked there). Returns the RabbitMQ connection keys
+// Debezium Server passed on (debezium.sink.rabbitmq.connection.*), renamed.
+std::set<std::string> unwrap_debezium_server(Translation& tr) {
+  std::vector<RawSetting> kept;
+  for (auto& s : tr.settings) {
+    if (s.key.starts_with("debezium.format.")) {
+      if (s.value != "json")
+        refuse_value(s, "Debezium Server's format of change events; the router's records take the payload as it is");
+      tr.note(s, "the router's records take the payload as it is");
+      continue;
+    }
+    if (s.key.starts_with("quarkus.")) {
+      tr.note(s, "Debezium Server's runtime (Quarkus) setting");
+      continue;
+    }
+    kept.push_back(s);
+  }
+  tr.settings = std::move(kept);
+  std::set<std::string> server_rabbitmq_connection;
+  for (auto& s : tr.settings) {
+    if (s.key.starts_with("debezium.sink.rabbitmq.connection.")) server_rabbitmq_connection.insert(s.key.substr(9));
+    if (s.key.starts_with("debezium.source.")) s.key = s.key.substr(16);
+    else if (s.key.starts_with("debezium.transforms")) s.key = s.key.substr(9);
+    else if (s.key.starts_with("debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
+    else if (s.key == "debezium.sink.type" || s.key.starts_with("debezium.sink.nats-jetstream.") ||
+             s.key.starts_with("debezium.sink.rabbitmq."))
+      s.key = s.key.substr(9);
+    else if (s.key.starts_with("producer.override.")) s.key = "kafka." + s.key.substr(18);
+  }
+  return server_rabbitmq_connection;
+}
+
+// Keys Kafka Connect and Debezium 1.x name otherwise, renamed to walrelay's.
+void rename_connect_keys(Translation& tr) {
+  // Connect's names for what walrelay has under its own.
+  static const std::pair<const char*, const char*> connect_names[] = {
+      {"delivery.timeout.ms", "kafka.message.timeout.ms"},
+      {"task.shutdown.graceful.timeout.ms", "shutdown.timeout.ms"},
+  };
+  for (auto& [connect_name, name] : connect_names)
+    if (auto* s = tr.find(connect_name)) {
+      if (tr.find(name))
+        throw ConfigError(connect_name, std::string("conflicting or redundant: set both as ") + name + " and as " +
+                                            connect_name + " (" + s->origin + ")");
+      s->origin += std::string(", Kafka Connect's ") + connect_name;
+      s->key = name;
+    }
+
+  // Kafka Connect's worker names the brokers, not the connector: a worker's
+  // bootstrap.servers is taken as walrelay's kafka.bootstrap.servers.
+  if (auto* b = tr.find("bootstrap.servers")) {
+    if (tr.find("kafka.bootstrap.servers"))
+      throw ConfigError("bootstrap.servers", "conflicting or redundant: set both as kafka.bootstrap.servers and as "
+                                             "the Kafka Connect worker's bootstrap.servers (" + b->origin + ")");
+    b->origin += ", the Kafka Connect worker's bootstrap.servers";
+    b->key = "kafka.bootstrap.servers";
+  }
+
+  // Debezium 1.x's names, renamed in 1.3 and gone in 2.0, still in older
+  // examples.
+  static const std::pair<const char*, const char*> old_names[] = {
+      {"table.whitelist", "table.include.list"},   {"table.blacklist", "table.exclude.list"},
+      {"schema.whitelist", "schema.include.list"}, {"schema.blacklist", "schema.exclude.list"},
+      {"column.whitelist", "column.include.list"}, {"column.blacklist", "column.exclude.list"},
+  };
+  for (auto& s : tr.settings)
+    for (auto& [old_name, name] : old_names)
+      if (s.key == old_name) {
+        if (tr.find(name)) throw ConfigError(name, std::string("conflicting or redundant: set both as ") + name + " and as " + old_name);
+        s.origin += ", under Debezium 1.x's name " + s.key;
+        s.key = name;
+      }
+}
+
+// The transform chain as its list names it.
+struct Chain {
+  std::set<std::string> names;
+  std::string router;                 // the outbox router's name
+  std::optional<RawSetting> tracing;  // tracing.enabled, when tracing's SMT is in the chain
+};
+
+// The transforms list read: one outbox router, tracing's SMT, and any other
+// transform refused naming what to do instead.
+Chain read_chain(Translation& tr) {
+  Chain chain;
+  auto* t = tr.find("transforms");
+  if (!t) return chain;
+  for (auto& name : split_list(t->value)) {
+    if (name == "...")
+      throw ConfigError("transforms", "\"" + t->value + "\" (" + t->origin +
+                                          "): \"...\" stands for the rest of a chain in Debezium's documentation; "
+                                          "list the transforms themselves (walrelay applies the outbox router only)");
+    chain.names.insert(name);
+    auto* type = tr.find("transforms." + name + ".type");
+    if (!type) throw ConfigError("transforms." + name + ".type", "transform \"" + name + "\" has no type");
+    if (type->value == kEventRouter) {
+      if (!chain.router.empty())
+        throw ConfigError(type->key, "a second outbox router (\"" + chain.router + "\" is one): walrelay applies one");
+      chain.router = name;
+    } else if (type->value == kActivateTracingSpan) {
+      // Debezium's way to turn tracing on for a connector.
+      chain.tracing = RawSetting{"tracing.enabled", "true", type->origin};
+    } else {
+      throw ConfigError(type->key, "\"" + type->value + "\" (" + type->origin +
+                                       "): walrelay applies Debezium's outbox router (" + kEventRouter +
+                                       ") and nothing else in the chain; for transform \"" + name +
+                                       "\": " + transform_advice(type->value));
+    }
+  }
+  tr.note(*t, "walrelay applies the router it names itself");
+  return chain;
+}
+
+// The transform chain: the router's keys lose their prefix, tracing's SMT
+// turns tracing on, anything else is refused naming it.
+void unfold_transform_chain(Translation& tr) {
+  Chain chain = read_chain(tr);
+  if (chain.tracing) tr.settings.push_back(*chain.tracing);
+  std::vector<RawSetting> out;
+  for (auto& s : tr.settings) {
+    if (s.key == "transforms") continue;
+    if (!s.key.starts_with("transforms.")) {
+      out.push_back(s);
+      continue;
+    }
+    auto rest = s.key.substr(11);
+    auto dot = rest.find('.');
+    auto name = rest.substr(0, dot);
+    if (!chain.names.count(name))
+      throw ConfigError(s.key, "transform \"" + name + "\" is not in the transforms list (" + s.origin + ")");
+    auto sub = dot == std::string::npos ? std::string() : rest.substr(dot + 1);
+    if (sub == "type") continue;
+    if (sub == "predicate" || sub == "negate")
+      throw ConfigError(s.key, "\"" + s.value + "\" (" + s.origin +
+                                   "): predicates choose the records a transform applies to; walrelay's router "
+                                   "applies to every row of the tables in table.include.list: name only the outbox "
+                                   "tables there");
+    if (name == chain.router) {
+      if (tr.find(sub))
+        throw ConfigError(sub, "conflicting or redundant: set both as " + sub + " and as " + s.key + " (" + s.origin +
+                                   ")");
+      out.push_back({sub, s.value, s.origin});
+    } else if (sub.starts_with("tracing.")) {  // ActivateTracingSpan's own keys
+      out.push_back({sub, s.value, s.origin});
+    } else {
+      throw ConfigError(s.key, "not a key of transform \"" + name + "\" that walrelay reads (" + s.origin + ")");
+    }
+  }
+  tr.settings = std::move(out);
+}
+
+// Whether a key means nothing here (noted as such): the ignored keys and
+// families, and RabbitMQ connection settings walrelay's client does not need.
+bool ignored_setting(Translation& tr, const RawSetting& s, const std::set<std::string>& server_rabbitmq_connection) {
+  const auto& k = s.key;
+  if (auto it = ignored_keys().find(k); it != ignored_keys().end()) {
+    tr.note(s, it->second);
+    return true;
+  }
+  if (known_key(k)) return false;
+  auto family = std::find_if(ignored_prefixes().begin(), ignored_prefixes().end(),
+                             [&](auto& p) { return k.starts_with(p.first); });
+  if (family != ignored_prefixes().end()) {
+    tr.note(s, family->second);
+    return true;
+  }
+  // RabbitMQ's Java ConnectionFactory settings that Debezium Server
+  // passes on (debezium.sink.rabbitmq.connection.*) and walrelay's
+  // client has no use for.
+  const auto rabbitmq = rabbitmq_keys();
+  if (server_rabbitmq_connection.count(k) &&
+      std::find(rabbitmq.begin(), rabbitmq.end(), std::string_view(k).substr(14)) == rabbitmq.end()) {
+    tr.note(s, "a setting of RabbitMQ's Java ConnectionFactory that walrelay's client does not need: it reconnects "
+               "by itself (reconnect.backoff.ms), takes the broker's channel and frame limits, and reads the "
+               "connection keys in docs/configuration.md");
+    return true;
+  }
+  return false;
+}
+
+// Refuses the refused keys and families; whether a key whose meaning
+// depends on its value was accepted (and noted).
+bool valued_setting(Translation& tr, const RawSetting& s) {
+  const auto& k = s.key;
+  if (auto it = refused_keys().find(k); it != refused_keys().end()) refuse_value(s, it->second);
+  for (auto& [prefix, why] : refused_prefixes())
+    if (k.starts_with(prefix) && !walrelay_snapshot_key(k)) refuse_value(s, why);
+  auto it = valued_keys().find(k);
+  if (it == valued_keys().end()) return false;
+  const ValuedKey& rule = it->second;
+  if (!rule.accepted.count(s.value)) refuse_value(s, rule.refused);
+  tr.note(s, rule.noted);
+  return true;
+}
+
+// The converters the settings name, which decide what the converters' own
+// keys mean.
+struct Converters {
+  const RawSetting* key = nullptr;
+  const RawSetting* value = nullptr;
+  bool registry = false;  // value is a schema-registry converter
+};
+
+// Whether a key of JsonConverter or BinaryDataConverter, or a schema's
+// version, means nothing with these converters (noted as such).
+bool unused_converter_setting(Translation& tr, const RawSetting& s, const Converters& conv) {
+  const auto& k = s.key;
+  if (k == "key.converter.schemas.enable" || k == "value.converter.schemas.enable") {
+    const auto* c = k[0] == 'k' ? conv.key : conv.value;
+    if (!c || c->value != "org.apache.kafka.connect.json.JsonConverter") {
+      tr.note(s, "it applies to JsonConverter only, and the converter here is " +
+                     (c ? c->value : std::string("StringConverter, walrelay's default")));
+      return true;
+    }
+  }
+  if (k.starts_with("key.converter.delegate.") || k.starts_with("value.converter.delegate.")) {
+    tr.note(s, "BinaryDataConverter's delegate serializes Debezium's heartbeat, transaction and schema-change events, "
+               "which walrelay does not write");
+    return true;
+  }
+  if (k == "table.field.event.schema.version" && !conv.registry) {
+    tr.note(s, "it selects a schema's version for a schema-registry converter, and value.converter is not one");
+    return true;
+  }
+  return false;
+}
+
+// A schema-registry converter's keys walrelay does not read: those that
+// shape the schema Connect derives from its data (walrelay encodes by the
+// registered schema) or tune Apicurio's client are noted, the others refused.
+bool registry_converter_setting(Translation& tr, const RawSetting& s, const Converters& conv) {
+  const auto& k = s.key;
+  if (!conv.registry || !k.starts_with("value.converter.") || known_key(k)) return false;
+  static const std::vector<std::string> schema_shaping = {
+      "enhanced.avro.schema.support", "connect.meta.data", "schemas.cache.config", "scrub.invalid.names",
+      "avro.", "json.", "protobuf.", "generalized.sum.type.support", "normalize.schemas", "ignore.default.for.nullables",
+      "decimal.format", "enhanced.protobuf.schema.support", "optional.for.nullables", "wrapper.for.nullables",
+      "int.for.enums", "schemas.cache.size", "object.additional.properties", "use.optional.for.nonrequired"};
+  const auto sub = k.substr(16);
+  if (std::any_of(schema_shaping.begin(), schema_shaping.end(), [&](auto& p) { return sub.starts_with(p); })) {
+    tr.note(s, "it shapes the schema Kafka Connect derives from a record; walrelay encodes the payload by the "
+               "subject's registered schema");
+    return true;
+  }
+  if (sub.starts_with("schema.registry.ssl.truststore.") || sub.starts_with("schema.registry.ssl.keystore."))
+    refuse_value(s, "Java key stores are not read: give PEM files in value.converter.schema.registry.ssl.ca.location, "
+                    "...ssl.certificate.location and ...ssl.key.location");
+  if (sub.starts_with("apicurio.registry.request.") || sub.starts_with("apicurio.registry.check-period") ||
+      sub.starts_with("apicurio.registry.cache-latest") || sub.starts_with("apicurio.registry.retry") ||
+      sub == "apicurio.registry.dereference-schema") {
+    tr.note(s, "it tunes Apicurio's Java client; walrelay fetches a subject's schema once and retries with backoff");
+    return true;
+  }
+  if (sub.starts_with("apicurio."))
+    refuse_value(s, "a key of Apicurio's serdes that walrelay does not read; what it writes is Apicurio 3's "
+                    "default framing (docs/configuration.md, schema registry)");
+  if (sub == "key.subject.name.strategy")
+    refuse_value(s, "the key is the aggregate id as a string (key.converter=StringConverter); it has no subject");
+  return false;
+}
+
+// Debezium's CloudEventsConverter's own keys: noted where walrelay's
+// CloudEvents already are what they ask, refused otherwise.
+bool cloudevents_converter_setting(Translation& tr, const RawSetting& s, const Converters& conv) {
+  const auto& k = s.key;
+  if (!k.starts_with("value.converter.") || !conv.value ||
+      conv.value->value != "io.debezium.converters.CloudEventsConverter" || k == "value.converter.schemas.enable")
+    return false;
+  const auto sub = k.substr(16);
+  if (sub == "serializer.type" || sub == "data.serializer.type") {
+    if (s.value != "json")
+      refuse_value(s, "walrelay writes structured CloudEvents and their data as JSON; for a schema registry use "
+                      "cloudevents.mode=binary (the attributes in headers) with value.converter="
+                      "io.confluent.connect.avro.AvroConverter");
+    tr.note(s, "walrelay writes CloudEvents as JSON");
+    return true;
+  }
+  if (sub == "metadata.source" || sub == "extension.attributes.enable" || sub.starts_with("schema.") ||
+      sub.starts_with("json.") || sub == "opentelemetry.tracing.attributes.enable") {
+    tr.note(s, "walrelay builds the event from the outbox columns: id, type (table.field.event.type), the key as "
+               "subject, the record's time, and cloudevents.source; it adds no Debezium extension attributes");
+    return true;
+  }
+  refuse_value(s, "not a key of CloudEventsConverter that walrelay reads");
+  return false;  // not reached
+}
+
+// Whether a table key was taken under walrelay's reading of its value
+// (added to out): the tables by name, and the newer spelling of
+// table.fields.additional.error.on.missing.
+bool table_setting(const RawSetting& s, std::vector<RawSetting>& out) {
+  const auto& k = s.key;
+  if (k == "table.include.list") {
+    std::string tables;
+    for (auto& entry : split_list(s.value)) tables += (tables.empty() ? "" : ",") + literal_table(k, entry);
+    out.push_back({k, tables, s.origin});
+    return true;
+  }
+  if (k != "table.field.additional.missing") return false;
+  std::string v = s.value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "error" || v == "fail" || v == "true")
+    out.push_back({"table.fields.additional.error.on.missing", "true", s.origin});
+  else if (v == "skip" || v == "ignore" || v == "warn" || v == "false")
+    out.push_back({"table.fields.additional.error.on.missing", "false", s.origin});
+  else
+    refuse_value(s, "expected error (a missing additional column is the row's mapping error) or skip (the field "
+                    "is left out)");
+  return true;
+}
+
+// A schema list beside the tables adds nothing when it holds each table's
+// schema; walrelay needs the tables by name, so it refuses one that would
+// have to choose tables itself.
+void check_schema_list(Translation& tr, const RawSetting& schemas, const std::vector<RawSetting>& out) {
+  auto listed = split_list(schemas.value);
+  std::string tables = "public.outbox";
+  for (auto& o : out)
+    if (o.key == "table.include.list") tables = o.value;
+  for (auto& t : split_list(tables)) {
+    auto dot = t.find('.');
+    auto schema = dot == std::string::npos ? std::string("public") : t.substr(0, dot);
+    if (std::find(listed.begin(), listed.end(), schema) == listed.end())
+      refuse_value(schemas, "table " + t + " is not in these schemas; walrelay relays the tables named in "
+                            "table.include.list (schema-qualified) and needs no schema list");
+  }
+  tr.note(schemas, "every table of table.include.list is in these schemas");
+}
+
+// Key by key: what means nothing here, what needs a look at the value,
+// and what is refused.
+void translate_each_key(Translation& tr, const std::set<std::string>& server_rabbitmq_connection) {
+  Converters conv;
+  conv.value = tr.find("value.converter");
+  conv.key = tr.find("key.converter");
+  conv.registry = conv.value && ((conv.value->value.starts_with("io.confluent.connect.") &&
+                                  conv.value->value != "io.confluent.connect.json.JsonConverter") ||
+                                 conv.value->value.starts_with("io.apicurio.registry.utils.converter."));
+  const RawSetting* schemas = nullptr;
+  std::vector<RawSetting> out;
+  for (auto& s : tr.settings) {
+    if (ignored_setting(tr, s, server_rabbitmq_connection) || valued_setting(tr, s) ||
+        unused_converter_setting(tr, s, conv) || registry_converter_setting(tr, s, conv))
+      continue;
+    if (s.key == "schema.include.list") {
+      schemas = &s;
+      continue;
+    }
+    if (cloudevents_converter_setting(tr, s, conv) || table_setting(s, out)) continue;
+    out.push_back(s);
+  }
+  if (schemas) check_schema_list(tr, *schemas, out);
+  tr.settings = std::move(out);
+}
+
 }  // namespace
 
 std::optional<std::vector<RawSetting>> parse_connect_json(const std::string& text, const std::string& source_name) {
@@ -337,303 +711,11 @@ std::optional<std::vector<RawSetting>> parse_connect_json(const std::string& tex
 }
 
 void translate_connect_keys(std::vector<RawSetting>& settings, std::vector<std::string>& notes) {
-  auto find = [&](const std::string& key) -> RawSetting* {
-    for (auto& s : settings)
-      if (s.key == key) return &s;
-    return nullptr;
-  };
-  auto note = [&](const RawSetting& s, const std::string& why) {
-    notes.push_back(s.key + "=" + shown_setting(s.key, s.value) + " (" + s.origin +
-                    ") is not used: " + why);
-  };
-
-  // Debezium Server's application.properties: debezium.source.* are the
-  // connector's keys, debezium.transforms* the chain, debezium.sink.kafka.
-  // producer.* the producer's, debezium.sink.type and the other sinks' keys
-  // walrelay's sink.* (checked there).
-  std::vector<RawSetting> kept;
-  for (auto& s : settings) {
-    if (s.key.starts_with("debezium.format.")) {
-      if (s.value != "json")
-        refuse_value(s, "Debezium Server's format of change events; the router's records take the payload as it is");
-      note(s, "the router's records take the payload as it is");
-      continue;
-    }
-    if (s.key.starts_with("quarkus.")) {
-      note(s, "Debezium Server's runtime (Quarkus) setting");
-      continue;
-    }
-    kept.push_back(s);
-  }
-  settings = std::move(kept);
-  std::set<std::string> server_rabbitmq_connection;  // debezium.sink.rabbitmq.connection.* as renamed
-  for (auto& s : settings) {
-    if (s.key.starts_with("debezium.sink.rabbitmq.connection.")) server_rabbitmq_connection.insert(s.key.substr(9));
-    if (s.key.starts_with("debezium.source.")) s.key = s.key.substr(16);
-    else if (s.key.starts_with("debezium.transforms")) s.key = s.key.substr(9);
-    else if (s.key.starts_with("debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
-    else if (s.key == "debezium.sink.type" || s.key.starts_with("debezium.sink.nats-jetstream.") ||
-             s.key.starts_with("debezium.sink.rabbitmq."))
-      s.key = s.key.substr(9);
-    else if (s.key.starts_with("producer.override.")) s.key = "kafka." + s.key.substr(18);
-  }
-
-  // Connect's names for what walrelay has under its own.
-  static const std::pair<const char*, const char*> connect_names[] = {
-      {"delivery.timeout.ms", "kafka.message.timeout.ms"},
-      {"task.shutdown.graceful.timeout.ms", "shutdown.timeout.ms"},
-  };
-  for (auto& [connect_name, name] : connect_names)
-    if (auto* s = find(connect_name)) {
-      if (find(name))
-        throw ConfigError(connect_name, std::string("conflicting or redundant: set both as ") + name + " and as " +
-                                            connect_name + " (" + s->origin + ")");
-      s->origin += std::string(", Kafka Connect's ") + connect_name;
-      s->key = name;
-    }
-
-  // Kafka Connect's worker names the brokers, not the connector: a worker's
-  // bootstrap.servers is taken as walrelay's kafka.bootstrap.servers.
-  if (auto* b = find("bootstrap.servers")) {
-    if (find("kafka.bootstrap.servers"))
-      throw ConfigError("bootstrap.servers", "conflicting or redundant: set both as kafka.bootstrap.servers and as "
-                                             "the Kafka Connect worker's bootstrap.servers (" + b->origin + ")");
-    b->origin += ", the Kafka Connect worker's bootstrap.servers";
-    b->key = "kafka.bootstrap.servers";
-  }
-
-  // Debezium 1.x's names, renamed in 1.3 and gone in 2.0, still in older
-  // examples.
-  static const std::pair<const char*, const char*> old_names[] = {
-      {"table.whitelist", "table.include.list"},   {"table.blacklist", "table.exclude.list"},
-      {"schema.whitelist", "schema.include.list"}, {"schema.blacklist", "schema.exclude.list"},
-      {"column.whitelist", "column.include.list"}, {"column.blacklist", "column.exclude.list"},
-  };
-  for (auto& s : settings)
-    for (auto& [old_name, name] : old_names)
-      if (s.key == old_name) {
-        if (find(name)) throw ConfigError(name, std::string("conflicting or redundant: set both as ") + name + " and as " + old_name);
-        s.origin += ", under Debezium 1.x's name " + s.key;
-        s.key = name;
-      }
-
-  // The transform chain: the router's keys lose their prefix, tracing's SMT
-  // turns tracing on, anything else is refused naming it.
-  std::set<std::string> chain;
-  std::string router;
-  std::optional<RawSetting> tracing;
-  if (auto* t = find("transforms")) {
-    for (auto& name : split_list(t->value)) {
-      if (name == "...")
-        throw ConfigError("transforms", "\"" + t->value + "\" (" + t->origin +
-                                            "): \"...\" stands for the rest of a chain in Debezium's documentation; "
-                                            "list the transforms themselves (walrelay applies the outbox router only)");
-      chain.insert(name);
-      auto* type = find("transforms." + name + ".type");
-      if (!type) throw ConfigError("transforms." + name + ".type", "transform \"" + name + "\" has no type");
-      if (type->value == kEventRouter) {
-        if (!router.empty())
-          throw ConfigError(type->key, "a second outbox router (\"" + router + "\" is one): walrelay applies one");
-        router = name;
-      } else if (type->value == kActivateTracingSpan) {
-        // Debezium's way to turn tracing on for a connector.
-        tracing = RawSetting{"tracing.enabled", "true", type->origin};
-      } else {
-        throw ConfigError(type->key, "\"" + type->value + "\" (" + type->origin +
-                                         "): walrelay applies Debezium's outbox router (" + kEventRouter +
-                                         ") and nothing else in the chain; for transform \"" + name +
-                                         "\": " + transform_advice(type->value));
-      }
-    }
-    note(*t, "walrelay applies the router it names itself");
-  }
-  if (tracing) settings.push_back(*tracing);
-  std::vector<RawSetting> out;
-  for (auto& s : settings) {
-    if (s.key == "transforms") continue;
-    if (!s.key.starts_with("transforms.")) {
-      out.push_back(s);
-      continue;
-    }
-    auto rest = s.key.substr(11);
-    auto dot = rest.find('.');
-    auto name = rest.substr(0, dot);
-    if (!chain.count(name))
-      throw ConfigError(s.key, "transform \"" + name + "\" is not in the transforms list (" + s.origin + ")");
-    auto sub = dot == std::string::npos ? std::string() : rest.substr(dot + 1);
-    if (sub == "type") continue;
-    if (sub == "predicate" || sub == "negate")
-      throw ConfigError(s.key, "\"" + s.value + "\" (" + s.origin +
-                                   "): predicates choose the records a transform applies to; walrelay's router "
-                                   "applies to every row of the tables in table.include.list: name only the outbox "
-                                   "tables there");
-    if (name == router) {
-      if (find(sub))
-        throw ConfigError(sub, "conflicting or redundant: set both as " + sub + " and as " + s.key + " (" + s.origin +
-                                   ")");
-      out.push_back({sub, s.value, s.origin});
-    } else if (sub.starts_with("tracing.")) {  // ActivateTracingSpan's own keys
-      out.push_back({sub, s.value, s.origin});
-    } else {
-      throw ConfigError(s.key, "not a key of transform \"" + name + "\" that walrelay reads (" + s.origin + ")");
-    }
-  }
-  settings = std::move(out);
-
-  // Key by key: what means nothing here, what needs a look at the value,
-  // and what is refused.
-  const auto* value_converter = find("value.converter");
-  const auto* key_converter = find("key.converter");
-  const RawSetting* schemas = nullptr;
-  out.clear();
-  for (auto& s : settings) {
-    const auto& k = s.key;
-    if (auto it = ignored_keys().find(k); it != ignored_keys().end()) {
-      note(s, it->second);
-      continue;
-    }
-    if (!known_key(k)) {
-      auto family = std::find_if(ignored_prefixes().begin(), ignored_prefixes().end(),
-                                 [&](auto& p) { return k.starts_with(p.first); });
-      if (family != ignored_prefixes().end()) {
-        note(s, family->second);
-        continue;
-      }
-      // RabbitMQ's Java ConnectionFactory settings that Debezium Server
-      // passes on (debezium.sink.rabbitmq.connection.*) and walrelay's
-      // client has no use for.
-      const auto rabbitmq = rabbitmq_keys();
-      if (server_rabbitmq_connection.count(k) &&
-          std::find(rabbitmq.begin(), rabbitmq.end(), std::string_view(k).substr(14)) == rabbitmq.end()) {
-        note(s, "a setting of RabbitMQ's Java ConnectionFactory that walrelay's client does not need: it reconnects "
-                "by itself (reconnect.backoff.ms), takes the broker's channel and frame limits, and reads the "
-                "connection keys in docs/configuration.md");
-        continue;
-      }
-    }
-    if (auto it = refused_keys().find(k); it != refused_keys().end()) refuse_value(s, it->second);
-    for (auto& [prefix, why] : refused_prefixes())
-      if (k.starts_with(prefix) && !walrelay_snapshot_key(k)) refuse_value(s, why);
-    if (auto it = valued_keys().find(k); it != valued_keys().end()) {
-      const ValuedKey& rule = it->second;
-      if (!rule.accepted.count(s.value)) refuse_value(s, rule.refused);
-      note(s, rule.noted);
-      continue;
-    }
-    if (k == "key.converter.schemas.enable" || k == "value.converter.schemas.enable") {
-      const auto* conv = k[0] == 'k' ? key_converter : value_converter;
-      if (!conv || conv->value != "org.apache.kafka.connect.json.JsonConverter") {
-        note(s, "it applies to JsonConverter only, and the converter here is " +
-                    (conv ? conv->value : std::string("StringConverter, walrelay's default")));
-        continue;
-      }
-    }
-    if (k.starts_with("key.converter.delegate.") || k.starts_with("value.converter.delegate.")) {
-      note(s, "BinaryDataConverter's delegate serializes Debezium's heartbeat, transaction and schema-change events, "
-              "which walrelay does not write");
-      continue;
-    }
-    const bool registry_converter =
-        value_converter && ((value_converter->value.starts_with("io.confluent.connect.") &&
-                             value_converter->value != "io.confluent.connect.json.JsonConverter") ||
-                            value_converter->value.starts_with("io.apicurio.registry.utils.converter."));
-    if (k == "table.field.event.schema.version" && !registry_converter) {
-      note(s, "it selects a schema's version for a schema-registry converter, and value.converter is not one");
-      continue;
-    }
-    // A schema-registry converter's keys that shape the schema Connect
-    // derives from its data: walrelay encodes by the registered schema.
-    if (registry_converter && k.starts_with("value.converter.") && !known_key(k)) {
-      static const std::vector<std::string> schema_shaping = {
-          "enhanced.avro.schema.support", "connect.meta.data", "schemas.cache.config", "scrub.invalid.names",
-          "avro.", "json.", "protobuf.", "generalized.sum.type.support", "normalize.schemas", "ignore.default.for.nullables",
-          "decimal.format", "enhanced.protobuf.schema.support", "optional.for.nullables", "wrapper.for.nullables",
-          "int.for.enums", "schemas.cache.size", "object.additional.properties", "use.optional.for.nonrequired"};
-      const auto sub = k.substr(16);
-      if (std::any_of(schema_shaping.begin(), schema_shaping.end(), [&](auto& p) { return sub.starts_with(p); })) {
-        note(s, "it shapes the schema Kafka Connect derives from a record; walrelay encodes the payload by the "
-                "subject's registered schema");
-        continue;
-      }
-      if (sub.starts_with("schema.registry.ssl.truststore.") || sub.starts_with("schema.registry.ssl.keystore."))
-        refuse_value(s, "Java key stores are not read: give PEM files in value.converter.schema.registry.ssl.ca.location, "
-                        "...ssl.certificate.location and ...ssl.key.location");
-      if (sub.starts_with("apicurio.registry.request.") || sub.starts_with("apicurio.registry.check-period") ||
-          sub.starts_with("apicurio.registry.cache-latest") || sub.starts_with("apicurio.registry.retry") ||
-          sub == "apicurio.registry.dereference-schema") {
-        note(s, "it tunes Apicurio's Java client; walrelay fetches a subject's schema once and retries with backoff");
-        continue;
-      }
-      if (sub.starts_with("apicurio."))
-        refuse_value(s, "a key of Apicurio's serdes that walrelay does not read; what it writes is Apicurio 3's "
-                        "default framing (docs/configuration.md, schema registry)");
-      if (sub == "key.subject.name.strategy")
-        refuse_value(s, "the key is the aggregate id as a string (key.converter=StringConverter); it has no subject");
-    }
-    if (k == "schema.include.list") {
-      schemas = &s;
-      continue;
-    }
-    // Debezium's CloudEventsConverter's own keys.
-    if (k.starts_with("value.converter.") && value_converter &&
-        value_converter->value == "io.debezium.converters.CloudEventsConverter" &&
-        k != "value.converter.schemas.enable") {
-      const auto sub = k.substr(16);
-      if (sub == "serializer.type" || sub == "data.serializer.type") {
-        if (s.value != "json")
-          refuse_value(s, "walrelay writes structured CloudEvents and their data as JSON; for a schema registry use "
-                          "cloudevents.mode=binary (the attributes in headers) with value.converter="
-                          "io.confluent.connect.avro.AvroConverter");
-        note(s, "walrelay writes CloudEvents as JSON");
-        continue;
-      }
-      if (sub == "metadata.source" || sub == "extension.attributes.enable" || sub.starts_with("schema.") ||
-          sub.starts_with("json.") || sub == "opentelemetry.tracing.attributes.enable") {
-        note(s, "walrelay builds the event from the outbox columns: id, type (table.field.event.type), the key as "
-                "subject, the record's time, and cloudevents.source; it adds no Debezium extension attributes");
-        continue;
-      }
-      refuse_value(s, "not a key of CloudEventsConverter that walrelay reads");
-    }
-    if (k == "table.include.list") {
-      std::string tables;
-      for (auto& entry : split_list(s.value)) tables += (tables.empty() ? "" : ",") + literal_table(k, entry);
-      out.push_back({k, tables, s.origin});
-      continue;
-    }
-    if (k == "table.field.additional.missing") {
-      // The newer spelling of table.fields.additional.error.on.missing.
-      std::string v = s.value;
-      std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (v == "error" || v == "fail" || v == "true")
-        out.push_back({"table.fields.additional.error.on.missing", "true", s.origin});
-      else if (v == "skip" || v == "ignore" || v == "warn" || v == "false")
-        out.push_back({"table.fields.additional.error.on.missing", "false", s.origin});
-      else
-        refuse_value(s, "expected error (a missing additional column is the row's mapping error) or skip (the field "
-                        "is left out)");
-      continue;
-    }
-    out.push_back(s);
-  }
-  // A schema list beside the tables adds nothing when it holds each table's
-  // schema; walrelay needs the tables by name, so it refuses one that would
-  // have to choose tables itself.
-  if (schemas) {
-    auto listed = split_list(schemas->value);
-    std::string tables = "public.outbox";
-    for (auto& o : out)
-      if (o.key == "table.include.list") tables = o.value;
-    for (auto& t : split_list(tables)) {
-      auto dot = t.find('.');
-      auto schema = dot == std::string::npos ? std::string("public") : t.substr(0, dot);
-      if (std::find(listed.begin(), listed.end(), schema) == listed.end())
-        refuse_value(*schemas, "table " + t + " is not in these schemas; walrelay relays the tables named in "
-                               "table.include.list (schema-qualified) and needs no schema list");
-    }
-    note(*schemas, "every table of table.include.list is in these schemas");
-  }
-  settings = std::move(out);
+  Translation tr{settings, notes};
+  const auto server_rabbitmq_connection = unwrap_debezium_server(tr);
+  rename_connect_keys(tr);
+  unfold_transform_chain(tr);
+  translate_each_key(tr, server_rabbitmq_connection);
 }
 
 }  // namespace walrelay

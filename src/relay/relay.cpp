@@ -362,9 +362,37 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
                ident.at(0, "xlogpos").value_or("?"), ident.at(0, "dbname").value_or("?"), conn.server_version());
   if (conn.server_version() >= 190000)
     spdlog::warn("PostgreSQL {} is newer than walrelay has been tested with (14 to 18)", conn.server_version() / 10000);
+  const std::string timeline = ident.at(0, "timeline").value_or("");
+  const SourceIdentity source{ident.at(0, "systemid").value_or(""), timeline, config_.database_dbname,
+                              config_.slot_name};
+  auto facts = co_await check_source(conn, source.system);
 
+  // The server's WAL reaches at least here: IDENTIFY_SYSTEM's position, or
+  // past it the consistent point of a slot made since (where an exactly-once
+  // snapshot commits its position).
+  std::optional<Lsn> wal_reached = Lsn::parse(ident.at(0, "xlogpos").value_or(""));
+  if (!co_await prepare_slot(conn, facts, source, wal_reached)) co_return;
+  if (config_.slot_failover && facts.slot.exists && !facts.slot.failover) co_await ddl(make_failover_slot(conn, config_));
+
+  // Exactly once: the history of this server's timeline, to check the
+  // committed position against (read before COPY BOTH, which takes no
+  // other command).
+  std::string history;
+  if (transactional_ && !timeline.empty() && timeline != "1") {
+    auto h = co_await conn.query("TIMELINE_HISTORY " + timeline);
+    history = h.at(0, "content").value_or("");
+  }
+  const std::string cmd = co_await start_replication(conn);
+  if (transactional_) co_await take_over_position(conn, source, facts, wal_reached, history);
+  spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
+  set_state(RelayState::streaming);
+}
+
+// The catalog's checks (the server, the tables, the slot) that stop the
+// relay, and the publication made what filtered mode wants.
+asio::awaitable<ServerFacts> Relay::check_source(PgConnection& conn, const std::string& system) {
   std::vector<std::string> problems, warnings;
-  auto facts = co_await inspect_server(conn, config_, ident.at(0, "systemid").value_or(""), problems, warnings);
+  auto facts = co_await inspect_server(conn, config_, system, problems, warnings);
   for (auto& w : warnings) spdlog::warn("{}", w);
   if (auto p = slot_problem(config_, facts)) {
     metrics_.slot_invalidated.Set(1);
@@ -384,21 +412,22 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
       throw Fatal(join(publication, "; ") + " (publication.autocreate.mode=disabled: walrelay does not change it)");
     co_await ddl(ensure_publication(conn, config_, facts));
   }
+  co_return facts;
+}
 
+// The slot to stream from: the initial snapshot that creates it, a slot
+// created without one, or the existing slot (an interrupted snapshot taken
+// again). false: nothing to stream (stopped, halted, or initial_only done).
+asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts& facts, const SourceIdentity& source,
+                                          std::optional<Lsn>& wal_reached) {
   const bool snapshot = config_.snapshot_mode != SnapshotMode::no_data;
-  // The server's WAL reaches at least here: IDENTIFY_SYSTEM's position, or
-  // past it the consistent point of a slot made since (where an exactly-once
-  // snapshot commits its position).
-  std::optional<Lsn> wal_reached = Lsn::parse(ident.at(0, "xlogpos").value_or(""));
   const bool interrupted = facts.marker && facts.marker->snapshot_pending &&
                            !mutation::active(mutation::Break::snapshot_resume_as_done);
   if (snapshot && (!facts.slot.exists || interrupted)) {
     // The rows already in the outbox first, then the stream from the
     // snapshot's consistent point (relay_snapshot.cpp).
-    const SourceIdentity source{ident.at(0, "systemid").value_or(""), ident.at(0, "timeline").value_or(""),
-                                config_.database_dbname, config_.slot_name};
     auto point = co_await initial_snapshot(conn, facts, source);
-    if (!point) co_return;  // stopped or halted: the next start takes it again
+    if (!point) co_return false;  // stopped or halted: the next start takes it again
     if (!wal_reached || *wal_reached < *point) wal_reached = point;
     if (config_.snapshot_mode == SnapshotMode::initial_only) {
       spdlog::warn("slot={} snapshot.mode=initial_only: the snapshot is sent; walrelay stops without streaming. The "
@@ -406,7 +435,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
                    "to stream what follows with no gap, or drop the slot",
                    config_.slot_name, point->to_string());
       snapshot_only_done_ = true;
-      co_return;
+      co_return false;
     }
   } else if (!facts.slot.exists) {
     if (interrupted)
@@ -432,25 +461,18 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
                    "start with snapshot.mode=initial or no_data to stream",
                    config_.slot_name);
       snapshot_only_done_ = true;
-      co_return;
+      co_return false;
     }
     if (!facts.marker || interrupted) co_await record_slot(conn, facts, std::nullopt);
   }
-  if (config_.slot_failover && facts.slot.exists && !facts.slot.failover) co_await ddl(make_failover_slot(conn, config_));
+  co_return true;
+}
 
-  // Highest protocol the server speaks. Streaming and two-phase stay off: the
-  // walsender then sends only committed transactions, in commit order, so an
-  // event of a rolled-back transaction can never reach the sink.
-  // Exactly once: the history of this server's timeline, to check the
-  // committed position against (read before COPY BOTH, which takes no
-  // other command).
-  std::string history;
-  const std::string timeline = ident.at(0, "timeline").value_or("");
-  if (transactional_ && !timeline.empty() && timeline != "1") {
-    auto h = co_await conn.query("TIMELINE_HISTORY " + timeline);
-    history = h.at(0, "content").value_or("");
-  }
-
+// START_REPLICATION at the highest protocol the server speaks; returns the
+// command. Streaming and two-phase stay off: the walsender then sends only
+// committed transactions, in commit order, so an event of a rolled-back
+// transaction can never reach the sink.
+asio::awaitable<std::string> Relay::start_replication(PgConnection& conn) {
   int version = conn.server_version();
   const int proto_version = version >= 160000 ? 4 : version >= 150000 ? 3 : 2;
   decoder_ = pgoutput::Decoder(proto_version);
@@ -475,33 +497,34 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
     }
     throw;
   }
-  if (transactional_) {
-    // The slot is ours now: take over the transactional producer (a zombie
-    // holding it is fenced) and start after what the output already holds.
-    SourceIdentity source{ident.at(0, "systemid").value_or(""), timeline, config_.database_dbname,
-                          config_.slot_name};
-    std::optional<CommittedPosition> committed = co_await recover_position(conn, source);
-    if (committed && !committed->system.empty() && committed->system != source.system)
-      throw Fatal("offsets.storage.topic: the position committed for " + config_.transactional_id() +
-                  " was written for the database with system identifier " + committed->system + ", this one is " +
-                  source.system + " (a restore, a new cluster, or another database under the same name?): "
-                  "walrelay will not skip events by another cluster's position. Use a new "
-                  "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
-    if (committed) {
-      if (auto problem = committed_position_problem(config_, *committed, wal_reached, timeline, history))
-        throw Fatal(*problem);
-      slot_ahead_of(facts, *committed);
-    }
-    skip_until_ = committed ? std::optional<Lsn>(committed->end_lsn) : std::nullopt;
-    committed_lsn_ = skip_until_;
-    if (committed) {
-      metrics_.committed_lsn.Set(static_cast<double>(committed->end_lsn.value));
-      spdlog::info("slot={} exactly once: source transactions ending at or before {} are in Kafka already: skipped",
-                   config_.slot_name, committed->end_lsn.to_string());
-    }
+  co_return cmd;
+}
+
+// Exactly once: the slot is ours now: take over the transactional producer
+// (a zombie holding it is fenced) and start after what the output already
+// holds, once the committed position is checked against this server.
+asio::awaitable<void> Relay::take_over_position(PgConnection& conn, const SourceIdentity& source,
+                                                const ServerFacts& facts, std::optional<Lsn> wal_reached,
+                                                const std::string& history) {
+  std::optional<CommittedPosition> committed = co_await recover_position(conn, source);
+  if (committed && !committed->system.empty() && committed->system != source.system)
+    throw Fatal("offsets.storage.topic: the position committed for " + config_.transactional_id() +
+                " was written for the database with system identifier " + committed->system + ", this one is " +
+                source.system + " (a restore, a new cluster, or another database under the same name?): "
+                "walrelay will not skip events by another cluster's position. Use a new "
+                "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
+  if (committed) {
+    if (auto problem = committed_position_problem(config_, *committed, wal_reached, source.timeline, history))
+      throw Fatal(*problem);
+    slot_ahead_of(facts, *committed);
   }
-  spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
-  set_state(RelayState::streaming);
+  skip_until_ = committed ? std::optional<Lsn>(committed->end_lsn) : std::nullopt;
+  committed_lsn_ = skip_until_;
+  if (committed) {
+    metrics_.committed_lsn.Set(static_cast<double>(committed->end_lsn.value));
+    spdlog::info("slot={} exactly once: source transactions ending at or before {} are in Kafka already: skipped",
+                 config_.slot_name, committed->end_lsn.to_string());
+  }
 }
 
 // Exactly once: takes over the transactional producer and reads the committed

@@ -77,50 +77,14 @@ struct Relay::SnapshotTable {
   std::uint64_t estimated = 0;
 };
 
+// Creates (or takes again) the slot inside a REPEATABLE READ transaction that
+// uses its snapshot, sends the outbox rows it sees, and waits until each is
+// acknowledged: the steps below, in order. nullopt: stopped or halted first.
 asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, const ServerFacts& facts,
                                                             const SourceIdentity& source) {
-  // Two walrelays starting on one slot: the second waits as a standby, as it
-  // would for a slot in use. The lock is the session's, so a crash frees it.
-  const std::string lock_key =
-      "pg_catalog.hashtext(" + conn.quote_literal("walrelay.snapshot." + config_.slot_name) + ")";
-  auto lock = co_await conn.query("SELECT pg_catalog.pg_try_advisory_lock(" + lock_key + ")");
-  if (lock.rows.empty() || lock.rows[0][0] != "t")
-    throw PgError("another walrelay is taking the initial snapshot for slot " + config_.slot_name +
-                      "; waiting to take over if it stops",
-                  "55006");
-
-  // What prepare() saw may have changed while another walrelay held the
-  // lock (it may have finished the snapshot): look again, and start the
-  // session over if so.
-  {
-    std::vector<std::string> problems, warnings;
-    const ServerFacts now = co_await inspect_server(conn, config_, facts.system, problems, warnings);
-    const auto pending = [](const ServerFacts& f) { return f.marker && f.marker->snapshot_pending; };
-    if (now.slot.exists != facts.slot.exists || pending(now) != pending(facts) ||
-        now.marker.has_value() != facts.marker.has_value()) {
-      co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
-      throw PgError("slot " + config_.slot_name + " or its marker changed while waiting for the snapshot's lock "
-                    "(another walrelay took or finished the snapshot); looking again",
-                    "");
-    }
-  }
-
+  const std::string lock_key = co_await lock_snapshot(conn, facts);
   if (transactional_) {
-    // Take the transactional.id over now: a zombie's open transaction (an
-    // interrupted snapshot's) is aborted, and the committed position says
-    // whether an earlier snapshot got into Kafka.
-    const std::optional<CommittedPosition> committed = co_await transactional_->recover(source);
-    if (facts.marker && facts.marker->snapshot_pending && facts.slot.exists && committed &&
-        committed->system == source.system && facts.slot.confirmed_flush_lsn &&
-        committed->end_lsn == *facts.slot.confirmed_flush_lsn) {
-      const Lsn point = committed->end_lsn;
-      spdlog::info("slot={} exactly once: the initial snapshot begun on {} is in Kafka (committed at its consistent "
-                   "point {}); only its record in the publication was missing: streaming from there",
-                   config_.slot_name, facts.marker->created_at, point.to_string());
-      co_await record_slot(conn, facts, point);
-      co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
-      co_return point;
-    }
+    if (auto point = co_await snapshot_in_kafka(conn, facts, source, lock_key)) co_return point;
   }
   // An interrupted snapshot's slot is kept: it holds every event committed
   // since its consistent point, rows and the events that leave none (a row
@@ -137,153 +101,214 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
   if (facts.marker && facts.marker->snapshot_pending) metrics_.snapshot_restarts.Increment();
   if (retake) {
     point = *facts.slot.confirmed_flush_lsn;
-    first_view = facts.marker->snapshot_xids;
-    if (facts.marker->created_lsn && *facts.marker->created_lsn != point)
-      spdlog::warn("slot={} the slot's confirmed position {} is not the snapshot's consistent point {} recorded in "
-                   "the marker: streaming from the slot's",
-                   config_.slot_name, point.to_string(), facts.marker->created_lsn->to_string());
-    // The tables' locks first (a rewrite now would give rows new xmins
-    // under this snapshot), then the snapshot, taken by the first query.
-    co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-    std::string tables_sql;
-    for (const auto& t : config_.table_include_list)
-      tables_sql += (tables_sql.empty() ? "" : ", ") + conn.quote_identifier(t.schema) + "." +
-                    conn.quote_identifier(t.name);
-    if (!tables_sql.empty()) co_await conn.query("LOCK TABLE " + tables_sql + " IN ACCESS SHARE MODE");
-    std::string unusable;  // why the first view cannot choose the rows
-    if (first_view.empty()) {
-      unusable = "did not record its view of the tables";
-    } else {
-      auto files = co_await conn.query(table_files_sql(conn, config_));
-      const std::string now = files.rows.empty() ? "" : files.rows[0][0].value_or("");
-      if (facts.marker->snapshot_files.empty() || now != facts.marker->snapshot_files)
-        unusable = "its view cannot judge the rows any more: the outbox tables were rewritten since (ALTER TABLE "
-                   "... TYPE, pg_repack, VACUUM FULL, CLUSTER give rows new files and new xmins)";
-    }
-    if (unusable.empty() && mutation::active(mutation::Break::snapshot_retake_unfiltered))
-      unusable = "(mutation snapshot_retake_unfiltered)";
-    if (!unusable.empty()) {
-      if (transactional_)
-        throw Fatal("slot.name: the initial snapshot begun on " + facts.marker->created_at + " did not finish and " +
-                    unusable + ". Taken again with every row the outbox holds, under exactly.once.support=required "
-                    "the rows committed since its consistent point " + point.to_string() +
-                    " would reach read_committed consumers twice (from the snapshot and from the slot). Choose: "
-                    "start once without exactly.once.support=required (at least once: those rows twice, the same "
-                    "ids), or drop slot " + config_.slot_name + " (SELECT pg_drop_replication_slot('" +
-                    config_.slot_name + "')) to take the snapshot with a new slot, skipping the events since that "
-                    "point that left no row in the outbox");
-      first_view.clear();
-      spdlog::warn("slot={} the initial snapshot begun on {} did not finish and {}: taking it again from the start "
-                   "with every row the outbox holds now, then streaming from its slot at {}; rows committed since "
-                   "then are sent twice (the same ids), the second copy possibly after a later event of its key",
-                   config_.slot_name, facts.marker->created_at, unusable, point.to_string());
-    } else {
-      spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start with the "
-                   "rows it would have sent (those still in the outbox), then streaming from its slot, kept at {}, "
-                   "everything committed since; rows sent before are sent again (the same ids, for consumers that "
-                   "deduplicate)",
-                   config_.slot_name, facts.marker->created_at, point.to_string());
-    }
+    first_view = co_await begin_snapshot_retake(conn, facts, point);
   } else {
-    if (facts.marker && facts.marker->snapshot_pending) {
-      spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start; the "
-                   "rows it sent are sent again (the same ids, for consumers that deduplicate){}",
-                   config_.slot_name, facts.marker->created_at,
-                   facts.slot.exists ? "; its slot is dropped and made again" : "");
-      if (facts.slot.exists) co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name));
-    }
-    try {
-      co_await mark_snapshot_pending(conn, config_, facts);
-    } catch (const PgError& e) {
-      if (e.sqlstate() == "42501") throw Fatal(e.what());
-      throw;
-    }
-    co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-    point = co_await create_slot(conn, config_, true);
-    // The snapshot's view, recorded before a row is sent (on a connection of
-    // its own: this one is inside the snapshot's read-only transaction), so
-    // that a snapshot taken again after an interruption knows which rows
-    // this one would have sent.
-    auto view = co_await conn.query("SELECT pg_catalog.pg_current_snapshot()::text");
-    const std::string xids = view.rows.empty() ? "" : view.rows[0][0].value_or("");
-    if (!is_pg_snapshot_text(xids)) throw PgError("could not read the snapshot's view: '" + xids + "'", "");
-    auto files = co_await conn.query(table_files_sql(conn, config_));
-    const std::string table_files = files.rows.empty() ? "" : files.rows[0][0].value_or("");
-    // Nothing is sent yet, and the view lives only in this transaction: a
-    // failure to record it (a full server, a lock) is tried again for a
-    // while. Given up, the slot is kept (it holds what was committed since
-    // its point) and a later start takes the snapshot without the view.
-    for (int attempt = 1;; ++attempt) {
-      try {
-        PgConnection side(io_);
-        co_await side.connect(config_.conninfo(false),
-                              std::chrono::milliseconds(config_.database_connect_timeout_ms));
-        co_await record_snapshot_view(side, config_, facts, point, xids, table_files);
-        side.close();
-        break;
-      } catch (const PgError& e) {
-        if (attempt >= 10 || stop_requested_) throw;
-        spdlog::warn("slot={} could not record the initial snapshot's view (try {} of 10): {}", config_.slot_name,
-                     attempt, e.what());
-      }
-      co_await sleep(std::chrono::milliseconds(500 * attempt));
-    }
+    point = co_await begin_snapshot_with_slot(conn, facts);
   }
-  // The rows the first snapshot's view saw inserted: xmin made a full xid
-  // (within 2^31 of this transaction's xmax, as every unfrozen row's is) and
-  // looked up in that view. Freezing keeps a row's xmin (9.4 and later), so
-  // a frozen row older than 2^32 transactions can be judged wrongly; rows
-  // that old in an outbox are not expected (docs/operations.md says so).
-  std::string visible_at_point;
-  if (!first_view.empty() && !mutation::active(mutation::Break::snapshot_retake_unfiltered)) {
-    auto xmax = co_await conn.query("SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text");
-    const std::string now = xmax.rows.empty() ? "" : xmax.rows[0][0].value_or("");
-    if (now.empty() || now.find_first_not_of("0123456789") != std::string::npos)
-      throw PgError("could not read this snapshot's xmax", "");
-    visible_at_point = "(xmin::text::bigint < 3 OR pg_catalog.pg_visible_in_snapshot((" + now + " - ((" + now +
-                       " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))::text::xid8, " +
-                       conn.quote_literal(first_view) + "::pg_snapshot))";
-  }
-
+  const std::string visible = co_await first_view_filter(conn, first_view);
   std::vector<SnapshotTable> tables;
-  std::uint64_t estimated = 0;
+  co_await plan_snapshot(conn, visible, tables);
+  start_snapshot_progress(point, tables);
+
+  // The stream's decoder is made anew by START_REPLICATION; this one only
+  // ever sees the snapshot's own messages.
+  decoder_ = pgoutput::Decoder(1);
+  commit_time_ = pgoutput::pg_epoch_micros_now();  // a snapshot row's event time, as Debezium's
+  struct Running {
+    Metrics& metrics;
+    ~Running() { metrics.snapshot_running.Set(0); }
+  } running{metrics_};
+  co_await send_snapshot(conn, tables, point);
+  co_return co_await finish_snapshot(conn, facts, point, lock_key);
+}
+
+// Two walrelays starting on one slot: the second waits as a standby, as it
+// would for a slot in use. The lock is the session's, so a crash frees it.
+// Returns the lock's key, for the unlock.
+asio::awaitable<std::string> Relay::lock_snapshot(PgConnection& conn, const ServerFacts& facts) {
+  const std::string lock_key =
+      "pg_catalog.hashtext(" + conn.quote_literal("walrelay.snapshot." + config_.slot_name) + ")";
+  auto lock = co_await conn.query("SELECT pg_catalog.pg_try_advisory_lock(" + lock_key + ")");
+  if (lock.rows.empty() || lock.rows[0][0] != "t")
+    throw PgError("another walrelay is taking the initial snapshot for slot " + config_.slot_name +
+                      "; waiting to take over if it stops",
+                  "55006");
+
+  // What prepare() saw may have changed while another walrelay held the
+  // lock (it may have finished the snapshot): look again, and start the
+  // session over if so.
+  std::vector<std::string> problems, warnings;
+  const ServerFacts now = co_await inspect_server(conn, config_, facts.system, problems, warnings);
+  const auto pending = [](const ServerFacts& f) { return f.marker && f.marker->snapshot_pending; };
+  if (now.slot.exists != facts.slot.exists || pending(now) != pending(facts) ||
+      now.marker.has_value() != facts.marker.has_value()) {
+    co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
+    throw PgError("slot " + config_.slot_name + " or its marker changed while waiting for the snapshot's lock "
+                  "(another walrelay took or finished the snapshot); looking again",
+                  "");
+  }
+  co_return lock_key;
+}
+
+// Exactly once: takes the transactional.id over now (a zombie's open
+// transaction, an interrupted snapshot's, is aborted); the committed position
+// says whether an earlier snapshot got into Kafka. Its point when it did.
+asio::awaitable<std::optional<Lsn>> Relay::snapshot_in_kafka(PgConnection& conn, const ServerFacts& facts,
+                                                             const SourceIdentity& source,
+                                                             const std::string& lock_key) {
+  const std::optional<CommittedPosition> committed = co_await transactional_->recover(source);
+  if (!(facts.marker && facts.marker->snapshot_pending && facts.slot.exists && committed &&
+        committed->system == source.system && facts.slot.confirmed_flush_lsn &&
+        committed->end_lsn == *facts.slot.confirmed_flush_lsn))
+    co_return std::nullopt;
+  const Lsn point = committed->end_lsn;
+  spdlog::info("slot={} exactly once: the initial snapshot begun on {} is in Kafka (committed at its consistent "
+               "point {}); only its record in the publication was missing: streaming from there",
+               config_.slot_name, facts.marker->created_at, point.to_string());
+  co_await record_slot(conn, facts, point);
+  co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
+  co_return point;
+}
+
+// An interrupted snapshot taken again on its kept slot, from `point`: the
+// tables locked, the transaction begun, and the first snapshot's view
+// returned when it can still choose the rows ("" when every row is sent).
+asio::awaitable<std::string> Relay::begin_snapshot_retake(PgConnection& conn, const ServerFacts& facts, Lsn point) {
+  std::string first_view = facts.marker->snapshot_xids;
+  if (facts.marker->created_lsn && *facts.marker->created_lsn != point)
+    spdlog::warn("slot={} the slot's confirmed position {} is not the snapshot's consistent point {} recorded in "
+                 "the marker: streaming from the slot's",
+                 config_.slot_name, point.to_string(), facts.marker->created_lsn->to_string());
+  // The tables' locks first (a rewrite now would give rows new xmins
+  // under this snapshot), then the snapshot, taken by the first query.
+  co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  std::string tables_sql;
+  for (const auto& t : config_.table_include_list)
+    tables_sql += (tables_sql.empty() ? "" : ", ") + conn.quote_identifier(t.schema) + "." +
+                  conn.quote_identifier(t.name);
+  if (!tables_sql.empty()) co_await conn.query("LOCK TABLE " + tables_sql + " IN ACCESS SHARE MODE");
+  const std::string unusable = co_await first_view_unusable(conn, facts);
+  if (unusable.empty()) {
+    spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start with the "
+                 "rows it would have sent (those still in the outbox), then streaming from its slot, kept at {}, "
+                 "everything committed since; rows sent before are sent again (the same ids, for consumers that "
+                 "deduplicate)",
+                 config_.slot_name, facts.marker->created_at, point.to_string());
+    co_return first_view;
+  }
+  if (transactional_)
+    throw Fatal("slot.name: the initial snapshot begun on " + facts.marker->created_at + " did not finish and " +
+                unusable + ". Taken again with every row the outbox holds, under exactly.once.support=required "
+                "the rows committed since its consistent point " + point.to_string() +
+                " would reach read_committed consumers twice (from the snapshot and from the slot). Choose: "
+                "start once without exactly.once.support=required (at least once: those rows twice, the same "
+                "ids), or drop slot " + config_.slot_name + " (SELECT pg_drop_replication_slot('" +
+                config_.slot_name + "')) to take the snapshot with a new slot, skipping the events since that "
+                "point that left no row in the outbox");
+  spdlog::warn("slot={} the initial snapshot begun on {} did not finish and {}: taking it again from the start "
+               "with every row the outbox holds now, then streaming from its slot at {}; rows committed since "
+               "then are sent twice (the same ids), the second copy possibly after a later event of its key",
+               config_.slot_name, facts.marker->created_at, unusable, point.to_string());
+  co_return std::string();
+}
+
+// Why the first snapshot's view cannot choose the rows of a snapshot taken
+// again ("" when it can): it was not recorded, or the tables were rewritten.
+asio::awaitable<std::string> Relay::first_view_unusable(PgConnection& conn, const ServerFacts& facts) {
+  std::string unusable;
+  if (facts.marker->snapshot_xids.empty()) {
+    unusable = "did not record its view of the tables";
+  } else {
+    auto files = co_await conn.query(table_files_sql(conn, config_));
+    const std::string now = files.rows.empty() ? "" : files.rows[0][0].value_or("");
+    if (facts.marker->snapshot_files.empty() || now != facts.marker->snapshot_files)
+      unusable = "its view cannot judge the rows any more: the outbox tables were rewritten since (ALTER TABLE "
+                 "... TYPE, pg_repack, VACUUM FULL, CLUSTER give rows new files and new xmins)";
+  }
+  if (unusable.empty() && mutation::active(mutation::Break::snapshot_retake_unfiltered))
+    unusable = "(mutation snapshot_retake_unfiltered)";
+  co_return unusable;
+}
+
+// A snapshot with a new slot (an interrupted one's dropped first): marked
+// pending, the slot created inside the transaction, and the snapshot's view
+// recorded before a row is sent. Returns the slot's consistent point.
+asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const ServerFacts& facts) {
+  if (facts.marker && facts.marker->snapshot_pending) {
+    spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start; the "
+                 "rows it sent are sent again (the same ids, for consumers that deduplicate){}",
+                 config_.slot_name, facts.marker->created_at,
+                 facts.slot.exists ? "; its slot is dropped and made again" : "");
+    if (facts.slot.exists) co_await conn.query("DROP_REPLICATION_SLOT " + conn.quote_identifier(config_.slot_name));
+  }
+  try {
+    co_await mark_snapshot_pending(conn, config_, facts);
+  } catch (const PgError& e) {
+    if (e.sqlstate() == "42501") throw Fatal(e.what());
+    throw;
+  }
+  co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  const Lsn point = co_await create_slot(conn, config_, true);
+  // The snapshot's view, recorded before a row is sent (on a connection of
+  // its own: this one is inside the snapshot's read-only transaction), so
+  // that a snapshot taken again after an interruption knows which rows
+  // this one would have sent.
+  auto view = co_await conn.query("SELECT pg_catalog.pg_current_snapshot()::text");
+  const std::string xids = view.rows.empty() ? "" : view.rows[0][0].value_or("");
+  if (!is_pg_snapshot_text(xids)) throw PgError("could not read the snapshot's view: '" + xids + "'", "");
+  auto files = co_await conn.query(table_files_sql(conn, config_));
+  const std::string table_files = files.rows.empty() ? "" : files.rows[0][0].value_or("");
+  // Nothing is sent yet, and the view lives only in this transaction: a
+  // failure to record it (a full server, a lock) is tried again for a
+  // while. Given up, the slot is kept (it holds what was committed since
+  // its point) and a later start takes the snapshot without the view.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      PgConnection side(io_);
+      co_await side.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
+      co_await record_snapshot_view(side, config_, facts, point, xids, table_files);
+      side.close();
+      break;
+    } catch (const PgError& e) {
+      if (attempt >= 10 || stop_requested_) throw;
+      spdlog::warn("slot={} could not record the initial snapshot's view (try {} of 10): {}", config_.slot_name,
+                   attempt, e.what());
+    }
+    co_await sleep(std::chrono::milliseconds(500 * attempt));
+  }
+  co_return point;
+}
+
+// The rows the first snapshot's view saw inserted, as an SQL condition ("":
+// every row): xmin made a full xid (within 2^31 of this transaction's xmax,
+// as every unfrozen row's is) and looked up in that view. Freezing keeps a
+// row's xmin (9.4 and later), so a frozen row older than 2^32 transactions
+// can be judged wrongly; rows that old in an outbox are not expected
+// (docs/operations.md says so).
+asio::awaitable<std::string> Relay::first_view_filter(PgConnection& conn, const std::string& first_view) {
+  if (first_view.empty() || mutation::active(mutation::Break::snapshot_retake_unfiltered)) co_return std::string();
+  auto xmax = co_await conn.query("SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text");
+  const std::string now = xmax.rows.empty() ? "" : xmax.rows[0][0].value_or("");
+  if (now.empty() || now.find_first_not_of("0123456789") != std::string::npos)
+    throw PgError("could not read this snapshot's xmax", "");
+  co_return "(xmin::text::bigint < 3 OR pg_catalog.pg_visible_in_snapshot((" + now + " - ((" + now +
+      " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))::text::xid8, " +
+      conn.quote_literal(first_view) + "::pg_snapshot))";
+}
+
+// Each table's snapshot query (SELECT and configuration key), checked to be
+// one statement and to run, with its estimated rows.
+asio::awaitable<void> Relay::plan_snapshot(PgConnection& conn, const std::string& visible_at_point,
+                                           std::vector<SnapshotTable>& tables) {
   for (const auto& name : config_.table_include_list) {
     SnapshotTable& t = tables.emplace_back();
     t.rows = co_await describe_table(conn, name);
-    const std::string& list = t.rows.select_list;
-    const std::string order_column =
-        config_.snapshot_order_column.empty() ? config_.field_event_id : config_.snapshot_order_column;
-    const std::string order = " ORDER BY " + conn.quote_identifier(order_column);
-    const std::string& table_sql = t.rows.quoted_table;
-    auto override_it = config_.snapshot_select_overrides.find(name.qualified());
-    const std::string& id_column = conn.quote_identifier(config_.field_event_id);
-    if (override_it == config_.snapshot_select_overrides.end()) {
-      t.select = "SELECT " + list + " FROM " + table_sql +
-                 (visible_at_point.empty() ? std::string() : " WHERE " + visible_at_point) + order;
-      t.key = config_.snapshot_order_column.empty() ? "table.field.event.id (the snapshot's order; see "
-                                                      "snapshot.order.column)"
-                                                    : "snapshot.order.column";
-    } else {
-      const std::string& statement = override_it->second;
-      // A whole SELECT (Debezium's form) is read as a subquery, so that the
-      // columns and the order are walrelay's; anything else is a condition.
-      if (starts_with_word(statement, "select") || starts_with_word(statement, "with"))
-        t.select = "SELECT " + list + " FROM (" + statement + ") AS walrelay_snapshot_rows" +
-                   (visible_at_point.empty() ? std::string()
-                                             : " WHERE " + id_column + " IN (SELECT " + id_column + " FROM " +
-                                                   table_sql + " WHERE " + visible_at_point + ")") +
-                   order;
-      else
-        t.select = "SELECT " + list + " FROM " + table_sql + " WHERE (" +
-                   (starts_with_word(statement, "where") ? statement.substr(5) : statement) + ")" +
-                   (visible_at_point.empty() ? std::string() : " AND " + visible_at_point) + order;
-      t.key = "snapshot.select.statement.overrides." + name.qualified();
-    }
+    const bool overridden = config_.snapshot_select_overrides.count(name.qualified()) > 0;
+    snapshot_select(conn, name, visible_at_point, t);
     // The walsender takes simple queries only, which run every statement of
     // a text: an override's SELECT is first parsed on an ordinary connection
     // with the extended protocol, which refuses more than one.
-    if (override_it != config_.snapshot_select_overrides.end() &&
-        !mutation::active(mutation::Break::operator_sql_simple_protocol)) {
+    if (overridden && !mutation::active(mutation::Break::operator_sql_simple_protocol)) {
       try {
         co_await check_one_statement(conn.io(), config_, t.select);
       } catch (const PgError& e) {
@@ -300,9 +325,50 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
       throw Fatal(t.key + ": the initial snapshot's query of " + name.qualified() + " fails: " + e.what() + " (" +
                   t.select + ")");
     }
-    estimated += t.estimated;
   }
+}
 
+// A table's snapshot SELECT (t.select) and the key that decides it (t.key):
+// its rows in the snapshot's order, as an override chooses them, only those
+// `visible_at_point` when it is set.
+void Relay::snapshot_select(PgConnection& conn, const TableName& name, const std::string& visible_at_point,
+                            SnapshotTable& t) const {
+  const std::string& list = t.rows.select_list;
+  const std::string order_column =
+      config_.snapshot_order_column.empty() ? config_.field_event_id : config_.snapshot_order_column;
+  const std::string order = " ORDER BY " + conn.quote_identifier(order_column);
+  const std::string& table_sql = t.rows.quoted_table;
+  auto override_it = config_.snapshot_select_overrides.find(name.qualified());
+  const std::string& id_column = conn.quote_identifier(config_.field_event_id);
+  if (override_it == config_.snapshot_select_overrides.end()) {
+    t.select = "SELECT " + list + " FROM " + table_sql +
+               (visible_at_point.empty() ? std::string() : " WHERE " + visible_at_point) + order;
+    t.key = config_.snapshot_order_column.empty() ? "table.field.event.id (the snapshot's order; see "
+                                                    "snapshot.order.column)"
+                                                  : "snapshot.order.column";
+    return;
+  }
+  const std::string& statement = override_it->second;
+  // A whole SELECT (Debezium's form) is read as a subquery, so that the
+  // columns and the order are walrelay's; anything else is a condition.
+  if (starts_with_word(statement, "select") || starts_with_word(statement, "with"))
+    t.select = "SELECT " + list + " FROM (" + statement + ") AS walrelay_snapshot_rows" +
+               (visible_at_point.empty() ? std::string()
+                                         : " WHERE " + id_column + " IN (SELECT " + id_column + " FROM " +
+                                               table_sql + " WHERE " + visible_at_point + ")") +
+               order;
+  else
+    t.select = "SELECT " + list + " FROM " + table_sql + " WHERE (" +
+               (starts_with_word(statement, "where") ? statement.substr(5) : statement) + ")" +
+               (visible_at_point.empty() ? std::string() : " AND " + visible_at_point) + order;
+  t.key = "snapshot.select.statement.overrides." + name.qualified();
+}
+
+// The snapshot's progress begun: its estimate, its deadline under exactly
+// once, the metrics and the state that /status shows.
+void Relay::start_snapshot_progress(Lsn point, const std::vector<SnapshotTable>& tables) {
+  std::uint64_t estimated = 0;
+  for (const auto& t : tables) estimated += t.estimated;
   snapshot_.emplace();
   snapshot_->started = snapshot_->logged = std::chrono::steady_clock::now();
   if (transactional_) {
@@ -318,21 +384,16 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
   spdlog::info("slot={} initial snapshot at consistent point {}: about {} rows in {} table(s); the stream follows "
                "from there",
                config_.slot_name, point.to_string(), estimated, tables.size());
+}
 
-  // The stream's decoder is made anew by START_REPLICATION; this one only
-  // ever sees the snapshot's own messages.
-  decoder_ = pgoutput::Decoder(1);
-  commit_time_ = pgoutput::pg_epoch_micros_now();  // a snapshot row's event time, as Debezium's
-  struct Running {
-    Metrics& metrics;
-    ~Running() { metrics.snapshot_running.Set(0); }
-  } running{metrics_};
+// Every table's rows sent, then every row acknowledged before the slot may
+// be streamed from (a failed record means the snapshot is taken again);
+// exactly once, the snapshot's Kafka transaction committed at `point`.
+asio::awaitable<void> Relay::send_snapshot(PgConnection& conn, const std::vector<SnapshotTable>& tables, Lsn point) {
   for (const auto& t : tables) {
     co_await snapshot_table(conn, t, point);
     if (stop_requested_ || halt_reason_ || replay_reason_) break;
   }
-  // Every row acknowledged before the slot may be streamed from: a failed
-  // record means the snapshot is taken again.
   while (!stop_requested_ && !halt_reason_ && !replay_reason_ && ledger_.inflight_records() > 0) {
     check_snapshot_deadline();
     sink_.poll();
@@ -350,6 +411,12 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
       spdlog::info("slot={} exactly once: the initial snapshot committed in one Kafka transaction at {}",
                    config_.slot_name, point.to_string());
   }
+}
+
+// The snapshot's end: taken again after a failed record, left for the next
+// start when stopped, or committed and recorded in the slot's marker.
+asio::awaitable<std::optional<Lsn>> Relay::finish_snapshot(PgConnection& conn, const ServerFacts& facts, Lsn point,
+                                                           const std::string& lock_key) {
   if (replay_reason_)
     throw PgError("the initial snapshot was interrupted (" + *replay_reason_ + "); it is taken again from the start",
                   "");

@@ -184,31 +184,32 @@ asio::awaitable<void> make_failover_slot(PgConnection& conn, const Config& confi
   co_await conn.query(sql);
 }
 
-asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                           std::vector<std::string>& problems, std::vector<std::string>& notes) {
-  if (!config.slot_failover || facts.version < 170000 || facts.in_recovery) co_return;
-  auto show = [&](PgConnection& c, const std::string& name) -> asio::awaitable<std::string> {
-    auto r = co_await c.query("SHOW " + name);
-    co_return r.rows.empty() ? std::string() : r.rows[0][0].value_or("");
-  };
-  if (facts.slot.exists && !facts.slot.failover)
-    notes.push_back("slot " + config.slot_name + " is not a failover slot yet: walrelay will make it one at start");
-  auto synchronized = co_await show(conn, "synchronized_standby_slots");
+namespace {
+
+// A server parameter's value as SHOW gives it ("" when there is none).
+asio::awaitable<std::string> show_parameter(PgConnection& c, const std::string& name) {
+  auto r = co_await c.query("SHOW " + name);
+  co_return r.rows.empty() ? std::string() : r.rows[0][0].value_or("");
+}
+
+// The primary's part of a failover slot: synchronized_standby_slots names
+// the physical slots of the standbys, which must exist and be in use.
+asio::awaitable<void> check_synchronized_standby_slots(PgConnection& conn, std::vector<std::string>& problems,
+                                                       std::vector<std::string>& notes) {
+  auto synchronized = co_await show_parameter(conn, "synchronized_standby_slots");
   if (synchronized.empty())
     problems.push_back("slot.failover: synchronized_standby_slots is empty on the primary: set it to the physical "
                        "slot of each standby that may be promoted, or walrelay may confirm changes a promoted "
                        "standby's copy of the slot has not reached");
-  for (auto& name : [&] {
-         std::vector<std::string> out;
-         std::string item;
-         std::istringstream in(synchronized);
-         while (std::getline(in, item, ',')) {
-           item.erase(0, item.find_first_not_of(" \""));
-           item.erase(item.find_last_not_of(" \"") + 1);
-           if (!item.empty()) out.push_back(item);
-         }
-         return out;
-       }()) {
+  std::vector<std::string> names;
+  std::string item;
+  std::istringstream in(synchronized);
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \""));
+    item.erase(item.find_last_not_of(" \"") + 1);
+    if (!item.empty()) names.push_back(item);
+  }
+  for (auto& name : names) {
     auto slot = co_await conn.query("SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical' "
                                     "AND slot_name = " + conn.quote_literal(name));
     if (slot.rows.empty())
@@ -218,6 +219,50 @@ asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& con
       notes.push_back("physical slot " + name + " of synchronized_standby_slots is not in use: its standby is not "
                       "streaming, and logical decoding waits for it");
   }
+}
+
+// A standby's part of a failover slot (one host of database.hostname, as
+// `one` names it): the settings that synchronize the slot, and its copy.
+// Counts the host in `standbys` when it is a standby.
+asio::awaitable<void> check_failover_standby(PgConnection& conn, const Config& one, const Config& config,
+                                             int& standbys, std::vector<std::string>& problems,
+                                             std::vector<std::string>& notes) {
+  const std::string where = one.database_hostname + ":" + one.database_port;
+  PgConnection other(conn.io());
+  try {
+    co_await other.connect(one.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
+    auto recovery = co_await other.query("SELECT pg_catalog.pg_is_in_recovery()");
+    if (recovery.rows.empty() || recovery.rows[0][0] != "t") co_return;  // another primary? not a standby
+    ++standbys;
+    if (co_await show_parameter(other, "sync_replication_slots") != "on")
+      problems.push_back("slot.failover: standby " + where + " has sync_replication_slots off");
+    if (co_await show_parameter(other, "hot_standby_feedback") != "on")
+      problems.push_back("slot.failover: standby " + where + " has hot_standby_feedback off");
+    if ((co_await show_parameter(other, "primary_slot_name")).empty())
+      problems.push_back("slot.failover: standby " + where + " has no primary_slot_name");
+    if ((co_await show_parameter(other, "primary_conninfo")).find("dbname") == std::string::npos)
+      problems.push_back("slot.failover: standby " + where + "'s primary_conninfo names no dbname");
+    auto synced = co_await other.query("SELECT synced, temporary FROM pg_catalog.pg_replication_slots WHERE "
+                                       "slot_name = " + other.quote_literal(config.slot_name));
+    if (synced.rows.empty())
+      notes.push_back("standby " + where + " has no copy of slot " + config.slot_name + " yet");
+    else if (synced.rows[0][1] == "t")
+      notes.push_back("standby " + where + "'s copy of slot " + config.slot_name +
+                      " is still temporary: it survives a promotion once the primary's slot has been consumed past "
+                      "a running-transactions record");
+  } catch (const PgError& e) {
+    problems.push_back("slot.failover: could not check host " + where + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& config, const ServerFacts& facts,
+                                           std::vector<std::string>& problems, std::vector<std::string>& notes) {
+  if (!config.slot_failover || facts.version < 170000 || facts.in_recovery) co_return;
+  if (facts.slot.exists && !facts.slot.failover)
+    notes.push_back("slot " + config.slot_name + " is not a failover slot yet: walrelay will make it one at start");
+  co_await check_synchronized_standby_slots(conn, problems, notes);
 
   // The other hosts of database.hostname: the standbys that may be promoted.
   std::vector<std::string> hosts, ports;
@@ -235,33 +280,8 @@ asio::awaitable<void> check_failover_setup(PgConnection& conn, const Config& con
     one.database_hostname = hosts[i];
     one.database_port = ports.size() == hosts.size() ? ports[i] : ports.front();
     one.database_target_session_attrs = "any";
-    const std::string where = one.database_hostname + ":" + one.database_port;
     if (here_host && here_port && hosts[i] == here_host && one.database_port == here_port) continue;
-    PgConnection other(conn.io());
-    try {
-      co_await other.connect(one.conninfo(false), std::chrono::milliseconds(config.database_connect_timeout_ms));
-      auto recovery = co_await other.query("SELECT pg_catalog.pg_is_in_recovery()");
-      if (recovery.rows.empty() || recovery.rows[0][0] != "t") continue;  // another primary? not a standby
-      ++standbys;
-      if (co_await show(other, "sync_replication_slots") != "on")
-        problems.push_back("slot.failover: standby " + where + " has sync_replication_slots off");
-      if (co_await show(other, "hot_standby_feedback") != "on")
-        problems.push_back("slot.failover: standby " + where + " has hot_standby_feedback off");
-      if ((co_await show(other, "primary_slot_name")).empty())
-        problems.push_back("slot.failover: standby " + where + " has no primary_slot_name");
-      if ((co_await show(other, "primary_conninfo")).find("dbname") == std::string::npos)
-        problems.push_back("slot.failover: standby " + where + "'s primary_conninfo names no dbname");
-      auto synced = co_await other.query("SELECT synced, temporary FROM pg_catalog.pg_replication_slots WHERE "
-                                         "slot_name = " + other.quote_literal(config.slot_name));
-      if (synced.rows.empty())
-        notes.push_back("standby " + where + " has no copy of slot " + config.slot_name + " yet");
-      else if (synced.rows[0][1] == "t")
-        notes.push_back("standby " + where + "'s copy of slot " + config.slot_name +
-                        " is still temporary: it survives a promotion once the primary's slot has been consumed past "
-                        "a running-transactions record");
-    } catch (const PgError& e) {
-      problems.push_back("slot.failover: could not check host " + where + ": " + e.what());
-    }
+    co_await check_failover_standby(conn, one, config, standbys, problems, notes);
   }
   if (standbys == 0)
     notes.push_back("slot.failover: database.hostname names no standby to check; list the failover candidates "
@@ -282,11 +302,12 @@ std::string marker_sql(const Config& config, const SlotMarker& marker) {
          literal(pub) + "), " + literal(line) + ")); END $walrelay$;";
 }
 
-asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
-                                            std::vector<std::string>& problems, std::vector<std::string>& warnings) {
-  ServerFacts facts;
-  facts.version = conn.server_version();
-  facts.system = std::move(system);
+namespace {
+
+// The server itself: its version, whether it is a standby, and wal_level,
+// against what walrelay (and a failover slot) needs.
+asio::awaitable<void> inspect_version(PgConnection& conn, const Config& config, ServerFacts& facts,
+                                      std::vector<std::string>& problems) {
   if (facts.version < 140000)
     problems.push_back("PostgreSQL " + std::to_string(facts.version / 10000) +
                        " is not supported: walrelay needs 14 or later");
@@ -308,8 +329,13 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
   auto level = wal_level.rows.empty() ? std::string("?") : wal_level.rows[0][0].value_or("?");
   if (level != "logical")
     problems.push_back("wal_level is " + level + ": set wal_level = logical in postgresql.conf and restart the server");
+}
 
-  const auto mapped = mapped_columns(config);
+// The relayed tables: each exists, is a table or a partitioned one, and
+// has the mapped columns as columns pgoutput sends.
+asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
+                                     const std::vector<std::pair<std::string, std::string>>& mapped,
+                                     ServerFacts& facts, std::vector<std::string>& problems) {
   for (auto& t : config.table_include_list) {
     auto rel = co_await conn.query(
         "SELECT c.oid, c.relkind, c.relispartition FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
@@ -344,75 +370,98 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
       }
     }
   }
+}
 
+// The publication as it is: its settings, the relayed tables it holds (and
+// their column lists and row filters), and the slot's marker in its comment.
+asio::awaitable<void> inspect_publication(PgConnection& conn, const Config& config,
+                                          const std::vector<std::pair<std::string, std::string>>& mapped,
+                                          ServerFacts& facts, std::vector<std::string>& warnings) {
   auto pub = co_await conn.query(
       std::string("SELECT p.pubviaroot, p.pubinsert, p.puballtables, obj_description(p.oid, 'pg_publication'), ") +
       (facts.version >= 180000 ? "p.pubgencols = 's'" : "false") +
       " FROM pg_catalog.pg_publication p WHERE p.pubname = " + conn.quote_literal(config.publication_name));
   auto& pf = facts.publication;
   pf.exists = !pub.rows.empty();
-  if (pf.exists) {
-    pf.via_root = pub.rows[0][0] == "t";
-    pf.publishes_insert = pub.rows[0][1] == "t";
-    pf.all_tables = pub.rows[0][2] == "t";
-    pf.comment = pub.rows[0][3].value_or("");
-    pf.publishes_generated = pub.rows[0][4] == "t";
-    const bool has_column_lists = facts.version >= 150000;
-    for (auto& t : config.table_include_list) {
-      bool partitioned = std::find(facts.partitioned_tables.begin(), facts.partitioned_tables.end(),
-                                   t.qualified()) != facts.partitioned_tables.end();
-      if (partitioned && !pf.via_root) {
-        // pg_publication_tables would list the leaves: the root's name never
-        // reaches walrelay, and every row would arrive under a leaf's name.
-        pf.leaf_named_tables.push_back(t.qualified());
-        continue;
-      }
-      auto in = co_await conn.query(
-          std::string("SELECT ") + (has_column_lists ? "array_to_string(attnames, ','), rowfilter" : "NULL, NULL") +
-          " FROM pg_catalog.pg_publication_tables WHERE pubname = " + conn.quote_literal(config.publication_name) +
-          " AND schemaname = " + conn.quote_literal(t.schema) + " AND tablename = " + conn.quote_literal(t.name));
-      if (in.rows.empty()) {
-        pf.missing_tables.push_back(t.qualified());
-        continue;
-      }
-      if (auto& attnames = in.rows[0][0]) {
-        std::string list = "," + *attnames + ",";
-        for (auto& [key, column] : mapped)
-          if (list.find("," + column + ",") == std::string::npos)
-            pf.column_list_gaps.push_back(t.qualified() + " column \"" + column + "\" (" + key + ")");
-      }
-      if (auto& filter = in.rows[0][1])
-        warnings.push_back("publication " + config.publication_name + " filters the rows of " + t.qualified() +
-                           " (WHERE " + *filter + "): rows it leaves out are never relayed");
+  if (!pf.exists) co_return;
+  pf.via_root = pub.rows[0][0] == "t";
+  pf.publishes_insert = pub.rows[0][1] == "t";
+  pf.all_tables = pub.rows[0][2] == "t";
+  pf.comment = pub.rows[0][3].value_or("");
+  pf.publishes_generated = pub.rows[0][4] == "t";
+  const bool has_column_lists = facts.version >= 150000;
+  for (auto& t : config.table_include_list) {
+    bool partitioned = std::find(facts.partitioned_tables.begin(), facts.partitioned_tables.end(),
+                                 t.qualified()) != facts.partitioned_tables.end();
+    if (partitioned && !pf.via_root) {
+      // pg_publication_tables would list the leaves: the root's name never
+      // reaches walrelay, and every row would arrive under a leaf's name.
+      pf.leaf_named_tables.push_back(t.qualified());
+      continue;
     }
-    for (const auto& m : parse_slot_markers(pf.comment))
-      if (m.slot == config.slot_name) facts.marker = m;
+    auto in = co_await conn.query(
+        std::string("SELECT ") + (has_column_lists ? "array_to_string(attnames, ','), rowfilter" : "NULL, NULL") +
+        " FROM pg_catalog.pg_publication_tables WHERE pubname = " + conn.quote_literal(config.publication_name) +
+        " AND schemaname = " + conn.quote_literal(t.schema) + " AND tablename = " + conn.quote_literal(t.name));
+    if (in.rows.empty()) {
+      pf.missing_tables.push_back(t.qualified());
+      continue;
+    }
+    if (auto& attnames = in.rows[0][0]) {
+      std::string list = "," + *attnames + ",";
+      for (auto& [key, column] : mapped)
+        if (list.find("," + column + ",") == std::string::npos)
+          pf.column_list_gaps.push_back(t.qualified() + " column \"" + column + "\" (" + key + ")");
+    }
+    if (auto& filter = in.rows[0][1])
+      warnings.push_back("publication " + config.publication_name + " filters the rows of " + t.qualified() +
+                         " (WHERE " + *filter + "): rows it leaves out are never relayed");
   }
+  for (const auto& m : parse_slot_markers(pf.comment))
+    if (m.slot == config.slot_name) facts.marker = m;
+}
 
+// The slot as it is: whether it exists, is in use, still valid, and is a
+// pgoutput slot of the configured database.
+asio::awaitable<void> inspect_slot(PgConnection& conn, const Config& config, ServerFacts& facts,
+                                   std::vector<std::string>& problems) {
   std::string slot_columns = "plugin, database, active_pid, wal_status, confirmed_flush_lsn";
   if (facts.version >= 160000) slot_columns += ", conflicting";
   if (facts.version >= 170000) slot_columns += ", invalidation_reason, failover";
   auto slot = co_await conn.query("SELECT " + slot_columns + " FROM pg_catalog.pg_replication_slots WHERE slot_name = " +
                                   conn.quote_literal(config.slot_name));
   auto& sf = facts.slot;
-  if (!slot.rows.empty()) {
-    sf.exists = true;
-    sf.plugin = slot.at(0, "plugin");
-    sf.database = slot.at(0, "database");
-    if (auto& pid = slot.at(0, "active_pid")) sf.active_pid = std::stoi(*pid);
-    sf.wal_status = slot.at(0, "wal_status");
-    sf.confirmed_flush_lsn = parse_lsn(slot.at(0, "confirmed_flush_lsn"));
-    sf.failover = slot.at(0, "failover") == "t";
-    if (auto& reason = slot.at(0, "invalidation_reason")) sf.invalid_reason = *reason;
-    else if (slot.at(0, "conflicting") == "t") sf.invalid_reason = "recovery conflict";
-    else if (sf.wal_status == "lost") sf.invalid_reason = "wal_status lost: max_slot_wal_keep_size exceeded";
-    if (sf.plugin != "pgoutput")
-      problems.push_back("slot.name: slot " + config.slot_name + " uses plugin " + sf.plugin.value_or("(physical)") +
-                         ", not pgoutput");
-    if (sf.database != config.database_dbname)
-      problems.push_back("slot.name: slot " + config.slot_name + " belongs to database " +
-                         sf.database.value_or("?") + ", not " + config.database_dbname);
-  }
+  if (slot.rows.empty()) co_return;
+  sf.exists = true;
+  sf.plugin = slot.at(0, "plugin");
+  sf.database = slot.at(0, "database");
+  if (auto& pid = slot.at(0, "active_pid")) sf.active_pid = std::stoi(*pid);
+  sf.wal_status = slot.at(0, "wal_status");
+  sf.confirmed_flush_lsn = parse_lsn(slot.at(0, "confirmed_flush_lsn"));
+  sf.failover = slot.at(0, "failover") == "t";
+  if (auto& reason = slot.at(0, "invalidation_reason")) sf.invalid_reason = *reason;
+  else if (slot.at(0, "conflicting") == "t") sf.invalid_reason = "recovery conflict";
+  else if (sf.wal_status == "lost") sf.invalid_reason = "wal_status lost: max_slot_wal_keep_size exceeded";
+  if (sf.plugin != "pgoutput")
+    problems.push_back("slot.name: slot " + config.slot_name + " uses plugin " + sf.plugin.value_or("(physical)") +
+                       ", not pgoutput");
+  if (sf.database != config.database_dbname)
+    problems.push_back("slot.name: slot " + config.slot_name + " belongs to database " +
+                       sf.database.value_or("?") + ", not " + config.database_dbname);
+}
+
+}  // namespace
+
+asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& config, std::string system,
+                                            std::vector<std::string>& problems, std::vector<std::string>& warnings) {
+  ServerFacts facts;
+  facts.version = conn.server_version();
+  facts.system = std::move(system);
+  co_await inspect_version(conn, config, facts, problems);
+  const auto mapped = mapped_columns(config);
+  co_await inspect_tables(conn, config, mapped, facts, problems);
+  co_await inspect_publication(conn, config, mapped, facts, warnings);
+  co_await inspect_slot(conn, config, facts, problems);
   co_return facts;
 }
 

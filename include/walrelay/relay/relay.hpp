@@ -103,6 +103,13 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> run();
   boost::asio::awaitable<void> session();
   boost::asio::awaitable<void> prepare(PgConnection& conn);
+  boost::asio::awaitable<ServerFacts> check_source(PgConnection& conn, const std::string& system);
+  boost::asio::awaitable<bool> prepare_slot(PgConnection& conn, const ServerFacts& facts, const SourceIdentity& source,
+                                            std::optional<pgoutput::Lsn>& wal_reached);
+  boost::asio::awaitable<std::string> start_replication(PgConnection& conn);
+  boost::asio::awaitable<void> take_over_position(PgConnection& conn, const SourceIdentity& source,
+                                                  const ServerFacts& facts, std::optional<pgoutput::Lsn> wal_reached,
+                                                  const std::string& history);
   boost::asio::awaitable<void> stream(PgConnection& conn);
   boost::asio::awaitable<std::optional<CommittedPosition>> recover_position(PgConnection& conn,
                                                                             const SourceIdentity& source);
@@ -147,6 +154,25 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts,
                                                                         const SourceIdentity& source);
   struct SnapshotTable;  // relay_snapshot.cpp
+  boost::asio::awaitable<std::string> lock_snapshot(PgConnection& conn, const ServerFacts& facts);
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> snapshot_in_kafka(PgConnection& conn, const ServerFacts& facts,
+                                                                         const SourceIdentity& source,
+                                                                         const std::string& lock_key);
+  boost::asio::awaitable<std::string> begin_snapshot_retake(PgConnection& conn, const ServerFacts& facts,
+                                                            pgoutput::Lsn point);
+  boost::asio::awaitable<std::string> first_view_unusable(PgConnection& conn, const ServerFacts& facts);
+  boost::asio::awaitable<pgoutput::Lsn> begin_snapshot_with_slot(PgConnection& conn, const ServerFacts& facts);
+  boost::asio::awaitable<std::string> first_view_filter(PgConnection& conn, const std::string& first_view);
+  boost::asio::awaitable<void> plan_snapshot(PgConnection& conn, const std::string& visible_at_point,
+                                             std::vector<SnapshotTable>& tables);
+  void snapshot_select(PgConnection& conn, const TableName& name, const std::string& visible_at_point,
+                       SnapshotTable& t) const;
+  void start_snapshot_progress(pgoutput::Lsn point, const std::vector<SnapshotTable>& tables);
+  boost::asio::awaitable<void> send_snapshot(PgConnection& conn, const std::vector<SnapshotTable>& tables,
+                                             pgoutput::Lsn point);
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> finish_snapshot(PgConnection& conn, const ServerFacts& facts,
+                                                                       pgoutput::Lsn point,
+                                                                       const std::string& lock_key);
   boost::asio::awaitable<void> snapshot_table(PgConnection& conn, const SnapshotTable& table, pgoutput::Lsn point);
   // Hands one decoded snapshot row to the mapper and the sink, waiting for
   // room as the stream does. false: stopped, halted or replaying.

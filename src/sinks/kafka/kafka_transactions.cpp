@@ -137,10 +137,12 @@ void create_offsets_topic(rd_kafka_t* rk, const std::string& topic) {
 // its coordinator up, so the principal needs READ on it (docs/operations.md).
 constexpr const char* offsets_reader_group = "walrelay-offsets-reader";
 
-// The last position committed for `key` in the offsets topic, read with
-// isolation.level=read_committed from the start to the end. Runs on the worker.
-std::optional<CommittedPosition> read_position(const std::map<std::string, std::string>& settings,
-                                               const std::string& topic, const std::string& key) {
+// A consumer closed and destroyed with its owner.
+using OffsetsConsumer = std::unique_ptr<rd_kafka_t, void (*)(rd_kafka_t*)>;
+
+// The consumer that reads the offsets topic: the producer's connection
+// settings, committed records only, and the end of each partition reported.
+OffsetsConsumer open_offsets_consumer(const std::map<std::string, std::string>& settings) {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   auto set = [&](const char* k, const std::string& v) {
@@ -163,12 +165,16 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
     rd_kafka_conf_destroy(conf);
     throw std::runtime_error(std::string("could not create the offsets consumer: ") + err);
   }
-  std::unique_ptr<rd_kafka_t, void (*)(rd_kafka_t*)> guard(consumer, [](rd_kafka_t* c) {
+  return OffsetsConsumer(consumer, [](rd_kafka_t* c) {
     rd_kafka_consumer_close(c);
     rd_kafka_destroy(c);
   });
-  // walrelay writes partition 0; a topic made by hand (or by auto-creation)
-  // may have more, and every partition is read.
+}
+
+// walrelay writes partition 0; a topic made by hand (or by auto-creation)
+// may have more, and every partition is read: all are assigned from their
+// beginning. Returns how many there are.
+int assign_offsets_partitions(rd_kafka_t* consumer, const std::string& topic) {
   int partitions = 1;
   {
     rd_kafka_topic_t* rkt = rd_kafka_topic_new(consumer, topic.c_str(), nullptr);
@@ -184,14 +190,21 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
   auto assigned = rd_kafka_assign(consumer, parts);
   rd_kafka_topic_partition_list_destroy(parts);
   if (assigned) throw std::runtime_error(std::string("could not read the offsets topic: ") + rd_kafka_err2str(assigned));
-  // Per partition, the last record for `key` in offset order is the one in
-  // force (a timestamp is the producer's clock, which may go back). Across
-  // partitions, which only a topic made by hand has, the newest wins.
-  struct Last {
-    std::optional<std::string> value;  // nullopt: a tombstone (walrelay --reset-offsets)
-    std::int64_t timestamp = -1;
-  };
-  std::map<std::int32_t, Last> last_of;
+  return partitions;
+}
+
+// The last record for a key in one partition of the offsets topic.
+struct LastRecord {
+  std::optional<std::string> value;  // nullopt: a tombstone (walrelay --reset-offsets)
+  std::int64_t timestamp = -1;
+};
+
+// Per partition, the last record for `key` in offset order is the one in
+// force (a timestamp is the producer's clock, which may go back): read
+// every assigned partition to its end.
+std::map<std::int32_t, LastRecord> read_last_records(rd_kafka_t* consumer, const std::string& topic,
+                                                     const std::string& key, int partitions) {
+  std::map<std::int32_t, LastRecord> last_of;
   int at_end = 0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (at_end < partitions) {
@@ -216,20 +229,20 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
                : std::string()));
     }
     if (m->key && std::string_view(static_cast<const char*>(m->key), m->key_len) == key) {
-      Last& l = last_of[m->partition];
+      LastRecord& l = last_of[m->partition];
       l.value = m->payload ? std::optional<std::string>(std::string(static_cast<const char*>(m->payload), m->len))
                            : std::nullopt;
       l.timestamp = rd_kafka_message_timestamp(m, nullptr);
     }
   }
-  const Last* newest = nullptr;
-  for (auto& [partition, l] : last_of)
-    if (!newest || l.timestamp > newest->timestamp) newest = &l;
-  if (!newest || !newest->value) return std::nullopt;
-  const std::optional<std::string>& last = newest->value;
-  auto doc = Json::parse(*last, nullptr, false);
+  return last_of;
+}
+
+// A committed position as the offsets topic holds it (JSON), read.
+CommittedPosition parse_position(const std::string& topic, const std::string& key, const std::string& last) {
+  auto doc = Json::parse(last, nullptr, false);
   if (doc.is_discarded() || !doc.contains("end_lsn"))
-    throw std::runtime_error("the offsets topic " + topic + " holds an unreadable position for " + key + ": " + *last);
+    throw std::runtime_error("the offsets topic " + topic + " holds an unreadable position for " + key + ": " + last);
   CommittedPosition p;
   auto lsn = Lsn::parse(doc["end_lsn"].get<std::string>());
   if (!lsn) throw std::runtime_error("the offsets topic " + topic + " holds an unreadable LSN for " + key);
@@ -237,6 +250,21 @@ std::optional<CommittedPosition> read_position(const std::map<std::string, std::
   p.system = doc.value("system_identifier", "");
   p.timeline = doc.value("timeline", "");
   return p;
+}
+
+// The last position committed for `key` in the offsets topic, read with
+// isolation.level=read_committed from the start to the end. Runs on the worker.
+std::optional<CommittedPosition> read_position(const std::map<std::string, std::string>& settings,
+                                               const std::string& topic, const std::string& key) {
+  OffsetsConsumer consumer = open_offsets_consumer(settings);
+  const int partitions = assign_offsets_partitions(consumer.get(), topic);
+  const auto last_of = read_last_records(consumer.get(), topic, key, partitions);
+  // Across partitions, which only a topic made by hand has, the newest wins.
+  const LastRecord* newest = nullptr;
+  for (auto& [partition, l] : last_of)
+    if (!newest || l.timestamp > newest->timestamp) newest = &l;
+  if (!newest || !newest->value) return std::nullopt;
+  return parse_position(topic, key, *newest->value);
 }
 
 }  // namespace
