@@ -43,22 +43,22 @@ services="$repo/scripts/services.sh"
 declare -A catchers
 catchers[confirm_before_ack]='relay with a fake sink: a record never acknowledged holds the slot* @@ f.db().confirmed_flush(f.slot) < in_a
 relay with a fake sink: acknowledgements out of order* @@ f.db().confirmed_flush(f.slot) < in_a'
-catchers[drop_records]='relay: every committed event arrives once* @@ f.db().confirmed_flush(f.slot) >= end
-relay: a partitioned outbox* @@ missing'
+catchers[drop_records]='relay: every committed event arrives once* @@ return f.db().confirmed_flush(f.slot) >= end
+relay: a partitioned outbox* @@ seen[k] == 1'
 catchers[reorder_key]='relay: per-key order holds across concurrent writers @@ seq > high'
 catchers[skip_dlq_wait]='relay with a fake sink: the dead-letter copy of a row that cannot be mapped* @@ f.db().confirmed_flush(f.slot) < in_poison
 relay with a fake sink: a record the broker refuses for its own reason* @@ f.db().confirmed_flush(f.slot) < in_big'
 catchers[sigterm_no_wait]='fault: SIGTERM with records in flight* @@ f.db().confirmed_flush(f.slot) < first_commit_end @@ alone
 relay with a fake sink: a record never acknowledged holds the slot* @@ f.db().confirmed_flush(f.slot) < in_a'
 catchers[confirm_past_abort]='fault: exactly once - a record the broker refuses aborts* @@ f.db().confirmed_flush(f.slot) <= before_t1_commit'
-catchers[registry_dead_letters]='schema registry: a subject with no schema holds the stream* @@ confirmed_flush @@ registry'
+catchers[registry_dead_letters]='schema registry: a subject with no schema holds the stream* @@ walrelay_schema_registry_requests_total{outcome=\"not_found\"} @@ registry'
 catchers[redrive_commit_early]='redrive: after a fix every dead letter reaches its topic* @@ missing.empty()'
-catchers[snapshot_resume_as_done]='snapshot: kill -9 in the middle of the snapshot* @@ seqs.size()'
+catchers[snapshot_resume_as_done]='snapshot: kill -9 in the middle of the snapshot* @@ missing.empty()'
 catchers[snapshot_commit_chunks]='snapshot: exactly once - the snapshot is one Kafka transaction* @@ count_records'
 catchers[snapshot_retake_new_slot]='snapshot: events that leave no row - at least once* @@ ghost_seen.size() == static_cast<std::size_t>(ghosts)'
-catchers[snapshot_retake_unfiltered]='snapshot: events that leave no row - exactly once* @@ rows.size() == seqs.size()'
-catchers[avro_decimal_rounds]='schema registry: Avro logical types are taken by what they mean* @@ decimal @@ registry'
-catchers[json_schema_draft4]='schema registry: a draft-07 JSON Schema is checked by its own draft* @@ exclusive @@ registry'
+catchers[snapshot_retake_unfiltered]='snapshot: events that leave no row - exactly once* @@ relay->running()'
+catchers[avro_decimal_rounds]='schema registry: Avro logical types are taken by what they mean* @@ ["value"]["total"] == @@ registry'
+catchers[json_schema_draft4]='schema registry: a draft-07 JSON Schema is checked by its own draft* @@ r.status == 0 @@ registry'
 catchers[nats_ack_at_publish]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Nats @@ inflight_peak == max_pending @@ alone nats'
 catchers[rabbitmq_keep_queued]='sinks: RabbitMQ - a connection lost with records still queued behind the ones on the wire* @@ seq > high @@ rabbitmq'
 catchers[dead_letter_drop_when_full]='relay with a fake sink: a dead-letter copy that finds the queue full waits for room* @@ dead_letters_refused() >= 3
@@ -70,8 +70,8 @@ snapshot: an override cannot leave the snapshot's read-only transaction* @@ coun
 catchers[dropped_slot_recreated]='fault: a slot dropped while walrelay is stopped* @@ slots() == "0"'
 catchers[inflight_unbounded]='relay with a fake sink: max.inflight.records holds the source back* @@ p.sink->records().size() == limit'
 catchers[snapshot_stream_overlap]='snapshot: rows committed while the slot is made are in the snapshot or in the stream* @@ duplicates_of(seen) == 0'
-catchers[secrets_shown]='debezium config: the outbox example* @@ printed.find("postgrespw") == std::string::npos'
-catchers[zombie_not_fenced]='fault: exactly once - two walrelays on one slot, the active one frozen* @@ seen.duplicates() == 0'
+catchers[secrets_shown]='cli: --print-config shows no secret* @@ printed.output.find(password) == std::string::npos'
+catchers[zombie_not_fenced]='fault: exactly once - two walrelays on one slot\, the active one frozen* @@ seen.duplicates() == 0'
 
 breaks=("$@")
 ((${#breaks[@]})) || breaks=(confirm_before_ack drop_records reorder_key skip_dlq_wait sigterm_no_wait confirm_past_abort
@@ -131,17 +131,17 @@ done
 start_services() {
   local dir=$1 flags=$2 s pids=() pid log
   log="$work/services.$(basename "$dir")"
-  WALRELAY_RUN_DIR=$dir "$services" start >"$log.log" 2>&1 || { cat "$log.log" >&2; return 1; }
-  # The others side by side (the registry's JVM takes a while).
-  for s in registry nats rabbitmq; do
-    if [[ " $flags " == *" $s "* ]]; then
+  mkdir -p "$dir"
+  # Side by side: each waits mostly for its own server (the JVMs take a while).
+  for s in pg kafka registry nats rabbitmq; do
+    if [[ $s == pg || $s == kafka || " $flags " == *" $s "* ]]; then
       WALRELAY_RUN_DIR=$dir "$services" start "$s" >"$log.$s.log" 2>&1 &
       pids+=($!)
     fi
   done
-  for pid in "${pids[@]}"; do wait "$pid" || { cat "$log".*.log >&2; return 1; }; done
+  for pid in "${pids[@]}"; do wait "$pid" || { tail -n 20 "$log".*.log >&2; return 1; }; done
   # The env file written once more, now that every service has its port.
-  WALRELAY_RUN_DIR=$dir "$services" start pg >>"$log.log" 2>&1
+  WALRELAY_RUN_DIR=$dir "$services" start pg >>"$log.pg.log" 2>&1
 }
 shared_dir=$(mktemp -d /tmp/walrelay-mutation-XXXXXX)
 run_dirs+=("$shared_dir")
@@ -226,7 +226,7 @@ run_one() {
   rm -f "$work/$id.pid"
   echo $(($(date +%s) - start)) >"$work/$id.took"
   judge "$work/$id.xml" "$rc" "$mode" "$expect" >"$work/$id.verdict"
-  echo "    $(head -n 1 "$work/$id.verdict") in $(cat "$work/$id.took") s: ${b:-baseline} / $spec"
+  echo "    $(head -n 1 "$work/$id.verdict") in $(cat "$work/$id.took") s: ${b:-baseline} / $spec: $(sed -n 2p "$work/$id.verdict")"
 }
 
 # The runs: "alone" ones in a queue of their own, the rest shared.
