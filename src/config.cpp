@@ -4,6 +4,7 @@
 #include "walrelay/config.hpp"
 
 #include "walrelay/connect_config.hpp"
+#include "walrelay/mutation.hpp"
 #include "walrelay/sinks/sink_table.hpp"
 
 #include <algorithm>
@@ -917,6 +918,7 @@ std::string redact_url(const std::string& text) {
 }
 
 std::string shown_setting(const std::string& key, const std::string& value) {
+  if (mutation::active(mutation::Break::secrets_shown)) return value;
   if (is_secret_key(key)) return value.empty() ? value : "********";
   return redact_url(value);
 }

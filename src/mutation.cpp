@@ -30,6 +30,11 @@ std::string_view name(Break b) {
     case Break::ledger_unbounded: return "ledger_unbounded";
     case Break::redrive_read_uncommitted: return "redrive_read_uncommitted";
     case Break::operator_sql_simple_protocol: return "operator_sql_simple_protocol";
+    case Break::dropped_slot_recreated: return "dropped_slot_recreated";
+    case Break::inflight_unbounded: return "inflight_unbounded";
+    case Break::snapshot_stream_overlap: return "snapshot_stream_overlap";
+    case Break::secrets_shown: return "secrets_shown";
+    case Break::zombie_not_fenced: return "zombie_not_fenced";
   }
   return "?";
 }
@@ -39,14 +44,9 @@ Break selected() {
   static const Break chosen = [] {
     const char* env = std::getenv("WALRELAY_MUTATION");
     if (!env || !*env) return Break::none;
-    for (Break b : {Break::confirm_before_ack, Break::drop_records, Break::reorder_key, Break::skip_dlq_wait,
-                    Break::sigterm_no_wait, Break::confirm_past_abort,
-                    Break::registry_dead_letters, Break::nats_ack_at_publish, Break::snapshot_resume_as_done,
-                    Break::redrive_commit_early, Break::snapshot_commit_chunks, Break::snapshot_retake_new_slot,
-                    Break::snapshot_retake_unfiltered, Break::rabbitmq_keep_queued,
-                    Break::dead_letter_drop_when_full, Break::avro_decimal_rounds, Break::json_schema_draft4,
-                    Break::ledger_unbounded, Break::redrive_read_uncommitted, Break::operator_sql_simple_protocol})
-      if (name(b) == env) return b;
+    // Every break in turn, up to the first value name() does not know.
+    for (int i = 1; name(static_cast<Break>(i)) != "?"; ++i)
+      if (name(static_cast<Break>(i)) == env) return static_cast<Break>(i);
     std::fprintf(stderr, "WALRELAY_MUTATION=%s: no such break\n", env);
     std::exit(2);
   }();

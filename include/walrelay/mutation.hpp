@@ -30,6 +30,11 @@ enum class Break {
   ledger_unbounded,         // the ledger keeps every transaction acknowledged behind an unacknowledged one
   redrive_read_uncommitted, // redrive reads the dead-letter topic read_uncommitted: aborted transactions' copies too
   operator_sql_simple_protocol,  // replay's count and the snapshot's override sent as simple queries, unchecked
+  dropped_slot_recreated,   // a slot walrelay created (its marker says so) and someone dropped is made again, the gap unsaid
+  inflight_unbounded,       // max.inflight.records and max.inflight.bytes ignored: the source read whatever the sink owes
+  snapshot_stream_overlap,  // the snapshot read in a transaction begun after the slot's consistent point, not at it
+  secrets_shown,            // a secret setting shown as it is (--print-config, --check, the notes on a Connect file)
+  zombie_not_fenced,        // exactly once: each producer a transactional.id of its own, so a new one fences no zombie
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

@@ -210,6 +210,7 @@ void Relay::check_producer() {
 // Whether another record may be handed to the sink (max.inflight.*).
 bool Relay::has_room() const {
   if (!waiting_dead_letters_.empty()) return false;  // nothing overtakes a dead-letter copy waiting for room
+  if (mutation::active(mutation::Break::inflight_unbounded)) return true;
   return ledger_.inflight_records() < static_cast<std::uint64_t>(config_.max_inflight_records) &&
          ledger_.inflight_bytes() < static_cast<std::uint64_t>(config_.max_inflight_bytes);
 }

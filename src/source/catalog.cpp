@@ -2,6 +2,7 @@
 #include "walrelay/source/catalog.hpp"
 
 #include "walrelay/exit_codes.hpp"
+#include "walrelay/mutation.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -472,6 +473,7 @@ std::optional<std::string> slot_problem(const Config& config, const ServerFacts&
            "): the events it held are gone. To accept the gap, run walrelay --reset-slot once: it drops the slot, "
            "creates a new one and logs the LSN range that was skipped";
   if (sf.exists || !facts.marker) return std::nullopt;
+  if (mutation::active(mutation::Break::dropped_slot_recreated)) return std::nullopt;
   const SlotMarker& m = *facts.marker;
   // A snapshot that never made its slot: it is made and the snapshot taken
   // (see Relay::initial_snapshot). One whose slot existed (its point and

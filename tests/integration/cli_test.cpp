@@ -125,3 +125,19 @@ TEST_CASE("cli: publication.autocreate.mode=disabled without the publication hal
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
 }
+
+TEST_CASE("cli: --print-config shows no secret - the database password and the admin tokens masked, a registry URL's "
+          "user info too",
+          "[cli][secrets]") {
+  const std::string password = "Pw-print-s3cret", token = "Tok-print-s3cret", url_password = "Url-print-s3cret";
+  auto printed = run_cli({"--print-config", "--config", "CONFIG"},
+                         "database.hostname=127.0.0.1\nkafka.bootstrap.servers=127.0.0.1:1\ndatabase.password=" + password + "\nadmin.token=" + token +
+                             "\nvalue.converter=io.confluent.connect.avro.AvroConverter\n"
+                             "value.converter.schema.registry.url=http://reader:" + url_password + "@127.0.0.1:1\n");
+  INFO(printed.output);
+  REQUIRE(printed.exit_code == 0);
+  CHECK(printed.output.find("database.password=********") != std::string::npos);
+  CHECK(printed.output.find(password) == std::string::npos);
+  CHECK(printed.output.find(token) == std::string::npos);
+  CHECK(printed.output.find(url_password) == std::string::npos);
+}

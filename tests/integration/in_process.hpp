@@ -57,6 +57,12 @@ struct InProcessRelay {
     double from = metrics.status_updates.Value();
     REQUIRE(eventually([&] { return metrics.status_updates.Value() >= from + n; }, 10s, 10ms));
   }
+  // Waits for `n` more status updates, or until `done` holds: a relay that
+  // has settled everything goes quiet (nothing more to confirm) and sends none.
+  void wait_status_updates_or(int n, const std::function<bool()>& done) {
+    double from = metrics.status_updates.Value();
+    REQUIRE(eventually([&] { return metrics.status_updates.Value() >= from + n || done(); }, 10s, 10ms));
+  }
   // Whether, within `within`, a whole `quiet` went by without a status
   // update: the relay is idle, its updates would only repeat the last one.
   bool wait_status_updates_quiet(std::chrono::milliseconds quiet, std::chrono::milliseconds within) {

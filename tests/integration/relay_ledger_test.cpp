@@ -226,7 +226,7 @@ TEST_CASE("relay with a fake sink: the dead-letter copy of a row that cannot be 
   CHECK(dead[0].reason == "null_value");
   auto good = p.sink->wait_for(1, [](auto& r) { return !r.dead_letter; });
   p.sink->acknowledge(good[0]);
-  p.wait_status_updates(3);
+  p.wait_status_updates_or(3, [&] { return f.db().confirmed_flush(f.slot) >= in_poison; });
   CHECK(f.db().confirmed_flush(f.slot) < in_poison);
   p.sink->acknowledge(dead[0]);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_good; }, 10s, 20ms));
@@ -246,7 +246,7 @@ TEST_CASE("relay with a fake sink: a record the broker refuses for its own reaso
   event(f, "good");
   auto good = p.sink->wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
   p.sink->acknowledge(good[0]);
-  p.wait_status_updates(3);
+  p.wait_status_updates_or(3, [&] { return f.db().confirmed_flush(f.slot) >= in_big; });
   CHECK(f.db().confirmed_flush(f.slot) < in_big);
   p.sink->acknowledge(dead[0]);
   // Settled: the slot passes the refused record. (No upper bound here: with
@@ -330,4 +330,27 @@ TEST_CASE("relay with a fake sink: idle with everything confirmed it stops sendi
   auto in_b = inside(f, "b");
   p.sink->acknowledge(p.sink->wait_for(2)[1]);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_b; }, 2s, 10ms));
+}
+
+TEST_CASE("relay with a fake sink: max.inflight.records holds the source back - never more records unacknowledged "
+          "than the limit, and each acknowledgement lets the next one in",
+          "[relay][ledger]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::size_t limit = 5, events = 20;
+  InProcess p(f, "max.inflight.records=" + std::to_string(limit) + "\n");
+  for (std::size_t i = 0; i < events; ++i) event(f, "k" + std::to_string(i));
+  auto end = f.db().current_wal_lsn();
+  p.sink->wait_for(limit);
+  // Time for the relay to read more, were it not held back.
+  p.wait_status_updates(3);
+  CHECK(p.sink->records().size() == limit);
+  CHECK(p.status().inflight_records == limit);
+  // Each acknowledgement makes room for one more record, never more.
+  for (std::size_t acked = 0; acked < events; ++acked) {
+    auto recs = p.sink->wait_for(std::min(acked + limit, events));
+    CHECK(recs.size() <= acked + limit);
+    p.sink->acknowledge(recs[acked]);
+  }
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 10s, 20ms));
 }

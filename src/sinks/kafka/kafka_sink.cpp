@@ -109,6 +109,8 @@ void KafkaSink::create_producer() {
   rd_kafka_conf_set_events(conf, RD_KAFKA_EVENT_DR | RD_KAFKA_EVENT_ERROR | RD_KAFKA_EVENT_STATS |
                                      RD_KAFKA_EVENT_LOG);
   if (transactions_) set("transactional.id", transactions_->transactional_id);
+  if (transactions_ && mutation::active(mutation::Break::zombie_not_fenced))
+    set("transactional.id", transactions_->transactional_id + "-" + std::to_string(::getpid()));
   rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);  // takes conf on success
   if (!rk_) {
     rd_kafka_conf_destroy(conf);
