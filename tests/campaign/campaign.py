@@ -134,7 +134,9 @@ class Campaign:
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
-        self.name = f"camp_{args.sink.replace('-', '_')}_{args.seed % 10**9}"
+        # The seed decides the run; the time in the name lets a seed be run
+        # again beside a failed run's leftovers (kept for the post-mortem).
+        self.name = f"camp_{args.sink.replace('-', '_')}_{args.seed % 10**9}_{int(time.time()) % 100000}"
         self.dir = args.workdir or f"/tmp/walrelay-campaign-{self.name}"
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
@@ -537,6 +539,13 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         self.spawn()
         sup = threading.Thread(target=self.supervisor, daemon=True)
         sup.start()
+        # Rows committed before the slot's consistent point are not relayed
+        # (snapshot.mode=no_data): the writers start once the slot exists.
+        deadline = time.monotonic() + 60
+        while self.pg.run(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{self.name}';")[1].strip() != "1":
+            if time.monotonic() > deadline:
+                raise RuntimeError("walrelay did not create its slot within 60 s")
+            time.sleep(0.2)
         writers = [threading.Thread(target=self.writer, args=(w,), daemon=True) for w in range(2)]
         for w in writers:
             w.start()
