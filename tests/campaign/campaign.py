@@ -140,6 +140,10 @@ class Campaign:
         self.dir = args.workdir or f"/tmp/walrelay-campaign-{self.name}"
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
+        if args.sink in ("nats", "rabbitmq"):
+            # On demand, as the sink tests start theirs (`stop` stops them).
+            subprocess.run([f"{ROOT}/scripts/services.sh", "start", args.sink], check=True, capture_output=True,
+                           env=dict(os.environ, WALRELAY_SERVICES_GROUP=args.group))
         self.s = services_env(args.group)
         self.run_dir = self.s["WALRELAY_RUN_DIR"]
         self.pg = Pg(self.s)
