@@ -579,6 +579,16 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
                 self.proc.kill()
         got = self.read()
         problems = [] if caught else ["the slot did not catch up with the last write within 240 s"]
+        # The premise: a leg that injected no fault, or wrote no event of a
+        # committed shape, would pass without testing what it is for.
+        if not args.no_faults and not self.schedule:
+            problems.append("no fault was injected")
+        shapes = {sh for (sh, fate) in self.history.tx_counts if fate == "committed"}
+        # (The rare shapes, spill and oversized, may miss a short leg: the
+        # summary counts them.)
+        absent = [sh for sh in self.SHAPES if sh not in shapes and sh not in ("rollback", "spill", "oversized")]
+        if absent and args.duration >= 30:
+            problems.append(f"shapes never committed: {absent}")
         problems += self.check(got)
         counts = {}
         for e in self.history.events.values():
@@ -587,6 +597,7 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         for _, k, _ in self.schedule:
             kinds[k] = kinds.get(k, 0) + 1
         summary = {"seed": args.seed, "sink": args.sink, "events": counts, "faults": kinds,
+                   "transactions": {f"{sh}/{fate}": c for (sh, fate), c in sorted(self.history.tx_counts.items())},
                    "walrelay_exits": self.restarts, "peak_rss_kib": max(self.rss, default=0),
                    "streams": self.stats, "dead_lettered": len(got.get("dead", []))}
         self.history.note({"summary": summary})
