@@ -302,7 +302,13 @@ asio::awaitable<void> Relay::run() {
     spdlog::info("slot={} reconnecting in {} ms", config_.slot_name, delay.count());
     co_await sleep(delay);
   }
-  // Shutdown or halt: let what is in flight land, confirm as far as it goes.
+  co_await wind_down();
+}
+
+// Shutdown or halt: lets what is in flight land and confirms as far as it
+// goes, stays up when halted with halt.action=stay, then ends the loop with
+// the exit code the halt or the stop calls for.
+asio::awaitable<void> Relay::wind_down() {
   co_await drain(nullptr);
   // A fenced producer (exit 1) is no halt for a human: another walrelay took
   // over, and this one comes back as its standby.

@@ -132,6 +132,7 @@ class Relay final : public StatusSource {
   // producer, internal).
   void halt(std::string reason, std::string_view cause, int exit_code = exit_halted);
   boost::asio::awaitable<void> stay_halted();
+  boost::asio::awaitable<void> wind_down();
   // A fatal producer error halts; a fence (another walrelay took over the
   // transactional producer) stops with exit 1, to come back as a standby.
   void check_producer();
@@ -143,14 +144,14 @@ class Relay final : public StatusSource {
   std::string context() const;
 
   // relay_snapshot.cpp
-  // Creates the slot inside a REPEATABLE READ transaction that uses its
-  // snapshot, sends every row of the outbox tables that the snapshot sees,
-  // and waits until each is acknowledged. nullopt: stopped or halted first.
-  // `source` names the committed position in exactly-once mode.
   // Exactly once: commits the snapshot's Kafka transaction at `point`.
   void commit_snapshot_transaction(pgoutput::Lsn point);
   // Exactly once: a Fatal once the snapshot nears the transaction time-out.
   void check_snapshot_deadline();
+  // Creates the slot inside a REPEATABLE READ transaction that uses its
+  // snapshot, sends every row of the outbox tables that the snapshot sees,
+  // and waits until each is acknowledged. nullopt: stopped or halted first.
+  // `source` names the committed position in exactly-once mode.
   boost::asio::awaitable<std::optional<pgoutput::Lsn>> initial_snapshot(PgConnection& conn, const ServerFacts& facts,
                                                                         const SourceIdentity& source);
   struct SnapshotTable;  // relay_snapshot.cpp
