@@ -120,7 +120,10 @@ case "${1:-}" in
       else
         bindir "$major" >/dev/null
         open_cache
-        installed "$major" || fetch "$major"
+        # One fetch per major at a time: services of two test groups may
+        # start the same major at once, and a fetch replaces the directory.
+        mkdir -p "$PG_CACHE"
+        ( exec {lock}>"$PG_CACHE/.lock-$major"; flock "$lock"; installed "$major" || fetch "$major" ) || exit 1
       fi
       summary "$major" >&2
     done ;;

@@ -411,7 +411,10 @@ registry_start() {
   [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
   registry_stop "${1:-}"
   [[ -x $REGISTRY_JAVA ]] || { echo "services: no Java 21+ at $REGISTRY_JAVA (set WALRELAY_REGISTRY_JAVA)" >&2; return 1; }
-  home=$(registry_home)
+  # One unpacking at a time: two groups' registries may start at once, and
+  # an unpacking replaces the cached app.
+  mkdir -p "$CACHE_ROOT"
+  home=$(exec {lock}>"$CACHE_ROOT/.lock-apicurio"; flock "$lock"; registry_home)
   mkdir -p "$d"
   port=${kept:-$(free_port)}; mport=$(free_port)
   # From its run directory, so that nothing lands in the caller's. The
@@ -664,7 +667,7 @@ case "${1:-}" in
   env) cat "$RUN_DIR/env" ;;
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
-  clean) "$0" stop; rm -rf "$RUN_DIR" "$RUN_DIR.lock" ;;
+  clean) "$0" stop; rm -rf "$RUN_DIR" ;;  # the lock file stays: a waiter may hold it open
   *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@ start=$(date +%s)
 other_majors=${WALRELAY_PG_MAJORS-14 16 17 18}
 jobs=${WALRELAY_TEST_JOBS:-4}
 # The groups of servers the suite starts (tests/CMakeLists.txt): "" is the shared one.
-service_groups=("" solo deploy)
+service_groups=("" solo deploy campaign)
 services_each() {  # services_each ARGS: scripts/services.sh ARGS for every group
   local g
   for g in "${service_groups[@]}"; do WALRELAY_SERVICES_GROUP=$g scripts/services.sh "$@" >/dev/null 2>&1 || true; done

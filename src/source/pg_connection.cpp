@@ -85,6 +85,9 @@ void PgConnection::throw_conn_error(const std::string& what) {
 asio::awaitable<void> PgConnection::wait(asio::posix::stream_descriptor::wait_type type,
                                          std::chrono::steady_clock::time_point deadline, const char* what) {
   if (!socket_) throw PgError(std::string("could not ") + what + ": no connection", "");
+  // Past the deadline already: a socket that is always ready would otherwise
+  // complete before the timer every time, and the deadline never hold.
+  if (std::chrono::steady_clock::now() >= deadline) throw PgError(std::string("timed out: ") + what, "");
   struct State {
     bool done = false;
     bool timed_out = false;
@@ -381,19 +384,22 @@ asio::awaitable<void> PgConnection::end_copy(std::chrono::steady_clock::time_poi
   int sent;
   while ((sent = PQputCopyEnd(conn_, nullptr)) == 0) co_await wait(wait_type::wait_write, deadline, "ending replication");
   if (sent < 0) throw_conn_error("could not end replication");
+  // Its CopyDone is the answer: the walsender sends it when it reads ours,
+  // after every message before. What follows (the command's end) may wait
+  // for the transaction it is decoding to be sent in full: not waited for.
   for (;;) {
+    if (std::chrono::steady_clock::now() >= deadline) throw PgError("timed out: ending replication", "");
     char* buffer = nullptr;
     int n = PQgetCopyData(conn_, &buffer, 1);
     if (n > 0) {
       PQfreemem(buffer);  // WAL the walsender sent before it saw the CopyDone
       continue;
     }
-    if (n == -1) break;  // its CopyDone
+    if (n == -1) co_return;  // its CopyDone
     if (n == -2) throw_conn_error("could not end replication");
     co_await wait(wait_type::wait_read, deadline, "ending replication");
     if (!PQconsumeInput(conn_)) throw_conn_error("could not end replication");
   }
-  co_await last_result(deadline);  // START_REPLICATION's end; throws on an error
 }
 
 asio::awaitable<void> PgConnection::put_copy_data(std::span<const std::byte> data) {

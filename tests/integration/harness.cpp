@@ -286,7 +286,8 @@ TopicRead consume_once(const std::string& topic) {
     }
     recs.push_back(std::move(r));
   }
-  return {std::move(recs), read_is_sound(k, !recs.empty()) ? std::string() : k.failure()};
+  const bool sound = read_is_sound(k, !recs.empty());  // before recs is moved out
+  return {std::move(recs), sound ? std::string() : k.failure()};
 }
 }  // namespace
 

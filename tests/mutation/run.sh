@@ -92,7 +92,7 @@ cleanup() {
   local pid dir
   for pid in "${workers[@]}"; do kill "$pid" 2>/dev/null || true; done
   # The test processes still running (an interrupted run), by their ids.
-  for pid in $(cat "$work"/*.pid 2>/dev/null); do kill "$pid" 2>/dev/null || true; done
+  cat "$work"/*.pid 2>/dev/null | while read -r pid; do kill "$pid" 2>/dev/null || true; done
   for dir in "${run_dirs[@]}"; do WALRELAY_RUN_DIR=$dir "$services" clean >/dev/null 2>&1 || true; done
   rm -rf "$work"
 }

@@ -89,11 +89,11 @@ class PgConnection {
   // The error that ended the copy, after try_get_copy_data returned -1.
   void finish_copy();
   // Ends COPY BOTH as the protocol means it: CopyDone, then what the server
-  // still sends read and dropped until its own CopyDone and the command's end.
-  // The walsender handles messages in order, so once it answers it has
-  // applied every status update sent before: the slot holds the position
-  // walrelay sent, not one a closed socket may have lost. Throws on a broken
-  // connection or at the deadline.
+  // still sends read and dropped until its own CopyDone. The walsender
+  // handles messages in order, so once it answers it has applied every status
+  // update sent before: the slot holds the position walrelay sent, not one a
+  // closed socket may have lost. Throws on a broken connection or at the
+  // deadline; the connection is then only fit to close.
   boost::asio::awaitable<void> end_copy(std::chrono::steady_clock::time_point deadline);
 
   void close();
