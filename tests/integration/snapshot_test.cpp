@@ -730,7 +730,7 @@ TEST_CASE("snapshot: the interrupted snapshot's slot lost (a failover before it 
   CHECK(seqs.size() == static_cast<std::size_t>(before));
 }
 
-TEST_CASE("snapshot: rows committed while the slot is made are in the snapshot or in the stream\\, never both",
+TEST_CASE("snapshot: rows committed while the slot is made are in the snapshot or in the stream, never both",
           "[snapshot]") {
   // The small, fast form of the first test's "no overlap" (its million rows
   // take minutes): a writer commits one row every 2 ms from before the slot
