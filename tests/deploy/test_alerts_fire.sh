@@ -111,8 +111,8 @@ start "$WALRELAY_DEPLOY_BINARY" --config "$tmp/walrelay.1.properties"
 wait_streaming "poison row"
 topic=outbox.event.$name
 insert "'$name'" before
-before_bad=$(sql -c "SELECT pg_current_wal_insert_lsn()")
 insert NULL bad
+after_bad=$(sql -c "SELECT pg_current_wal_insert_lsn()")  # past the bad row's commit
 insert "'$name'" after
 wait_halted_up "poison row"
 health=$(get /healthz)
@@ -124,7 +124,7 @@ ready=$(get /readyz)
   || fail "poison row: /readyz answered $ready, not 503 naming the table"
 ok "poison row: halted and up: /healthz 200, /readyz 503 naming $table"
 # Nothing at or past the bad row is confirmed, while it stays up.
-past=$(sql -c "SELECT confirmed_flush_lsn > '$before_bad'::pg_lsn FROM pg_replication_slots WHERE slot_name = '${name}_1'")
+past=$(sql -c "SELECT confirmed_flush_lsn >= '$after_bad'::pg_lsn FROM pg_replication_slots WHERE slot_name = '${name}_1'")
 [[ $past == f ]] || fail "poison row: the slot was confirmed past the row it could not relay"
 get /metrics | tail -n +2 >"$tmp/scrape.1"
 grep -q "^walrelay_halted{reason=\"record\",slot=\"${name}_1\"} 1" "$tmp/scrape.1" \

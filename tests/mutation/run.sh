@@ -92,7 +92,9 @@ cleanup() {
   local pid dir
   for pid in "${workers[@]}"; do kill "$pid" 2>/dev/null || true; done
   # The test processes still running (an interrupted run), by their ids.
-  cat "$work"/*.pid 2>/dev/null | while read -r pid; do kill "$pid" 2>/dev/null || true; done
+  # (No .pid file left is the normal case: cat fails, and under errexit and
+  # pipefail a failing command in this trap would make the whole script fail.)
+  { cat "$work"/*.pid 2>/dev/null || true; } | while read -r pid; do kill "$pid" 2>/dev/null || true; done
   for dir in "${run_dirs[@]}"; do WALRELAY_RUN_DIR=$dir "$services" clean >/dev/null 2>&1 || true; done
   rm -rf "$work"
 }
