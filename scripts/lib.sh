@@ -11,6 +11,11 @@ WALRELAY_SCRIPTS="${WALRELAY_SCRIPTS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && p
 # ephemeral range can meanwhile be taken as the local port of any outgoing
 # connection (a client retrying, a test's HTTP request), and the restart then
 # fails with "address in use".
+# alive PID: the process runs. A zombie (killed, not yet reaped by its
+# parent: a server killed with -9 whose parent is a PID 1 that reaps late)
+# does not, though kill -0 says it does.
+alive() { kill -0 "$1" 2>/dev/null && [[ $(ps -o stat= -p "$1" 2>/dev/null) != Z* ]]; }
+
 free_port() { free_ports 1; }
 free_ports() {
   python3 - "$1" <<'PY'
@@ -121,7 +126,7 @@ kafka_launch() {
   echo $! > "$dir/pid"
   for _ in $(seq 1 240); do
     if kcat -b "127.0.0.1:$port" "$@" -L -m 2 2>/dev/null | grep -q "1 brokers"; then return 0; fi
-    if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+    if ! alive "$(cat "$dir/pid")"; then
       tail -50 "$dir/stdout.log" >&2; echo "kafka in $dir died" >&2; return 1
     fi
     sleep 0.5
@@ -135,9 +140,9 @@ kafka_kill() {
   local dir="$1"
   [[ -f "$dir/pid" ]] || return 0
   local pid; pid=$(cat "$dir/pid")
-  if kill -0 "$pid" 2>/dev/null; then
+  if alive "$pid"; then
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    for _ in $(seq 1 60); do alive "$pid" || break; sleep 0.5; done
     kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "$dir/pid"

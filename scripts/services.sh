@@ -352,21 +352,32 @@ drop_standby_slot() {
 
 kafka_up() {
   local d="$RUN_DIR/kafka"
-  if [[ -f "$d/pid" ]] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
+  if [[ -f "$d/pid" ]] && alive "$(cat "$d/pid")"; then return 0; fi
   kafka_launch "$d" "-Xms256m -Xmx1g" "$(cat "$d/port")"
 }
 
 kafka_start() {
   local d="$RUN_DIR/kafka"
   mkdir -p "$d"
-  if [[ -f "$d/pid" ]] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
+  if [[ -f "$d/pid" ]] && alive "$(cat "$d/pid")"; then return 0; fi
   if [[ ! -f "$d/data/meta.properties" ]]; then
-    local port cport; port=$(free_port); cport=$(free_port)
+    local first port cport via via_upstream
+    first=$(free_ports 4)  # four in a row from here
+    port=$first cport=$((first + 1)) via=$((first + 2)) via_upstream=$((first + 3))
     echo "$port" > "$d/port"
+    # A second listener, VIA, on $via_upstream but advertised at $via: a TCP
+    # proxy listening there (the fault campaign's Toxiproxy) then carries a
+    # client's every connection, the ones metadata names included. Nothing
+    # listens on $via until such a proxy does; PLAINTEXT stays direct.
+    echo "$via" > "$d/via_port"
+    echo "$via_upstream" > "$d/via_upstream_port"
     kafka_configure "$d" "$port" "$cport" PLAINTEXT "num.partitions=3
 offsets.topic.num.partitions=3
 log.flush.interval.messages=9223372036854775807
-transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,VIA://127.0.0.1:$via_upstream
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,VIA://127.0.0.1:$via
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,VIA:PLAINTEXT"
   fi
   kafka_up
 }
@@ -400,7 +411,7 @@ registry_home() {
   dirname "$jar"
 }
 
-registry_running() { [[ -f "$RUN_DIR/registry/pid" ]] && kill -0 "$(cat "$RUN_DIR/registry/pid")" 2>/dev/null; }
+registry_running() { [[ -f "$RUN_DIR/registry/pid" ]] && alive "$(cat "$RUN_DIR/registry/pid")"; }
 
 # registry_start [keep-port]: keep-port comes back on the port of the
 # registry stopped by `registry-stop` (an outage, for the fault tests; its
@@ -449,9 +460,9 @@ registry_stop() {
   local d="$RUN_DIR/registry" pid
   if [[ -f "$d/pid" ]]; then
     pid=$(cat "$d/pid")
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      for _ in $(seq 1 40); do alive "$pid" || break; sleep 0.5; done
       kill -KILL "$pid" 2>/dev/null || true
     fi
   fi
@@ -465,7 +476,7 @@ registry_stop() {
   fi
 }
 
-nats_running() { [[ -f "$RUN_DIR/nats/pid" ]] && kill -0 "$(cat "$RUN_DIR/nats/pid")" 2>/dev/null; }
+nats_running() { [[ -f "$RUN_DIR/nats/pid" ]] && alive "$(cat "$RUN_DIR/nats/pid")"; }
 
 # nats_start [keep-port]: keep-port comes back on the port of the server
 # stopped by `nats-stop`, with the streams it had.
@@ -496,9 +507,9 @@ nats_stop() {
   local d="$RUN_DIR/nats" pid
   if [[ -f "$d/pid" ]]; then
     pid=$(cat "$d/pid")
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
       kill -KILL "$pid" 2>/dev/null || true
     fi
   fi
@@ -521,7 +532,7 @@ rabbit_env() {
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 rabbit_running() {
-  [[ -f "$RUN_DIR/rabbitmq/pid" ]] && kill -0 "$(cat "$RUN_DIR/rabbitmq/pid" 2>/dev/null)" 2>/dev/null
+  [[ -f "$RUN_DIR/rabbitmq/pid" ]] && alive "$(cat "$RUN_DIR/rabbitmq/pid" 2>/dev/null)"
 }
 
 # rabbit_start [keep-port]: keep-port comes back on the port (and node name,
@@ -561,7 +572,7 @@ rabbit_stop() {
     if [[ -f "$d/pid" ]]; then
       pid=$(cat "$d/pid" 2>/dev/null || true)
       if [[ -n $pid ]]; then
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
       fi
     fi
@@ -594,6 +605,10 @@ write_env() {
     fi
     if [[ -f "$RUN_DIR/kafka/port" ]]; then
       echo "export WALRELAY_TEST_KAFKA=127.0.0.1:$(cat "$RUN_DIR/kafka/port")"
+    fi
+    if [[ -f "$RUN_DIR/kafka/via_port" ]]; then
+      echo "export WALRELAY_TEST_KAFKA_VIA=127.0.0.1:$(cat "$RUN_DIR/kafka/via_port")"
+      echo "export WALRELAY_TEST_KAFKA_VIA_UPSTREAM=127.0.0.1:$(cat "$RUN_DIR/kafka/via_upstream_port")"
     fi
     if [[ -f "$RUN_DIR/registry/port" ]]; then
       echo "export WALRELAY_TEST_REGISTRY=http://127.0.0.1:$(cat "$RUN_DIR/registry/port")"
@@ -666,7 +681,7 @@ case "${1:-}" in
     primary_stop "${3:-fast}" ;;
   env) cat "$RUN_DIR/env" ;;
   status)  # exit 0 when both services run
-    pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && kill -0 "$(cat "$RUN_DIR/kafka/pid")" 2>/dev/null ;;
+    pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && alive "$(cat "$RUN_DIR/kafka/pid")" ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;  # the lock file stays: a waiter may hold it open
   *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;

@@ -5,7 +5,8 @@
 # jars. Idempotent: a second run installs and builds nothing and reuses the
 # caches. Also the Python virtualenv of the tests' independent readers
 # (scripts/py-venv.sh: confluent-kafka and its schema-registry extras, from
-# PyPI).
+# PyPI), and Toxiproxy, the fault campaign's TCP proxy (scripts/toxiproxy.sh,
+# from the Go module proxy).
 #
 #   WALRELAY_PG_MAJORS="14 16 17 18" scripts/setup.sh   also the PostgreSQL
 #       servers of these majors (scripts/pg-install.sh; 15 is Debian's, always)
@@ -46,6 +47,7 @@ fi
 rdkafka=$!
 "$here/kafka-jars.sh" >/dev/null
 "$here/py-venv.sh" >/dev/null
+"$here/toxiproxy.sh" >/dev/null
 # shellcheck disable=SC2086  # a list of majors
 [[ -z $pg_majors ]] || "$here/pg-install.sh" $pg_majors
 wait "$rdkafka" || { echo "setup: building librdkafka failed" >&2; exit 1; }

@@ -6,17 +6,25 @@ moments, one checker of the whole history, for one sink and mode.
 
 Runs on the `campaign` services group's servers (WALRELAY_SERVICES_GROUP,
 default `campaign`; start them with `scripts/services.sh start`, and `start
-nats` / `start rabbitmq` for those sinks). It starts its own walrelay
-(build/walrelay, --walrelay overrides) under a supervisor loop that restarts
-it whenever it exits, as systemd's Restart=always would.
+nats` / `start rabbitmq` for those sinks). It starts two walrelays of its
+own on one slot (build/walrelay, --walrelay overrides), an active one and a
+standby, each under a supervisor loop that restarts it whenever it exits,
+as systemd's Restart=always would. They reach PostgreSQL and the broker
+through Toxiproxy (scripts/toxiproxy.sh), the writers and the checker
+directly.
 
 Three parts, all drawn from one seed (printed first, so a run is repeated
 with --seed):
-- writers commit transactions of every shape (`SHAPES`) through psql; an
-  event is committed only when psql saw COMMIT return (exit 0); a failed
-  psql whose script ended in COMMIT is "maybe";
+- rows already in the outbox (--snapshot-rows) go out in the initial
+  snapshot, under the first faults; then writers commit transactions of
+  every shape (`SHAPES`) through psql; an event is committed only when psql
+  saw COMMIT return (exit 0); a failed psql whose script ended in COMMIT is
+  "maybe";
 - the nemesis injects faults (`FAULTS`) at random moments until the
-  duration is up;
+  duration is up: kill -9 of either walrelay, the active one frozen until
+  the standby takes over, the broker stopped, killed or frozen, PostgreSQL
+  restarted, the walsender terminated, and on either network path latency,
+  a stall, resets or an outage;
 - then everything heals, the writers stop, the slot catches up, and the
   checker reads the broker with independent clients (confluent-kafka,
   tests/integration/nats/read.py, tests/integration/rabbitmq/read.py) and
@@ -31,8 +39,10 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -56,6 +66,140 @@ RSS_LIMIT_KIB = 256 * 1024
 
 def log(*a):
     print(f"[campaign {time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def free_port():
+    """A port free now, below the ephemeral range (as scripts/lib.sh's
+    free_port: no outgoing connection takes it meanwhile)."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except OSError:
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randint(10000, low - 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+class Toxiproxy:
+    """Toxiproxy's server (built by scripts/toxiproxy.sh) and its REST API:
+    walrelay reaches PostgreSQL and the broker only through its proxies, on
+    which the nemesis puts latency, stalls, resets and outages. The writers
+    and the checker connect directly."""
+
+    def __init__(self, workdir, seed):
+        binary = subprocess.run([f"{ROOT}/scripts/toxiproxy.sh"], check=True, capture_output=True,
+                                text=True).stdout.strip()
+        self.port = free_port()
+        self.log = open(f"{workdir}/toxiproxy.log", "w")
+        self.proc = subprocess.Popen([binary, "-host", "127.0.0.1", "-port", str(self.port), "-seed", str(seed)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.api("GET", "/version", parse=False)
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"toxiproxy did not answer on {self.port}; see {workdir}/toxiproxy.log")
+                time.sleep(0.1)
+
+    def api(self, method, path, body=None, parse=True):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            text = r.read()
+        return json.loads(text) if parse and text.strip() else None
+
+    def proxy(self, name, listen, upstream):
+        """A proxy from listen (host:port, port 0 for any) to upstream; the
+        port it listens on."""
+        made = self.api("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream,
+                                            "enabled": True})
+        return int(made["listen"].rsplit(":", 1)[1])
+
+    def toxic(self, proxy, name, kind, attributes, stream):
+        self.api("POST", f"/proxies/{proxy}/toxics", {"name": name, "type": kind, "stream": stream,
+                                                     "toxicity": 1.0, "attributes": attributes})
+
+    def untoxic(self, proxy, name):
+        self.api("DELETE", f"/proxies/{proxy}/toxics/{name}")
+
+    def enabled(self, proxy, on):
+        self.api("POST", f"/proxies/{proxy}", {"enabled": on})
+
+    def heal(self):
+        """Every proxy enabled, every toxic removed."""
+        self.api("POST", "/reset")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class Instance:
+    """One walrelay under a supervisor loop; two run on the slot, the one
+    that holds it active, the other a standby that takes over when it goes."""
+
+    def __init__(self, campaign, name):
+        self.c = campaign
+        self.name = name
+        self.log_path = f"{campaign.dir}/walrelay-{name}.log"
+        self.proc = None
+        self.exits = []  # (time since start, exit status)
+        self.rss_peak = 0
+
+    def spawn(self):
+        with open(self.log_path, "a") as logf:
+            logf.write(f"==== start at {time.monotonic() - self.c.start_time:.1f}s\n")
+            logf.flush()
+            # In the work directory, with core dumps on: a crash leaves its
+            # core beside the logs (core_pattern permitting) for gdb.
+            self.proc = subprocess.Popen([self.c.args.walrelay, "--config", f"{self.c.dir}/walrelay.properties"],
+                                         stdout=logf, stderr=subprocess.STDOUT, cwd=self.c.dir,
+                                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE,
+                                                                               (resource.RLIM_INFINITY,
+                                                                                resource.RLIM_INFINITY)))
+
+    def admin_port(self):
+        with open(self.log_path) as f:
+            ports = re.findall(r"admin.*?127\.0\.0\.1:(\d+)", f.read())
+        return ports[-1] if ports else None
+
+    def ready(self):
+        """Its /readyz answers 200: it holds the slot and streams (a frozen
+        one does not answer)."""
+        port = self.admin_port()
+        if not port:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                return r.status == 200
+        except (OSError, ValueError):
+            return False
+
+    def sample_rss(self):
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        kib = int(line.split()[1])
+                        self.c.rss.append(kib)
+                        self.rss_peak = max(self.rss_peak, kib)
+        except OSError:
+            pass
 
 
 def services_env(group):
@@ -156,10 +300,11 @@ class Campaign:
         self.stop_all = threading.Event()
         self.schedule = []  # (time since start, fault, detail)
         self.start_time = time.monotonic()
-        self.proc = None
+        self.instances = [Instance(self, "a"), Instance(self, "b")]
         self.proc_lock = threading.Lock()
-        self.restarts = []
         self.rss = []
+        self.toxi = None
+        self.nemesis_errors = []
         self.tx_seq = 0
         self.tx_lock = threading.Lock()
         self.oversized_ok = args.sink != "rabbitmq"
@@ -168,8 +313,11 @@ class Campaign:
     def setup(self):
         n = self.name
         cols = "aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload text"
+        # wal_sender_timeout 5 s: a frozen walrelay's walsender ends soon, so
+        # that the standby takes over within a fault's hold.
         self.pg.must(f"""
 ALTER SYSTEM SET logical_decoding_work_mem = '64kB';
+ALTER SYSTEM SET wal_sender_timeout = '5s';
 SELECT pg_reload_conf();
 CREATE TABLE {n}_keyseq (k text PRIMARY KEY, seq bigint NOT NULL);
 INSERT INTO {n}_keyseq SELECT 'k' || i, 0 FROM generate_series(0, {len(self.keys) - 1}) i;
@@ -179,37 +327,69 @@ CREATE TABLE {n}_p (id text, {cols}, PRIMARY KEY (id)) PARTITION BY HASH (id);
 CREATE TABLE {n}_p0 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 0);
 CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
 """)
+        self.seed_snapshot()
         s = self.s
-        cfg = [f"database.hostname={s['WALRELAY_TEST_PGHOST']}", f"database.port={s['WALRELAY_TEST_PGPORT']}",
+        self.toxi = Toxiproxy(self.dir, self.args.seed)
+        pg_port = self.toxi.proxy("pg", "127.0.0.1:0", f"{s['WALRELAY_TEST_PGHOST']}:{s['WALRELAY_TEST_PGPORT']}")
+        cfg = [f"database.hostname=127.0.0.1", f"database.port={pg_port}",
                f"database.user={s['WALRELAY_TEST_PGUSER']}", f"database.dbname={s['WALRELAY_TEST_PGDATABASE']}",
                f"slot.name={n}", f"publication.name={n}", "admin.listen=127.0.0.1:0", "log.level=info",
                "slot.status.interval.ms=1000", "reconnect.backoff.max.ms=2000",
                f"table.include.list=public.{n}_a,public.{n}_b,public.{n}_p",
                f"message.prefix.include.list={n}", f"route.topic.replacement={self.topic}",
                "errors.tolerance=all", f"errors.deadletterqueue.topic.name={self.dead}"]
+        if self.args.snapshot_rows:
+            cfg += ["snapshot.mode=initial", "snapshot.fetch.size=500"]
         sink = self.args.sink
         if sink.startswith("kafka"):
-            cfg += [f"kafka.bootstrap.servers={s['WALRELAY_TEST_KAFKA']}", f"kafka.message.max.bytes={SIZE_LIMIT}"]
+            # Through the broker's VIA listener, advertised at the proxy's
+            # port (scripts/services.sh): every connection walrelay makes to
+            # the broker, the ones metadata names too, goes through the proxy.
+            via = s["WALRELAY_TEST_KAFKA_VIA"]
+            self.toxi.proxy("broker", via, s["WALRELAY_TEST_KAFKA_VIA_UPSTREAM"])
+            cfg += [f"kafka.bootstrap.servers={via}", f"kafka.message.max.bytes={SIZE_LIMIT}"]
             if sink == "kafka-eos":
                 cfg += ["exactly.once.support=required", "kafka.transaction.timeout.ms=30000",
                         "transaction.boundary.interval.ms=100"]
             self.create_kafka_topics()
         elif sink == "nats":
-            url = s["WALRELAY_TEST_NATS"]
-            cfg += ["sink.type=nats-jetstream", f"sink.nats-jetstream.url={url}",
+            port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_NATS"].split("//", 1)[1])
+            cfg += ["sink.type=nats-jetstream", f"sink.nats-jetstream.url=nats://127.0.0.1:{port}",
                     "sink.nats-jetstream.ack.timeout.ms=3000"]
             self.nats("stream-add", "--name", f"{n}_main", "--subjects", self.topic, "--max-msg-size",
                       str(SIZE_LIMIT), "--duplicate-window", "600")
             self.nats("stream-add", "--name", f"{n}_dlq", "--subjects", self.dead, "--duplicate-window", "600")
         elif sink == "rabbitmq":
-            host, port = s["WALRELAY_TEST_RABBITMQ"].rsplit(":", 1)
-            cfg += ["sink.type=rabbitmq", f"sink.rabbitmq.connection.host={host}",
+            port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_RABBITMQ"])
+            cfg += ["sink.type=rabbitmq", "sink.rabbitmq.connection.host=127.0.0.1",
                     f"sink.rabbitmq.connection.port={port}", f"sink.rabbitmq.exchange={n}_x",
                     "sink.rabbitmq.ackTimeout=5000", "sink.rabbitmq.connection.requested.heartbeat=2"]
             self.rabbit("declare", "--exchange", f"{n}_x", "--queue", f"{n}_q", "--binding", self.topic)
             self.rabbit("declare", "--exchange", f"{n}_x", "--queue", f"{n}_dlq", "--binding", self.dead)
         with open(f"{self.dir}/walrelay.properties", "w") as f:
             f.write("\n".join(cfg) + "\n")
+
+    def seed_snapshot(self):
+        """Rows already in the outbox when walrelay first starts: the initial
+        snapshot sends them (snapshot.mode=initial), under the first faults.
+        Their ids sort in insertion order (the snapshot's ORDER BY id), and
+        their keys' sequence numbers grow with it."""
+        n, rows, keys = self.name, self.args.snapshot_rows, len(self.keys)
+        if not rows:
+            return
+        self.pg.must(f"""
+BEGIN;
+INSERT INTO {n}_a (id, aggregatetype, aggregateid, type, payload)
+SELECT 's0_' || lpad(g::text, 7, '0'), 'campaign', 'k' || (g % {keys}), 'snapshot',
+       json_build_object('id', 's0_' || lpad(g::text, 7, '0'), 'key', 'k' || (g % {keys}),
+                         'seq', (g - 1) / {keys} + 1, 'pad', repeat('x', 200))::text
+FROM generate_series(1, {rows}) g;
+UPDATE {n}_keyseq SET seq = (SELECT count(*) FROM {n}_a WHERE aggregateid = k);
+COMMIT;
+""")
+        self.history.record(0, "snapshot", "committed",
+                            [{"id": f"s0_{g:07d}", "key": f"k{g % keys}", "oversized": False, "fate": None}
+                             for g in range(1, rows + 1)])
 
     def create_kafka_topics(self):
         from confluent_kafka.admin import AdminClient, NewTopic
@@ -233,34 +413,23 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         return r.stdout
 
     # ---- walrelay under a supervisor ---------------------------------------------
-    def spawn(self):
-        logf = open(f"{self.dir}/walrelay.log", "a")
-        logf.write(f"==== start at {time.monotonic() - self.start_time:.1f}s\n")
-        logf.flush()
-        self.proc = subprocess.Popen([self.args.walrelay, "--config", f"{self.dir}/walrelay.properties"],
-                                     stdout=logf, stderr=subprocess.STDOUT)
-
     def supervisor(self):
+        """Restarts each walrelay whenever it exits, as systemd's
+        Restart=always would, and samples their RSS."""
         while not self.stop_all.is_set():
             with self.proc_lock:
-                code = self.proc.poll()
-                if code is not None:
-                    self.restarts.append((round(time.monotonic() - self.start_time, 1), code))
-                    log(f"walrelay exited {code}; restarting")
-                    time.sleep(0.5)
-                    self.spawn()
-                else:
-                    self.sample_rss(self.proc.pid)
+                for inst in self.instances:
+                    if inst.proc is None:
+                        continue
+                    code = inst.proc.poll()
+                    if code is not None:
+                        inst.exits.append((round(time.monotonic() - self.start_time, 1), code))
+                        log(f"walrelay {inst.name} exited {code}; restarting")
+                        time.sleep(0.5)
+                        inst.spawn()
+                    else:
+                        inst.sample_rss()
             time.sleep(0.5)
-
-    def sample_rss(self, pid):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        self.rss.append(int(line.split()[1]))
-        except OSError:
-            pass
 
     # ---- the workload ------------------------------------------------------
     def next_tx(self):
@@ -362,7 +531,8 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             time.sleep(rng.uniform(0.02, 0.15) if fate != "maybe" else 0.5)
 
     # ---- the nemesis -------------------------------------------------------
-    FAULTS = ["kill9", "sigstop", "broker_restart", "broker_freeze", "pg_restart", "walsender_terminate"]
+    FAULTS = ["kill9", "sigstop_takeover", "broker_restart", "broker_kill9", "broker_freeze", "pg_restart",
+              "walsender_terminate", "net_latency", "net_stall", "net_reset", "net_down"]
 
     def services(self, *a):
         env = dict(os.environ, WALRELAY_SERVICES_GROUP=self.args.group)
@@ -377,26 +547,35 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         with open(f"{self.run_dir}/{self.broker()}/pid") as f:
             return int(f.read().strip())
 
+    def active(self, rng):
+        """The walrelay that holds the slot (by its /readyz), else either."""
+        ready = [i for i in self.instances if i.ready()]
+        return ready[0] if ready else rng.choice(self.instances)
+
     def fault(self, rng, kind):
         t = round(time.monotonic() - self.start_time, 1)
         hold = round(rng.uniform(1, 6), 1)
-        self.schedule.append((t, kind, hold))
-        self.history.note({"fault": kind, "at": t, "hold": hold})
-        log(f"fault at {t}s: {kind} ({hold}s)")
+        # The network faults' side: walrelay to PostgreSQL, or to the broker.
+        link = rng.choice(["pg", "broker"]) if kind.startswith("net_") else None
+        entry = [t, kind, hold] + ([link] if link else [])
+        self.schedule.append(entry)
+        self.history.note({"fault": kind, "at": t, "hold": hold, "link": link})
+        log(f"fault at {t}s: {kind} ({hold}s){' on ' + link if link else ''}")
         if kind == "kill9":
             with self.proc_lock:
-                self.proc.send_signal(signal.SIGKILL)
-        elif kind == "sigstop":
-            with self.proc_lock:
-                p = self.proc
-            p.send_signal(signal.SIGSTOP)
-            time.sleep(hold)
-            p.send_signal(signal.SIGCONT)
-        elif kind == "broker_restart":
+                rng.choice(self.instances).proc.send_signal(signal.SIGKILL)
+        elif kind == "sigstop_takeover":
+            self.sigstop_takeover(rng, entry)
+        elif kind == "broker_restart" or (kind == "broker_kill9" and self.broker() == "rabbitmq"):
+            # (RabbitMQ's pid file is its launcher's: a clean stop and start.)
             b = self.broker()
             self.services(f"{b}-stop")
             time.sleep(hold)
             self.services(f"{b}-start")
+        elif kind == "broker_kill9":
+            os.kill(self.broker_pid(), signal.SIGKILL)
+            time.sleep(hold)
+            self.services(f"{self.broker()}-start")
         elif kind == "broker_freeze":
             pid = self.broker_pid()
             os.kill(pid, signal.SIGSTOP)
@@ -407,18 +586,69 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         elif kind == "walsender_terminate":
             self.pg.run(f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
                         f"WHERE slot_name = '{self.name}' AND active_pid IS NOT NULL;")
+        elif kind == "net_latency":
+            # Every byte each way late by 0.1-1.5 s, with jitter.
+            ms = rng.randint(100, 1500)
+            for stream in ("downstream", "upstream"):
+                self.toxi.toxic(link, f"latency_{stream}", "latency", {"latency": ms, "jitter": ms // 4}, stream)
+            time.sleep(hold)
+            for stream in ("downstream", "upstream"):
+                self.toxi.untoxic(link, f"latency_{stream}")
+        elif kind == "net_stall":
+            # Nothing gets through for the hold, then all of it, in order
+            # (connections stay open: a stalled path, not a lost one).
+            for stream in ("downstream", "upstream"):
+                self.toxi.toxic(link, f"stall_{stream}", "latency", {"latency": int(hold * 1000), "jitter": 0},
+                                stream)
+            time.sleep(hold)
+            for stream in ("downstream", "upstream"):
+                self.toxi.untoxic(link, f"stall_{stream}")
+        elif kind == "net_reset":
+            # Connections reset by peer as data flows, new ones too, for a
+            # moment.
+            self.toxi.toxic(link, "reset", "reset_peer", {"timeout": 0}, "downstream")
+            time.sleep(min(hold, 2))
+            self.toxi.untoxic(link, "reset")
+        elif kind == "net_down":
+            # The path gone: connections closed, new ones refused.
+            self.toxi.enabled(link, False)
+            time.sleep(hold)
+            self.toxi.enabled(link, True)
+
+    def sigstop_takeover(self, rng, entry):
+        """The active walrelay frozen until the standby holds the slot (its
+        walsender ends at wal_sender_timeout), then thawed: it finds its
+        session gone, and its producer fenced in exactly-once mode."""
+        with self.proc_lock:
+            victim = self.active(rng)
+            proc = victim.proc
+        other = next(i for i in self.instances if i is not victim)
+        proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 45
+        took_over = False
+        while time.monotonic() < deadline and not self.stop_all.is_set():
+            if other.ready():
+                took_over = True
+                break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGCONT)
+        entry.append(f"{victim.name} frozen, {other.name} {'took over' if took_over else 'did not take over'}")
+        log(f"  {entry[-1]}")
 
     def nemesis(self):
         rng = random.Random(self.args.seed * 7 + 1)
-        while not self.stop_faults.wait(rng.uniform(2, 7)):
-            self.fault(rng, rng.choice(self.FAULTS))
+        # The first fault soon, while the initial snapshot is under way.
+        wait = rng.uniform(0.5, 3)
+        while not self.stop_faults.wait(wait):
+            kind = rng.choice(self.FAULTS)
+            try:
+                self.fault(rng, kind)
+            except Exception as e:  # a fault that could not be injected fails the run, not just this thread
+                self.nemesis_errors.append(f"{kind}: {e!r}")
+                log(f"fault {kind} failed: {e!r}")
+            wait = rng.uniform(2, 7)
 
     # ---- healing and reading -----------------------------------------------------
-    def admin_port(self):
-        with open(f"{self.dir}/walrelay.log") as f:
-            ports = re.findall(r"admin.*?127\.0\.0\.1:(\d+)", f.read())
-        return ports[-1] if ports else None
-
     def catch_up(self, timeout=240):
         """Wait until the slot is confirmed past the last write (every record
         walrelay produced is acknowledged by then)."""
@@ -540,16 +770,20 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             f"--duration {args.duration}")
         self.setup()
         self.stats = {}
-        self.spawn()
+        with self.proc_lock:
+            self.instances[0].spawn()
         sup = threading.Thread(target=self.supervisor, daemon=True)
         sup.start()
-        # Rows committed before the slot's consistent point are not relayed
-        # (snapshot.mode=no_data): the writers start once the slot exists.
+        # The writers start once the slot exists: what they commit is in the
+        # stream, what was there before in the snapshot. The standby starts
+        # then too (the first to start makes the slot and takes the snapshot).
         deadline = time.monotonic() + 60
         while self.pg.run(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{self.name}';")[1].strip() != "1":
             if time.monotonic() > deadline:
                 raise RuntimeError("walrelay did not create its slot within 60 s")
             time.sleep(0.2)
+        with self.proc_lock:
+            self.instances[1].spawn()
         writers = [threading.Thread(target=self.writer, args=(w,), daemon=True) for w in range(2)]
         for w in writers:
             w.start()
@@ -562,8 +796,10 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         if nem:
             nem.join()
         # Heal: every server up and running (a stopped broker started again,
-        # a frozen one thawed by its fault's own end), then a quiet tail.
+        # a frozen one thawed by its fault's own end), every proxy clean, then
+        # a quiet tail.
         self.services("start", *([self.broker()] if self.broker() != "kafka" else []))
+        self.toxi.heal()
         time.sleep(3)
         self.stop_writers.set()
         for w in writers:
@@ -572,17 +808,30 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         self.stop_all.set()
         sup.join()
         with self.proc_lock:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            for inst in self.instances:
+                inst.proc.send_signal(signal.SIGTERM)
+            for inst in self.instances:
+                try:
+                    inst.proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    inst.proc.kill()
         got = self.read()
         problems = [] if caught else ["the slot did not catch up with the last write within 240 s"]
         # The premise: a leg that injected no fault, or wrote no event of a
         # committed shape, would pass without testing what it is for.
         if not args.no_faults and not self.schedule:
             problems.append("no fault was injected")
+        problems += [f"a fault failed: {e}" for e in self.nemesis_errors]
+        # walrelay's own exits are 0, 1 (a signal while draining, a fenced
+        # producer), 2 (a bad configuration: none here), 3 (a halt); killed by
+        # a signal, only by the nemesis's SIGKILL. Anything else is a crash.
+        for inst in self.instances:
+            for at, code in inst.exits:
+                if code < 0 and code != -signal.SIGKILL:
+                    problems.append(f"walrelay {inst.name} crashed at {at} s: killed by signal {-code} "
+                                    f"({signal.Signals(-code).name}); see {inst.log_path} and any core in {self.dir}")
+                elif code == 2:
+                    problems.append(f"walrelay {inst.name} exited 2 (bad configuration) at {at} s")
         shapes = {sh for (sh, fate) in self.history.tx_counts if fate == "committed"}
         # (The rare shapes, spill and oversized, may miss a short leg: the
         # summary counts them.)
@@ -594,11 +843,12 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
         for e in self.history.events.values():
             counts[e["fate"]] = counts.get(e["fate"], 0) + 1
         kinds = {}
-        for _, k, _ in self.schedule:
+        for k in (entry[1] for entry in self.schedule):
             kinds[k] = kinds.get(k, 0) + 1
         summary = {"seed": args.seed, "sink": args.sink, "events": counts, "faults": kinds,
                    "transactions": {f"{sh}/{fate}": c for (sh, fate), c in sorted(self.history.tx_counts.items())},
-                   "walrelay_exits": self.restarts, "peak_rss_kib": max(self.rss, default=0),
+                   "walrelay_exits": {i.name: i.exits for i in self.instances},
+                   "peak_rss_kib": {i.name: i.rss_peak for i in self.instances},
                    "streams": self.stats, "dead_lettered": len(got.get("dead", []))}
         self.history.note({"summary": summary})
         log("summary " + json.dumps(summary))
@@ -634,10 +884,13 @@ def main():
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument("--snapshot-rows", type=int, default=20000,
+                   help="rows in the outbox before walrelay starts, sent by the initial snapshot (0: none)")
     p.add_argument("--group", default=os.environ.get("WALRELAY_SERVICES_GROUP", "campaign"))
     p.add_argument("--walrelay", default=f"{ROOT}/build/walrelay")
     p.add_argument("--workdir", default=None)
     args = p.parse_args()
+    args.walrelay = os.path.abspath(args.walrelay)  # walrelay runs in the work directory
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 2**31)
     print(f"campaign seed: {args.seed}", flush=True)
@@ -646,8 +899,12 @@ def main():
         return c.run()
     finally:
         c.stop_all.set()
-        if c.proc and c.proc.poll() is None:
-            c.proc.kill()
+        for inst in c.instances:
+            if inst.proc and inst.proc.poll() is None:
+                inst.proc.send_signal(signal.SIGCONT)
+                inst.proc.kill()
+        if c.toxi:
+            c.toxi.stop()
 
 
 if __name__ == "__main__":

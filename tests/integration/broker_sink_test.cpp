@@ -653,7 +653,81 @@ class RestrictedNats {
   int port_ = 0;
 };
 
+// A plain nats-server of the test's own (JetStream on a store that outlives
+// a restart), to kill -9 and start again on the same port without touching
+// the shared one.
+class OwnNats {
+ public:
+  OwnNats() {
+    char tmpl[] = "/tmp/walrelay-nats-own-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    port_ = free_port();
+    start();
+  }
+  ~OwnNats() { run_command("kill $(cat " + dir_ + "/pid) 2>/dev/null; sleep 0.3; rm -rf " + dir_); }
+  OwnNats(const OwnNats&) = delete;
+  OwnNats& operator=(const OwnNats&) = delete;
+  void start() {
+    run_command("rm -f " + dir_ + "/nats.log");
+    REQUIRE(run_command("nats-server -a 127.0.0.1 -p " + std::to_string(port_) + " -js -sd " + dir_ + "/store -P " +
+                        dir_ + "/pid -l " + dir_ + "/nats.log >/dev/null 2>&1 &").status == 0);
+    REQUIRE(eventually([&] { return run_command("grep -qs 'Server is ready' " + dir_ + "/nats.log").status == 0; },
+                       10s, 50ms));
+  }
+  void kill9() { REQUIRE(run_command("kill -9 $(cat " + dir_ + "/pid)").status == 0); }
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+  CommandResult py(const std::string& args) const {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/nats/read.py --url " + url() +
+                       " " + args + " 2>&1");
+  }
+
+ private:
+  std::string dir_;
+  int port_ = 0;
+};
+
 }  // namespace
+
+// Found by the fault campaign (a standby's NATS connection killed): nats.c's
+// js_PublishAsyncGetPendingList dereferences the pending map that only the
+// first asynchronous publish creates, so asking it for the pending list of a
+// connection that never published crashed walrelay (SIGSEGV) under a
+// supervisor that restarts it: a crash loop on every broker restart.
+TEST_CASE("sinks: NATS - the connection lost before walrelay published anything (an idle relay, a standby) - no "
+          "crash, it connects again and every event arrives",
+          "[nats][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  OwnNats server;
+  REQUIRE(server.py("stream-add --name " + f.slot + " --subjects '" + f.topic_prefix + ">'").status == 0);
+  Walrelay relay(without_kafka(f, "sink.type=nats-jetstream\nsink.nats-jetstream.url=" + server.url() + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  // A standby beside it: its connection never publishes either.
+  Walrelay standby(without_kafka(f, "sink.type=nats-jetstream\nsink.nats-jetstream.url=" + server.url() + "\n"));
+  standby.start();
+  REQUIRE(eventually([&] { return standby.get("/slot").body.find("\"standby\"") != std::string::npos; }, 20s));
+  REQUIRE(eventually([&] { return standby.log().find("nats: connected") != std::string::npos; }, 20s));
+  server.kill9();
+  // Both notice, say so, and stay up.
+  for (auto* r : {&relay, &standby}) {
+    INFO(r->log());
+    CHECK(eventually([&] { return r->log().find("nats: the connection to NATS closed") != std::string::npos; },
+                     30s, 50ms));
+    CHECK(r->running());
+  }
+  server.start();
+  const long rows = 50;
+  Writer writer(f.table, "Idle", rows, 2, 0ms);
+  writer.join();
+  REQUIRE(writer.committed() == rows);
+  auto end = f.db().current_wal_lsn();
+  INFO(relay.log());
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 60s, 100ms));
+  check_delivered<Nats>(f, records_of(server.py("read --name " + f.slot)), rows);
+  CHECK(relay.running());
+  CHECK(standby.running());
+}
 
 TEST_CASE("sinks: NATS over TLS (the server checked against a CA file) with a user and a password from the "
           "environment - events arrive, a wrong password holds the slot with the server's reason on /readyz, and "

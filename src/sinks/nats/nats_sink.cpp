@@ -304,7 +304,12 @@ void NatsJetStreamSink::connection_closed() {
     std::lock_guard lock(inbox_->mu);
     if (!inbox_->async_error.empty()) why += " (" + inbox_->async_error + ")";
   }
-  if (js_) {
+  // Only a context that has published has a pending list: nats.c (3.4)
+  // creates its map at the first asynchronous publish and dereferences it
+  // unchecked, so asking an idle connection (a standby's, or one that closed
+  // before its first publish) crashed. pending_ is empty then, and each of
+  // its entries was published on this context (it is cleared below).
+  if (js_ && !pending_.empty()) {
     natsMsgList list{};
     if (js_PublishAsyncGetPendingList(&list, js_) == NATS_OK) {
       for (int i = 0; i < list.Count; ++i) {
