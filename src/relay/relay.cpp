@@ -195,14 +195,32 @@ void Relay::replay(std::string reason) {
 // fence: nothing past the committed position was confirmed, so a new
 // producer can take over from there (a transaction librdkafka could not end,
 // a broker that lost the producer's state). A Kafka transaction that outlived
-// its time-out halts (exit 3): the same transaction would time out again.
+// its time-out is sent again once the same way: the broker may have been
+// down longer than the time-out, and only a retry tells that from a source
+// transaction too long for it. Timing out again with nothing committed
+// since halts (exit 3): that transaction would time out every time.
 void Relay::check_producer() {
   auto fatal = sink_.fatal_error();
   if (!fatal || halt_reason_) return;
+  if (renew_producer_) return;  // this producer's replacement is under way (the replay renews it)
   if (transactional_ && !transactional_->fenced() && !transactional_->timed_out()) {
     renew_producer_ = true;
     replay("the Kafka producer failed: " + *fatal);
     return;
+  }
+  if (transactional_ && transactional_->timed_out()) {
+    const Lsn at = committed_lsn_.value_or(Lsn{});
+    if (timed_out_at_ != at) {
+      timed_out_at_ = at;
+      renew_producer_ = true;
+      // (Said here: a replay may be under way already, for the failed
+      // records the outage left.)
+      spdlog::warn("{} the Kafka transaction timed out; a new producer sends it again from the committed position "
+                   "{}, once (timing out again with nothing committed since halts)",
+                   context(), at.to_string());
+      replay("the Kafka producer failed: " + *fatal);
+      return;
+    }
   }
   halt(*fatal, "producer", transactional_ && transactional_->fenced() ? exit_failure : exit_halted);
 }

@@ -31,6 +31,7 @@ namespace asio = boost::asio;
 namespace {
 
 constexpr int16_t api_end_txn = 26;  // Kafka's EndTxn request
+constexpr int16_t api_produce = 0;   // Kafka's Produce request
 
 struct MockCluster {
   rd_kafka_t* rk = nullptr;
@@ -163,6 +164,19 @@ namespace {
 // One broker: its id in the mock cluster.
 constexpr int32_t mock_broker = 1;
 
+// The next `produces` Produce requests answered after 1.5 s each, and the
+// next `end_txns` EndTxn after 0.8 s with `end_txn`: transactions older than
+// 2 s when they end, each request below librdkafka's request time-out
+// (which is the transaction's).
+void slow_transactions(rd_kafka_mock_cluster_t* mc, int produces, int end_txns, rd_kafka_resp_err_t end_txn) {
+  for (int i = 0; i < produces; ++i)
+    REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(mc, mock_broker, api_produce, 1, RD_KAFKA_RESP_ERR_NO_ERROR,
+                                                         1500) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  for (int i = 0; i < end_txns; ++i)
+    REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(mc, mock_broker, api_end_txn, 1, end_txn, 800) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR);
+}
+
 }  // namespace
 
 TEST_CASE_METHOD(MockOutbox,
@@ -236,6 +250,39 @@ TEST_CASE_METHOD(MockOutbox,
   auto ids = cluster.ids(topic);
   std::set<std::string> distinct(ids.begin(), ids.end());
   CHECK(distinct.size() == 80);
+  CHECK(p.stop() == 0);
+}
+
+// Found by the fault campaign: a broker down longer than the transaction
+// time-out ends in a fence (the coordinator aborted the transaction and
+// bumped the epoch), which walrelay took for a transaction too long to ever
+// commit and halted on, waiting for a human.
+TEST_CASE_METHOD(MockOutbox,
+                 "relay with a mock cluster: exactly once - a commit answered with a fence after "
+                 "kafka.transaction.timeout.ms is sent again by a new producer, every event lands, nothing halts",
+                 "[relay][eos]") {
+  InProcess p(f, cluster.bootstraps(),
+              "exactly.once.support=required\ntransaction.boundary.interval.ms=0\nkafka.transaction.timeout.ms=2000\n"
+              "offsets.storage.topic=" + offsets + "\nreconnect.backoff.ms=100\n");
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
+  write(0, 10);
+  REQUIRE(eventually([&] { return p.metrics.kafka_transactions("committed").Value() >= 1; }, 30s, 20ms));
+  const auto first = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= first; }, 30s, 20ms));
+  // The next transaction is past the time-out when it ends, and its EndTxn
+  // meets the fence the coordinator's abort leaves.
+  slow_transactions(cluster.mc, 1, 1, RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
+  const double replaced_before = p.metrics.producer_replacements.Value();
+  write(10, 30);
+  const auto written = f.db().current_wal_lsn();
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 60s, 50ms));
+  CHECK(p.metrics.producer_replacements.Value() == replaced_before + 1);
+  CHECK(p.status().state == walrelay::RelayState::streaming);
+  auto ids = cluster.ids(topic);
+  std::set<std::string> distinct(ids.begin(), ids.end());
+  CHECK(distinct.size() == 30);
+  // (A second time-out with nothing committed since halts: the real
+  // broker's test of a walrelay frozen twice shows it.)
   CHECK(p.stop() == 0);
 }
 

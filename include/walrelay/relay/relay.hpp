@@ -261,6 +261,9 @@ class Relay final : public StatusSource {
   int halt_exit_code_ = exit_halted;
   std::optional<std::string> replay_reason_;  // set until the replay has started
   bool renew_producer_ = false;               // the replay starts with a new producer (exactly once)
+  // Exactly once: the committed position when a Kafka transaction last timed
+  // out. A second time-out with nothing committed since halts.
+  std::optional<pgoutput::Lsn> timed_out_at_;
   // Set by the stop request or the halt: the one deadline for draining.
   std::optional<std::chrono::steady_clock::time_point> drain_deadline_;
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked

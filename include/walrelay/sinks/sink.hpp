@@ -131,8 +131,9 @@ class TransactionalSink {
   // transactional.id took over.
   virtual bool fenced() const = 0;
   // The fatal error is the coordinator aborting a transaction older than
-  // its time-out (librdkafka reports it as a fence too): a halt for a human,
-  // since the same long transaction would time out again.
+  // its time-out (librdkafka reports it as a fence too), not a takeover: a
+  // broker outage longer than the time-out, or walrelay held up. Cleared by
+  // renew().
   virtual bool timed_out() const = 0;
   // Once per session, before the first record: takes over the transactional
   // producer (fencing any older one) and returns the position committed with

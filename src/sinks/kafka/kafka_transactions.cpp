@@ -733,6 +733,7 @@ asio::awaitable<bool> KafkaSink::renew() {
     return true;
   });
   fatal_.reset();
+  timed_out_ = false;
   last_error_ = "no broker connection yet";
   brokers_up_ = 0;
   recovered_ = false;
