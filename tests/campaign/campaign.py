@@ -175,7 +175,7 @@ class Instance:
 
     def admin_port(self):
         with open(self.log_path) as f:
-            ports = re.findall(r"admin.*?127\.0\.0\.1:(\d+)", f.read())
+            ports = re.findall(r"admin endpoint listening on 127\.0\.0\.1:(\d+)", f.read())
         return ports[-1] if ports else None
 
     def ready(self):
@@ -633,6 +633,10 @@ COMMIT;
             time.sleep(0.5)
         proc.send_signal(signal.SIGCONT)
         entry.append(f"{victim.name} frozen, {other.name} {'took over' if took_over else 'did not take over'}")
+        if not took_over and not self.stop_all.is_set():
+            # The standby must take the slot once the frozen one's walsender
+            # times out (5 s): a standby that does not is a finding.
+            self.nemesis_errors.append(f"sigstop_takeover at {entry[0]} s: {entry[-1]} within 45 s")
         log(f"  {entry[-1]}")
 
     def nemesis(self):
@@ -884,7 +888,7 @@ def main():
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")
-    p.add_argument("--snapshot-rows", type=int, default=20000,
+    p.add_argument("--snapshot-rows", type=int, default=100000,
                    help="rows in the outbox before walrelay starts, sent by the initial snapshot (0: none)")
     p.add_argument("--group", default=os.environ.get("WALRELAY_SERVICES_GROUP", "campaign"))
     p.add_argument("--walrelay", default=f"{ROOT}/build/walrelay")
