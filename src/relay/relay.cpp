@@ -289,6 +289,7 @@ asio::awaitable<void> Relay::run() {
       // Every record still in flight must settle first: a late report must
       // never meet the fresh ledger.
       co_await drain(nullptr);
+      check_producer();  // a fatal error the drain ended on counts for this replay
       if (stop_requested_ || halt_reason_) break;
       if (renew_producer_) {
         renew_producer_ = false;

@@ -164,17 +164,14 @@ namespace {
 // One broker: its id in the mock cluster.
 constexpr int32_t mock_broker = 1;
 
-// The next `produces` Produce requests answered after 1.5 s each, and the
-// next `end_txns` EndTxn after 0.8 s with `end_txn`: transactions older than
-// 2 s when they end, each request below librdkafka's request time-out
-// (which is the transaction's).
-void slow_transactions(rd_kafka_mock_cluster_t* mc, int produces, int end_txns, rd_kafka_resp_err_t end_txn) {
-  for (int i = 0; i < produces; ++i)
-    REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(mc, mock_broker, api_produce, 1, RD_KAFKA_RESP_ERR_NO_ERROR,
-                                                         1500) == RD_KAFKA_RESP_ERR_NO_ERROR);
-  for (int i = 0; i < end_txns; ++i)
-    REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(mc, mock_broker, api_end_txn, 1, end_txn, 800) ==
-            RD_KAFKA_RESP_ERR_NO_ERROR);
+// The next Produce answered after 1.5 s and the next EndTxn after 0.8 s
+// with `end_txn`: a transaction older than 2 s when it ends, each request
+// below librdkafka's request time-out (which is the transaction's).
+void slow_transaction(rd_kafka_mock_cluster_t* mc, rd_kafka_resp_err_t end_txn) {
+  REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(mc, mock_broker, api_produce, 1, RD_KAFKA_RESP_ERR_NO_ERROR,
+                                                       1500) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(mc, mock_broker, api_end_txn, 1, end_txn, 800) ==
+          RD_KAFKA_RESP_ERR_NO_ERROR);
 }
 
 }  // namespace
@@ -271,7 +268,7 @@ TEST_CASE_METHOD(MockOutbox,
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= first; }, 30s, 20ms));
   // The next transaction is past the time-out when it ends, and its EndTxn
   // meets the fence the coordinator's abort leaves.
-  slow_transactions(cluster.mc, 1, 1, RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
+  slow_transaction(cluster.mc, RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
   const double replaced_before = p.metrics.producer_replacements.Value();
   write(10, 30);
   const auto written = f.db().current_wal_lsn();
