@@ -115,7 +115,9 @@ class Toxiproxy:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        # (Generous: removing a latency toxic waits for the data it holds,
+        # and a loaded machine answers slowly.)
+        with urllib.request.urlopen(req, timeout=60) as r:
             text = r.read()
         return json.loads(text) if parse and text.strip() else None
 
