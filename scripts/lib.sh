@@ -5,17 +5,17 @@
 export CACHE_ROOT="${WALRELAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/walrelay}"
 WALRELAY_SCRIPTS="${WALRELAY_SCRIPTS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 
+# alive PID: the process runs. A zombie (killed, not yet reaped by its
+# parent: a server killed with -9 whose parent is a PID 1 that reaps late)
+# does not, though kill -0 says it does.
+alive() { kill -0 "$1" 2>/dev/null && [[ $(ps -o stat= -p "$1" 2>/dev/null) != Z* ]]; }
+
 # free_port: a free loopback port; free_ports N: the first of N consecutive
 # ones. Chosen below the kernel's ephemeral range. A server restarted on its port
 # (kafka-start, rabbitmq-start, ...) must find it free again: a port from the
 # ephemeral range can meanwhile be taken as the local port of any outgoing
 # connection (a client retrying, a test's HTTP request), and the restart then
 # fails with "address in use".
-# alive PID: the process runs. A zombie (killed, not yet reaped by its
-# parent: a server killed with -9 whose parent is a PID 1 that reaps late)
-# does not, though kill -0 says it does.
-alive() { kill -0 "$1" 2>/dev/null && [[ $(ps -o stat= -p "$1" 2>/dev/null) != Z* ]]; }
-
 free_port() { free_ports 1; }
 free_ports() {
   python3 - "$1" <<'PY'

@@ -203,21 +203,19 @@ void Relay::check_producer() {
   auto fatal = sink_.fatal_error();
   if (!fatal || halt_reason_) return;
   if (renew_producer_) return;  // this producer's replacement is under way (the replay renews it)
-  if (transactional_ && !transactional_->fenced() && !transactional_->timed_out()) {
-    renew_producer_ = true;
-    replay("the Kafka producer failed: " + *fatal);
-    return;
-  }
-  if (transactional_ && transactional_->timed_out()) {
+  if (transactional_ && !transactional_->fenced()) {
     const Lsn at = committed_lsn_.value_or(Lsn{});
-    if (timed_out_at_ != at) {
-      timed_out_at_ = at;
+    const bool timed_out = transactional_->timed_out();
+    if (!timed_out || timed_out_at_ != at) {
+      if (timed_out) {
+        timed_out_at_ = at;
+        // (Said here: a replay may be under way already, for the failed
+        // records the outage left.)
+        spdlog::warn("{} the Kafka transaction timed out; a new producer sends it again from the committed "
+                     "position {}, once (timing out again with nothing committed since halts)",
+                     context(), at.to_string());
+      }
       renew_producer_ = true;
-      // (Said here: a replay may be under way already, for the failed
-      // records the outage left.)
-      spdlog::warn("{} the Kafka transaction timed out; a new producer sends it again from the committed position "
-                   "{}, once (timing out again with nothing committed since halts)",
-                   context(), at.to_string());
       replay("the Kafka producer failed: " + *fatal);
       return;
     }

@@ -199,7 +199,6 @@ class Instance:
                 for line in f:
                     if line.startswith("VmRSS:"):
                         kib = int(line.split()[1])
-                        self.c.rss.append(kib)
                         self.rss_peak = max(self.rss_peak, kib)
         except OSError:
             pass
@@ -305,7 +304,6 @@ class Campaign:
         self.start_time = time.monotonic()
         self.instances = [Instance(self, "a"), Instance(self, "b")]
         self.proc_lock = threading.Lock()
-        self.rss = []
         self.toxi = None
         self.nemesis_errors = []
         self.tx_seq = 0
@@ -802,7 +800,7 @@ COMMIT;
                 problems.append(f"{stream}: {len(dups)} events more than once, first {dups[0]} ({seen[dups[0]]}x)")
             self.stats[stream] = {"records": len(records), "distinct": len(seen), "duplicates": len(dups),
                                   "order_breaks": len(order_breaks), "missing": len(missing)}
-        peak = max(self.rss, default=0)
+        peak = max(inst.rss_peak for inst in self.instances)
         if peak > RSS_LIMIT_KIB:
             problems.append(f"walrelay's RSS reached {peak} KiB, over {RSS_LIMIT_KIB} KiB")
         return problems
