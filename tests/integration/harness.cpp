@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <random>
 #include <set>
@@ -351,12 +352,22 @@ bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeo
   KcatRun k;
   bool found = eventually(
       [&] {
-        k = kcat("-C -t '" + topic + "' -o beginning -c 1 -q -f '.'", 10);
+        k = kcat("-C -t '" + topic + "' -o beginning -c 1 -q -f '.' -X topic.metadata.refresh.interval.ms=1000", 10);
         return !k.out.empty();
       },
       timeout, 200ms);
   if (!found && !k.ok() && !k.timed_out() && !k.unknown_topic())
     throw std::runtime_error("waiting for a record of " + topic + " failed: " + k.failure());
+  if (!found) {
+    // What the broker says of the topic, for the test's output: a reader that
+    // saw nothing for a minute is either a topic never written or a reader
+    // that could not see it, and the two call for different fixes.
+    auto meta = kcat("-L -t '" + topic + "'", 10);
+    auto ends = kcat("-Q -t '" + topic + ":0:-1' -t '" + topic + ":1:-1' -t '" + topic + ":2:-1'", 10);
+    std::cerr << "no record of " << topic << " within " << timeout.count() << " ms; the last reader: "
+              << k.failure() << "\nkcat -L: " << meta.out << meta.err << "\nkcat -Q (ends): " << ends.out << ends.err
+              << std::endl;
+  }
   return found;
 }
 

@@ -424,10 +424,20 @@ def main():
             time.sleep(0.2)
         # Explicit start offsets: "the end" is the end when the reader starts,
         # not when the first fetch happens to resolve it.
+        # A topic just auto-created can be in the metadata before its
+        # partitions have a leader: the broker then answers the offsets
+        # query with an error, which is "not yet", until the deadline.
         assignment = []
         for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(args.topic, p),
-                                                       timeout=max(1.0, deadline - time.monotonic()))
+            while True:
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(args.topic, p), timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+                    break
+                except KafkaException as e:
+                    if time.monotonic() >= deadline:
+                        die(1, f"got 0 of {args.count} records: the offsets of {args.topic}[{p}]: {e}")
+                    time.sleep(0.2)
             assignment.append(TopicPartition(args.topic, p, low if args.from_beginning else high))
         consumer.assign(assignment)
 
