@@ -291,7 +291,7 @@ asio::awaitable<void> Relay::run() {
       if (stop_requested_ || halt_reason_) break;
       if (renew_producer_) {
         renew_producer_ = false;
-        if (!transactional_ || !co_await transactional_->renew()) {
+        if (!transactional_ || !co_await transactional_->renew("it failed")) {
           halt(sink_.fatal_error().value_or("the Kafka producer failed"), "producer", exit_halted);
           break;
         }
@@ -363,6 +363,7 @@ asio::awaitable<void> Relay::stay_halted() {
 
 // One replication connection: connect, check and prepare, stream.
 asio::awaitable<void> Relay::session() {
+  co_await renew_taken_over_producer();
   spdlog::info("connecting: {}", config_.conninfo_redacted(true));
   co_await conn_.connect(config_.conninfo(true), std::chrono::milliseconds(config_.database_connect_timeout_ms));
   co_await prepare(conn_);
@@ -374,6 +375,20 @@ asio::awaitable<void> Relay::session() {
   if (stop_requested_ || halt_reason_) co_return;
   sessions_streamed_++;
   co_await stream(conn_);
+}
+
+// Exactly once: each session takes the transactional.id over anew. Since the
+// last one another walrelay may have held the slot (this one its standby, or
+// slower to reconnect), fencing this producer and committing past the
+// position it read: kept, the producer would fail at its first commit (exit
+// 1, a restart) and skip by a stale position. Nothing is in flight between
+// sessions (a replay drains first). (One if-block, no early co_return: g++
+// 12 made that a crash at the first session.)
+asio::awaitable<void> Relay::renew_taken_over_producer() {
+  if (transactional_ && transactional_->taken_over()) {
+    const bool renewed = co_await transactional_->renew("a new session takes the transactional.id over again");
+    if (!renewed) throw PgError("exactly once: the Kafka producer could not be replaced for the new session", "");
+  }
 }
 
 // Checks the server, the publication and the slot (catalog.cpp), creates what

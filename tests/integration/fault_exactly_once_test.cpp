@@ -202,6 +202,62 @@ TEST_CASE("fault: exactly once - two walrelays on one slot, the active one froze
   check_exactly_once(f, f.topic("EosZombie"));
 }
 
+TEST_CASE("fault: exactly once - a walrelay kept off the slot while another took the transactional.id over takes "
+          "both back with a new producer: it keeps streaming, nothing twice",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(eos_config(f));
+  relay.start();
+  relay.wait_streaming();
+  auto write = [&](const std::string& tag) {
+    for (int i = 0; i < 5; ++i) f.db().exec(insert_event(f.table, "EosBack", tag + std::to_string(i), "'{\"seq\": 0}'"));
+    return f.db().current_wal_lsn();
+  };
+  auto written = write("a");
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 60s));
+  // Another consumer holds the slot (pg_recvlogical, with no event written
+  // meanwhile): walrelay, its session ended while it was frozen, becomes a
+  // standby. (Frozen, so that it cannot take the slot back first.)
+  const std::string holder_log = "/tmp/" + unique_name("recvlogical") + ".log";
+  std::string holder_pid;
+  {
+    Frozen frozen(relay);
+    REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
+                          f.slot + "'") == "t");
+    const auto& s = Services::get();
+    auto started = run_command("sh -c '" + Services::current("WALRELAY_TEST_PGBIN") + "/pg_recvlogical -h " +
+                               s.pg_host + " -p " + s.pg_port + " -U " + s.pg_user + " -d " + s.pg_database +
+                               " --slot " + f.slot + " --start --no-loop -f /dev/null -o proto_version=1 -o "
+                               "publication_names=" + f.slot + " >" + holder_log + " 2>&1 & echo $!'");
+    holder_pid = started.output.substr(0, started.output.find('\n'));
+    REQUIRE(eventually([&] {
+      return f.db().scalar("SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s ON "
+                           "s.active_pid = r.pid WHERE s.slot_name = '" + f.slot +
+                           "' AND r.application_name = 'pg_recvlogical'") == "1";
+    }, 30s));
+  }
+  REQUIRE(eventually([&] { return relay.get("/slot").body.find("\"standby\"") != std::string::npos || !relay.running(); },
+                     60s));
+  REQUIRE(relay.running());
+  // As another walrelay taking the slot would: init_transactions with the
+  // same transactional.id, which fences walrelay's producer (idle, it does
+  // not know).
+  auto fence = run_command(test_python() + " -c \"from confluent_kafka import Producer; Producer({'bootstrap.servers': '" +
+                           Services::get().kafka + "', 'transactional.id': 'walrelay-" + Services::get().pg_database +
+                           "-" + f.slot + "'}).init_transactions(60)\" 2>&1");
+  INFO(fence.output);
+  REQUIRE(fence.status == 0);
+  const auto sessions = count_of(relay.log(), "streaming: START_REPLICATION");
+  REQUIRE(run_command("kill " + holder_pid).status == 0);
+  wait_streaming_after(relay, sessions, 60s);
+  written = write("b");
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written || !relay.running(); }, 60s));
+  CHECK(relay.running());
+  check_exactly_once(f, f.topic("EosBack"));
+  std::remove(holder_log.c_str());
+}
+
 TEST_CASE("fault: exactly once - one transaction of 200000 rows: exact, with memory bounded as in at-least-once mode",
           "[fault][eos]") {
   const long rows = scaled(200000, 200000);

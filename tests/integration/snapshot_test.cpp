@@ -121,6 +121,11 @@ void interrupted_snapshot_keeps_rowless_events(bool exactly_once, bool outage = 
                json::parse(r.body)["snapshot"]["rows_done"].get<long>() > 10000;
       },
       120s, 20ms));
+  // Killed in the middle: held there (frozen) while the writers get going,
+  // or a fast snapshot ends first.
+  const long done_at_kill = slot_doc(*relay)["snapshot"]["rows_done"].get<long>();
+  std::optional<Frozen> held;
+  if (!outage) held.emplace(*relay);
   // Everything the writers commit from here is after the consistent point.
   Writer writer(f.table, "Snap", during, 10, 10ms, 16, "", before);
   StatementWriter ghost(
@@ -140,7 +145,6 @@ void interrupted_snapshot_keeps_rowless_events(bool exactly_once, bool outage = 
       messages, 5ms);
   REQUIRE(eventually([&] { return writer.committed() >= 50 && ghost.committed() >= 20 && message.committed() >= 20; },
                      60s, 10ms));
-  const long done_at_kill = slot_doc(*relay)["snapshot"]["rows_done"].get<long>();
   std::string cleaned;
   // A cleaner deletes what the writer has committed since the point.
   auto clean = [&] {
@@ -161,6 +165,7 @@ void interrupted_snapshot_keeps_rowless_events(bool exactly_once, bool outage = 
   } else {
     relay->signal(SIGKILL);
     REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+    held.reset();  // (reaped: it signals nothing)
     INFO("killed after " << done_at_kill << " of " << before << " rows");
     REQUIRE(done_at_kill < before);
     clean();

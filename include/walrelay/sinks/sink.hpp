@@ -139,6 +139,8 @@ class TransactionalSink {
   // producer (fencing any older one) and returns the position committed with
   // the output, or nullopt when there is none. Throws std::runtime_error.
   virtual boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) = 0;
+  // Whether this producer's recover() took the transactional.id over.
+  virtual bool taken_over() const = 0;
   // Whether the sink takes records now (not while a transaction aborts).
   virtual bool accepting() const = 0;
   // Whether a commit or an abort is under way, records wait for one, or
@@ -163,8 +165,10 @@ class TransactionalSink {
   // After a fatal error that is not a fence: replaces the producer with a
   // new one, whose recover() takes over from the committed position. Every
   // record of the old one is forgotten (none was confirmed past that
-  // position). Returns false when the sink cannot be renewed.
-  virtual boost::asio::awaitable<bool> renew() = 0;
+  // position). Also before a new session of a producer that took over in
+  // an earlier one (`why` says which). Returns false when the sink cannot
+  // be renewed.
+  virtual boost::asio::awaitable<bool> renew(std::string_view why) = 0;
   // Shutting down: commits the open transaction now if it holds only whole
   // source transactions (one cut in the middle is left to be aborted).
   virtual void commit_now() = 0;

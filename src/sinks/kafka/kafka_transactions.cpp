@@ -706,11 +706,11 @@ void KafkaSink::abandon_transaction() {
   else fail_waiting("held back while a Kafka transaction committed; the relay replays from the committed position");
 }
 
-asio::awaitable<bool> KafkaSink::renew() {
+asio::awaitable<bool> KafkaSink::renew(std::string_view why) {
   if (!transactions_ || fenced_ || !rk_) co_return false;
-  spdlog::warn("kafka: exactly once: replacing the failed producer ({}); the new one resumes from the committed "
-               "position",
-               fatal_.value_or("no error"));
+  spdlog::log(fatal_ ? spdlog::level::warn : spdlog::level::info,
+              "kafka: exactly once: replacing the producer ({}{}); the new one resumes from the committed position",
+              why, fatal_ ? ": " + *fatal_ : std::string());
   ++generation_;
   boundary_timer_.cancel();
   boundary_armed_ = false;

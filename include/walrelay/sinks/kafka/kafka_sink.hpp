@@ -76,6 +76,7 @@ class KafkaSink final : public Sink, public TransactionalSink {
   // Exactly-once (kafka_transactions.cpp).
   bool fenced() const override { return fenced_; }
   bool timed_out() const override { return timed_out_; }
+  bool taken_over() const override { return recovered_; }
   boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) override;
   // Also while a transaction commits: what comes meanwhile waits in the
   // sink (within the relay's in-flight limits) for the next one.
@@ -89,7 +90,7 @@ class KafkaSink final : public Sink, public TransactionalSink {
   void commit_now() override;
   // The Kafka transaction's time-out (kafka.transaction.timeout.ms).
   std::chrono::milliseconds transaction_timeout() const override;
-  boost::asio::awaitable<bool> renew() override;
+  boost::asio::awaitable<bool> renew(std::string_view why) override;
   // walrelay --reset-offsets: takes over the transactional producer (fencing
   // a running walrelay) and commits a tombstone for the position, so the
   // next start skips nothing. Returns the position it forgot, if any.
