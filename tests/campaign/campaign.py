@@ -989,15 +989,23 @@ def main():
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 2**31)
     print(f"campaign seed: {args.seed}", flush=True)
+    # SIGTERM (ctest's time-out, an operator) ends the run through the clean-up
+    # below, as Ctrl-C does: no walrelay, proxy or frozen broker left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     c = Campaign(args)
     try:
         return c.run()
     finally:
         c.stop_all.set()
+        c.stop_faults.set()
         for inst in c.instances:
             if inst.proc and inst.proc.poll() is None:
                 inst.proc.send_signal(signal.SIGCONT)
                 inst.proc.kill()
+        try:
+            os.kill(c.broker_pid(), signal.SIGCONT)  # a broker_freeze cut short
+        except (OSError, ValueError):
+            pass
         if c.toxi:
             c.toxi.stop()
 
