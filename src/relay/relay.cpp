@@ -281,6 +281,13 @@ asio::awaitable<void> Relay::run() {
       replay_reason_ = "the replication connection ended";
       transactional_->commit_now();
       transactional_->abandon_transaction();
+    } else if (transactional_ && !replay_reason_ && (ledger_.inflight_records() > 0 || transactional_->settling())) {
+      // Cut in the initial snapshot: its records in flight settle and its
+      // Kafka transaction is aborted (never committed: it is not whole)
+      // before the next session replaces the producer, whose reports they
+      // would otherwise never get.
+      replay_reason_ = "the replication connection ended in the initial snapshot";
+      transactional_->abandon_transaction();
     }
     const bool replayed = replay_reason_.has_value();
     if (replay_reason_) {
@@ -364,6 +371,7 @@ asio::awaitable<void> Relay::stay_halted() {
 // One replication connection: connect, check and prepare, stream.
 asio::awaitable<void> Relay::session() {
   co_await renew_taken_over_producer();
+  if (stop_requested_ || halt_reason_) co_return;
   spdlog::info("connecting: {}", config_.conninfo_redacted(true));
   co_await conn_.connect(config_.conninfo(true), std::chrono::milliseconds(config_.database_connect_timeout_ms));
   co_await prepare(conn_);
@@ -382,8 +390,9 @@ asio::awaitable<void> Relay::session() {
 // slower to reconnect), fencing this producer and committing past the
 // position it read: kept, the producer would fail at its first commit (exit
 // 1, a restart) and skip by a stale position. Nothing is in flight between
-// sessions (a replay drains first). (One if-block, no early co_return: g++
-// 12 made that a crash at the first session.)
+// sessions (a replay drains first, after a snapshot cut too). (One
+// if-block, no early co_return: g++ 12 made that a crash at the first
+// session.)
 asio::awaitable<void> Relay::renew_taken_over_producer() {
   if (transactional_ && transactional_->taken_over()) {
     const bool renewed = co_await transactional_->renew("a new session takes the transactional.id over again");

@@ -350,7 +350,11 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             self.toxi.proxy("broker", via, s["WALRELAY_TEST_KAFKA_VIA_UPSTREAM"])
             cfg += [f"kafka.bootstrap.servers={via}", f"kafka.message.max.bytes={SIZE_LIMIT}"]
             if sink == "kafka-eos":
-                cfg += ["exactly.once.support=required", "kafka.transaction.timeout.ms=30000",
+                # The initial snapshot is one Kafka transaction, so it must end
+                # within the time-out (less a margin): 100,000 rows took 33 s
+                # beside a loaded CI run, past 30 s, and both walrelays halted.
+                # (The broker's transaction.max.timeout.ms is 15 minutes.)
+                cfg += ["exactly.once.support=required", "kafka.transaction.timeout.ms=120000",
                         "transaction.boundary.interval.ms=100"]
             self.create_kafka_topics()
         elif sink == "nats":

@@ -220,7 +220,15 @@ TEST_CASE("fault: exactly once - a walrelay kept off the slot while another took
   // meanwhile): walrelay, its session ended while it was frozen, becomes a
   // standby. (Frozen, so that it cannot take the slot back first.)
   const std::string holder_log = "/tmp/" + unique_name("recvlogical") + ".log";
-  std::string holder_pid;
+  // Ended however the test ends: a holder left behind keeps the slot.
+  struct Holder {
+    std::string pid, log;
+    ~Holder() {
+      if (!pid.empty()) run_command("kill " + pid + " 2>/dev/null");
+      std::remove(log.c_str());
+    }
+  } holder{"", holder_log};
+  std::string& holder_pid = holder.pid;
   {
     Frozen frozen(relay);
     REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
@@ -250,12 +258,12 @@ TEST_CASE("fault: exactly once - a walrelay kept off the slot while another took
   REQUIRE(fence.status == 0);
   const auto sessions = count_of(relay.log(), "streaming: START_REPLICATION");
   REQUIRE(run_command("kill " + holder_pid).status == 0);
+  holder_pid.clear();
   wait_streaming_after(relay, sessions, 60s);
   written = write("b");
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= written || !relay.running(); }, 60s));
   CHECK(relay.running());
   check_exactly_once(f, f.topic("EosBack"));
-  std::remove(holder_log.c_str());
 }
 
 TEST_CASE("fault: exactly once - one transaction of 200000 rows: exact, with memory bounded as in at-least-once mode",

@@ -601,6 +601,54 @@ TEST_CASE("snapshot: exactly once - the snapshot is one Kafka transaction, and k
         static_cast<std::size_t>(before + during + 1));
 }
 
+TEST_CASE("snapshot: exactly once - the connection to PostgreSQL lost in the middle of the snapshot with records "
+          "in flight (the broker slow) - taken again in the same process, every row exactly once",
+          "[fault][snapshot][solo]") {
+  const long before = scaled(50000, 200000);
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "EosCut", before);
+  // Room in flight for the whole snapshot: walrelay reads on, and finds the
+  // lost connection, whether or not the broker answers.
+  Walrelay relay(with_key(eos_snapshot_config(f, "max.inflight.records=1000000\nsnapshot.fetch.size=1000\n"),
+                          "log.level", "info"));
+  relay.start();
+  REQUIRE(eventually(
+      [&] {
+        auto r = relay.get("/slot");
+        return r.status == 200 && json::parse(r.body)["snapshot"].is_object() &&
+               json::parse(r.body)["snapshot"]["rows_done"].get<long>() > 10000;
+      },
+      120s, 20ms));
+  {
+    // walrelay's connections to PostgreSQL end, and the broker stops
+    // answering at once: the records of the chunks sent last stay in flight
+    // while the session ends and the next one begins.
+    REQUIRE(std::stol(f.db().scalar("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                                    "application_name = 'walrelay'")) > 0);
+    BrokerFreeze frozen;
+    REQUIRE(eventually([&] { return relay.this_run_log().find("replication connection lost") != std::string::npos; },
+                       60s, 20ms));
+    const auto rows_done = slot_doc(relay)["snapshot"]["rows_done"].get<long>();
+    INFO("cut after " << rows_done << " of " << before << " rows");
+    REQUIRE(rows_done < before);
+    REQUIRE(relay.metric("walrelay_inflight_records").value_or(0) > 0);
+    REQUIRE(eventually([&] { return count_of(relay.this_run_log(), "info connecting:") >= 2; }, 60s, 20ms));
+  }
+  REQUIRE(eventually([&] { return relay.this_run_log().find("streaming:") != std::string::npos || !relay.running(); },
+                     300s, 100ms));
+  REQUIRE(relay.running());
+  auto recs = read_all(f, f.topic("EosCut"), 300s);
+  auto seen = ids_of(recs);
+  auto missing = missing_ids(f.db(), f.table, seen);
+  std::cout << "snapshot exactly once, connection cut: records=" << seen.records << " duplicates="
+            << seen.duplicates() << " missing=" << missing.size() << "\n";
+  CHECK(missing.empty());
+  CHECK(seen.duplicates() == 0);
+  check_order_per_key(recs);
+  CHECK(relay.running());
+}
+
 TEST_CASE("snapshot: exactly once - a snapshot that would outlast kafka.transaction.timeout.ms halts naming the key "
           "before the coordinator aborts it, with nothing of it visible",
           "[fault][snapshot]") {

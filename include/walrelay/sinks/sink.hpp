@@ -139,7 +139,8 @@ class TransactionalSink {
   // producer (fencing any older one) and returns the position committed with
   // the output, or nullopt when there is none. Throws std::runtime_error.
   virtual boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) = 0;
-  // Whether this producer's recover() took the transactional.id over.
+  // Whether this producer took the transactional.id over (init_transactions:
+  // another producer may have fenced it since).
   virtual bool taken_over() const = 0;
   // Whether the sink takes records now (not while a transaction aborts).
   virtual bool accepting() const = 0;

@@ -76,7 +76,7 @@ class KafkaSink final : public Sink, public TransactionalSink {
   // Exactly-once (kafka_transactions.cpp).
   bool fenced() const override { return fenced_; }
   bool timed_out() const override { return timed_out_; }
-  bool taken_over() const override { return recovered_; }
+  bool taken_over() const override { return initialised_; }
   boost::asio::awaitable<std::optional<CommittedPosition>> recover(const SourceIdentity& source) override;
   // Also while a transaction commits: what comes meanwhile waits in the
   // sink (within the relay's in-flight limits) for the next one.
