@@ -285,6 +285,16 @@ const std::vector<KeySpec>& key_specs() {
            throw ConfigError(k, "expected no_data, initial or initial_only, got \"" + v + "\"");
        }},
       {"snapshot.fetch.size", int_field(&Config::snapshot_fetch_size, 1, 1000000)},
+      {"table.retention.policy",
+       [](Config& c, const std::string& k, const std::string& v) {
+         if (v == "none") c.retention_policy = RetentionPolicy::none;
+         else if (v == "delete") c.retention_policy = RetentionPolicy::delete_rows;
+         else throw ConfigError(k, "expected none or delete, got \"" + v + "\"");
+       }},
+      {"table.retention.ms", int64_field(&Config::retention_ms, 0, 100LL * 365 * 24 * 3600 * 1000)},
+      {"table.retention.interval.ms", int_field(&Config::retention_interval_ms, 100, 86400000)},
+      {"table.retention.batch.size", int_field(&Config::retention_batch_size, 1, 100000)},
+      {"table.retention.time.column", column_field(&Config::retention_time_column, true)},
       {"snapshot.select.statement.overrides",
        string_field(&Config::snapshot_override_tables)},
       {"snapshot.order.column",
@@ -854,13 +864,26 @@ void check_sink(Config& c) {
   find_sink_kind(c.sink_type)->validate(c);
 }
 
+// Retention deletes table rows, older than table.retention.ms by a column of
+// their own time (the one replay --since reads).
+void check_retention(Config& c) {
+  if (c.retention_policy == RetentionPolicy::none) return;
+  if (c.table_include_list.empty())
+    throw ConfigError("table.retention.policy", "delete needs outbox tables (table.include.list is empty: "
+                                                "logical messages leave no rows to delete)");
+  if (c.retention_ms > 0 && c.retention_time_column.empty() && c.field_event_timestamp.empty())
+    throw ConfigError("table.retention.ms",
+                      "a row's age is read from a column of its own: set table.retention.time.column (or "
+                      "table.field.event.timestamp), or table.retention.ms=0 to delete rows once acknowledged");
+}
+
 // The rules on keys that must agree, in the order they are checked: the
 // first broken one is reported. Some fill in what follows from the others.
 constexpr void (*config_checks[])(Config&) = {
     check_relayed,           check_hosts,           check_replay_token,   check_snapshot_overrides,
     check_backoff,           check_dead_letter_named, check_json_schemas, check_registry,
     check_route_by_field,    check_cloudevents,     check_header_names,   check_transactions,
-    check_dead_letter_topic, check_route_replacement, check_sink,
+    check_dead_letter_topic, check_route_replacement, check_sink,           check_retention,
 };
 
 // The configuration as a whole checked, once every key has been read.
@@ -1214,6 +1237,12 @@ void describe_tables(const Config& c, SettingLines& line) {
                                                                  : "initial_only");
   line("snapshot.fetch.size", std::to_string(c.snapshot_fetch_size));
   line("snapshot.order.column", c.snapshot_order_column.empty() ? c.field_event_id : c.snapshot_order_column);
+  line("table.retention.policy", c.retention_policy == RetentionPolicy::none ? "none" : "delete");
+  line("table.retention.ms", std::to_string(c.retention_ms));
+  line("table.retention.interval.ms", std::to_string(c.retention_interval_ms));
+  line("table.retention.batch.size", std::to_string(c.retention_batch_size));
+  line("table.retention.time.column",
+       c.retention_time_column.empty() ? c.field_event_timestamp : c.retention_time_column);
   {
     std::string tables;
     for (auto& [table, statement] : c.snapshot_select_overrides) tables += (tables.empty() ? "" : ",") + table;

@@ -40,6 +40,7 @@ enum class HaltAction { stay, exit };
 // slot exists; initial first sends the rows already in the outbox tables, read
 // in the slot's exported snapshot; initial_only does that and stops.
 enum class SnapshotMode { no_data, initial, initial_only };
+enum class RetentionPolicy { none, delete_rows };
 
 // `column:placement[:alias]` of table.fields.additional.placement, as
 // Debezium's router defines them: a header, a member of the value's
@@ -146,6 +147,14 @@ struct Config {
   std::map<std::string, std::string> snapshot_select_overrides;
   std::string snapshot_override_tables;   // snapshot.select.statement.overrides: Debezium's list of them
   std::string snapshot_order_column;      // snapshot.order.column; empty: table.field.event.id
+
+  // Retention: walrelay deletes outbox rows the broker has acknowledged once
+  // they are older than table.retention.ms (source/outbox_retention.hpp).
+  RetentionPolicy retention_policy = RetentionPolicy::none;  // table.retention.policy
+  std::int64_t retention_ms = 7LL * 24 * 3600 * 1000;       // table.retention.ms: kept at least this long
+  int retention_interval_ms = 60000;                         // table.retention.interval.ms
+  int retention_batch_size = 1000;                           // table.retention.batch.size: rows per DELETE
+  std::string retention_time_column;  // table.retention.time.column; empty: table.field.event.timestamp
 
   // Outbox Event Router (Debezium's names and defaults)
   std::vector<TableName> table_include_list{{"public", "outbox"}};

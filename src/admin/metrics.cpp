@@ -278,6 +278,8 @@ Metrics::Metrics(std::string_view slot)
                                  "1 while the initial snapshot is being taken.")),
       snapshot_restarts(add_counter(*registry_, "walrelay_snapshot_restarts_total",
                                     "Initial snapshots taken again from the start after one was interrupted.")),
+      retention_last_run(add_gauge(*registry_, "walrelay_retention_last_run_timestamp_seconds",
+                                   "When retention (table.retention.policy) last ended a run, as Unix time.")),
       replay_job_running(add_gauge(*registry_, "walrelay_replay_job_running",
                                    "1 while a replay started by POST /replay runs.")),
       replay_job_rows(add_counter(*registry_, "walrelay_replay_job_rows_total",
@@ -340,6 +342,13 @@ Metrics::Metrics(std::string_view slot)
           *registry_, labelled_families_, "walrelay_schema_registry_requests_total",
           "Schema lookups in the schema registry, by outcome (ok, unreachable, not_found, unauthorized, "
           "bad_response, bad_schema); any but ok holds the records of that subject back.", {"outcome"})),
+      retention_rows_family_(add_counter_family(*registry_, labelled_families_, "walrelay_retention_rows_deleted_total",
+          "Outbox rows deleted by retention (table.retention.policy=delete), by table.", {"table"})),
+      retention_runs_family_(add_counter_family(*registry_, labelled_families_, "walrelay_retention_runs_total",
+          "Retention runs, by outcome: ok, behind (the slot not yet past the run's fence: nothing deleted), "
+          "error.", {"outcome"})),
+      retention_bytes_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_retention_table_bytes",
+          "The outbox table's size on disk (pg_total_relation_size, a partitioned one's partitions), read by each retention run.", {"table"})),
       safe_wal_size_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_slot_safe_wal_size_bytes",
                                              "WAL that can still be written before max_slot_wal_keep_size "
                                              "invalidates the slot; absent while the server sets no limit.",
@@ -416,6 +425,18 @@ void Metrics::set_safe_wal_size(std::optional<double> bytes) {
     safe_wal_size_family_->Remove(safe_wal_size_);
     safe_wal_size_ = nullptr;
   }
+}
+
+prometheus::Counter& Metrics::retention_rows_deleted(std::string_view table) {
+  return retention_rows_family_->Add({{"table", std::string(table)}});
+}
+
+prometheus::Counter& Metrics::retention_runs(std::string_view outcome) {
+  return retention_runs_family_->Add({{"outcome", std::string(outcome)}});
+}
+
+prometheus::Gauge& Metrics::retention_table_bytes(std::string_view table) {
+  return retention_bytes_family_->Add({{"table", std::string(table)}});
 }
 
 prometheus::Counter& Metrics::schema_registry_requests(std::string_view outcome) {

@@ -58,6 +58,7 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       mapper_(config),
       conn_(io),
       slot_monitor_(io, config),
+      retention_(io, config, metrics),
       wake_(io),
       tick_(io),
       dead_letter_retry_(io) {
@@ -125,6 +126,12 @@ void Relay::start() {
     metrics_.slot_invalidated.Set(1);
     halt(std::move(reason), "slot");
   }, [this] { return state_ == RelayState::streaming; });
+  // What the broker has acknowledged is what this walrelay confirmed, while
+  // it streams (a standby, a snapshot or a halt vouch for nothing).
+  retention_.start([this]() -> std::optional<Lsn> {
+    if (state_ != RelayState::streaming || halt_reason_ || stop_requested_) return std::nullopt;
+    return sent_flushed_lsn_;
+  });
 }
 
 void Relay::request_stop() {
@@ -135,6 +142,7 @@ void Relay::request_stop() {
   drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
   if (transactional_) transactional_->stop_by(*drain_deadline_);
   slot_monitor_.stop();
+  retention_.stop();
   wake_.cancel();
   conn_.cancel_wait();
 }

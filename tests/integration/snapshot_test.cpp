@@ -604,7 +604,9 @@ TEST_CASE("snapshot: exactly once - the snapshot is one Kafka transaction, and k
 TEST_CASE("snapshot: exactly once - the connection to PostgreSQL lost in the middle of the snapshot with records "
           "in flight (the broker slow) - taken again in the same process, every row exactly once",
           "[fault][snapshot][solo]") {
-  const long before = scaled(50000, 200000);
+  // Enough rows that the cut comes before the last FETCH (which is where
+  // walrelay finds it).
+  const long before = scaled(200000, 400000);
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   prefill(f.db(), f.table, "EosCut", before);
@@ -621,12 +623,12 @@ TEST_CASE("snapshot: exactly once - the connection to PostgreSQL lost in the mid
       },
       120s, 20ms));
   {
-    // walrelay's connections to PostgreSQL end, and the broker stops
-    // answering at once: the records of the chunks sent last stay in flight
-    // while the session ends and the next one begins.
+    // The broker stops answering, then walrelay's connections to PostgreSQL
+    // end: the records sent meanwhile stay in flight while the session ends
+    // and the next one begins.
+    BrokerFreeze frozen;
     REQUIRE(std::stol(f.db().scalar("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
                                     "application_name = 'walrelay'")) > 0);
-    BrokerFreeze frozen;
     REQUIRE(eventually([&] { return relay.this_run_log().find("replication connection lost") != std::string::npos; },
                        60s, 20ms));
     const auto rows_done = slot_doc(relay)["snapshot"]["rows_done"].get<long>();

@@ -184,6 +184,15 @@ TEST_CASE("config: the snapshot takes Debezium's keys - a mode, a fetch size, an
   CHECK(error_key("snapshot.mode=always\n") == "snapshot.mode");
   CHECK(error_key("snapshot.mode=sometimes\n") == "snapshot.mode");
   CHECK(error_key("snapshot.fetch.size=0\n") == "snapshot.fetch.size");
+  // Retention: a policy it has, and a row's age read from a column of its own.
+  CHECK(error_key("table.retention.policy=truncate\n") == "table.retention.policy");
+  CHECK(error_key("table.retention.policy=delete\n") == "table.retention.ms");
+  CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\n") == "(no error)");
+  CHECK(error_key("table.retention.policy=delete\ntable.field.event.timestamp=created_at\n") == "(no error)");
+  CHECK(error_key("table.retention.policy=delete\ntable.retention.time.column=created_at\n") == "(no error)");
+  CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.include.list=\n"
+                  "message.prefix.include.list=outbox\n") == "table.retention.policy");
+  CHECK(error_key("table.retention.interval.ms=10\n") == "table.retention.interval.ms");
   CHECK(error_key("snapshot.mode=initial\nsnapshot.select.statement.overrides.public.other=WHERE true\n") ==
         "snapshot.select.statement.overrides.public.other");
   CHECK(error_key("snapshot.select.statement.overrides.public.outbox=WHERE true\n") ==

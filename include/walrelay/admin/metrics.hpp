@@ -62,6 +62,11 @@ class Metrics {
   prometheus::Counter& invalid_operations(std::string_view table);  // outbox updates (table.op.invalid.behavior)
   prometheus::Counter& kafka_transactions(std::string_view outcome);  // committed, aborted
   prometheus::Counter& schema_registry_requests(std::string_view outcome);  // ok, unreachable, not_found, ...
+  // Retention (table.retention.policy): rows deleted by table, runs by outcome
+  // (ok, behind, error), the table's size on disk.
+  prometheus::Counter& retention_rows_deleted(std::string_view table);
+  prometheus::Counter& retention_runs(std::string_view outcome);
+  prometheus::Gauge& retention_table_bytes(std::string_view table);
   // walrelay_sink_info{sink} 1: the sink.type records go to.
   void set_sink(std::string_view sink);
 
@@ -82,6 +87,7 @@ class Metrics {
   prometheus::Gauge& snapshot_rows_estimated; // walrelay_snapshot_rows_estimated
   prometheus::Gauge& snapshot_running;        // walrelay_snapshot_running (1 while it runs)
   prometheus::Counter& snapshot_restarts;     // walrelay_snapshot_restarts_total
+  prometheus::Gauge& retention_last_run;      // walrelay_retention_last_run_timestamp_seconds
   prometheus::Gauge& replay_job_running;      // walrelay_replay_job_running (POST /replay)
   prometheus::Counter& replay_job_rows;       // walrelay_replay_job_rows_total (sent again, acknowledged)
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records
@@ -123,6 +129,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* invalid_operations_family_;
   prometheus::Family<prometheus::Counter>* kafka_transactions_family_;
   prometheus::Family<prometheus::Counter>* schema_registry_family_;
+  prometheus::Family<prometheus::Counter>* retention_rows_family_;
+  prometheus::Family<prometheus::Counter>* retention_runs_family_;
+  prometheus::Family<prometheus::Gauge>* retention_bytes_family_;
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
   prometheus::Family<prometheus::Gauge>* sink_info_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;

@@ -31,6 +31,7 @@
 #include "walrelay/source/pg_connection.hpp"
 #include "walrelay/route/schema_registry.hpp"
 #include "walrelay/sinks/sink.hpp"
+#include "walrelay/source/outbox_retention.hpp"
 #include "walrelay/source/slot_monitor.hpp"
 #include "walrelay/admin/status.hpp"
 
@@ -254,6 +255,7 @@ class Relay final : public StatusSource {
   pgoutput::Decoder decoder_{1};
   PgConnection conn_;
   SlotMonitor slot_monitor_;
+  OutboxRetention retention_;  // table.retention.policy: cleans while this walrelay streams
 
   RelayState state_ = RelayState::starting;
   std::string state_reason_;

@@ -1,0 +1,67 @@
+// Retention (table.retention.policy=delete): the active walrelay deletes the
+// outbox rows the broker has acknowledged once they are older than
+// table.retention.ms, in batches, on a connection of its own.
+//
+// The fence. A row carries no LSN, and its time column is the application's
+// clock (a transaction that commits late keeps an old time): neither says
+// whether the row was sent. So each run takes a snapshot S and then
+// L = pg_current_wal_insert_lsn(): every transaction S sees had written its
+// commit record before L. Once the relay has confirmed past L (exactly once:
+// its committed position, which the confirmed one never passes), every row
+// whose xmin S sees is acknowledged, and only those may go; the time column
+// only decides which of them are old enough.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "pgoutput/pgoutput.hpp"
+#include "walrelay/admin/metrics.hpp"
+#include "walrelay/config.hpp"
+
+namespace walrelay {
+
+class PgConnection;
+
+class OutboxRetention {
+ public:
+  // The position up to which the broker has acknowledged everything while
+  // this walrelay relays (nullopt otherwise: a standby, a snapshot, a halt).
+  using Acknowledged = std::function<std::optional<pgoutput::Lsn>()>;
+
+  OutboxRetention(boost::asio::io_context& io, const Config& config, Metrics& metrics);
+
+  // Runs every table.retention.interval.ms until stop(); nothing without
+  // table.retention.policy=delete.
+  void start(Acknowledged acknowledged);
+  void stop();
+
+ private:
+  struct Fence {
+    std::string snapshot;  // pg_current_snapshot() as text
+    pgoutput::Lsn lsn;     // pg_current_wal_insert_lsn() after it
+  };
+  boost::asio::awaitable<void> run_loop();
+  // One run: a fence, the wait for the relay to pass it, then each table.
+  boost::asio::awaitable<void> run_once(PgConnection& conn);
+  boost::asio::awaitable<std::optional<Fence>> take_fence(PgConnection& conn);
+  boost::asio::awaitable<bool> wait_until_passed(const Fence& fence);
+  boost::asio::awaitable<void> clean_table(PgConnection& conn, const TableName& table, const Fence& fence);
+  boost::asio::awaitable<void> pause(std::chrono::milliseconds duration);
+
+  boost::asio::io_context& io_;
+  const Config& config_;
+  Metrics& metrics_;
+  Acknowledged acknowledged_;
+  boost::asio::steady_timer timer_;  // between runs and batches; cancelled by stop()
+  bool stopped_ = false;
+};
+
+}  // namespace walrelay
