@@ -282,21 +282,7 @@ asio::awaitable<void> Relay::run() {
     txn_.reset();
     message_txn_ = false;
     if (stop_requested_ || halt_reason_) break;
-    // Exactly once: the server sends again from the slot. What is whole in
-    // the open Kafka transaction commits; a source transaction cut in the
-    // middle is aborted, and the relay resumes from what committed.
-    if (transactional_ && sessions_streamed_ > streamed_before && !replay_reason_) {
-      replay_reason_ = "the replication connection ended";
-      transactional_->commit_now();
-      transactional_->abandon_transaction();
-    } else if (transactional_ && !replay_reason_ && (ledger_.inflight_records() > 0 || transactional_->settling())) {
-      // Cut in the initial snapshot: its records in flight settle and its
-      // Kafka transaction is aborted (never committed: it is not whole)
-      // before the next session replaces the producer, whose reports they
-      // would otherwise never get.
-      replay_reason_ = "the replication connection ended in the initial snapshot";
-      transactional_->abandon_transaction();
-    }
+    if (transactional_ && !replay_reason_) replay_after_session(sessions_streamed_ > streamed_before);
     const bool replayed = replay_reason_.has_value();
     if (replay_reason_) {
       // Every record still in flight must settle first: a late report must
@@ -335,6 +321,23 @@ asio::awaitable<void> Relay::run() {
     co_await sleep(delay);
   }
   co_await wind_down();
+}
+
+// Exactly once, a session ended: the server sends again from the slot. What
+// is whole in the open Kafka transaction commits; a source transaction cut
+// in the middle is aborted, and the relay resumes from what committed. Cut
+// in the initial snapshot (not streamed), its records in flight settle and
+// its transaction is aborted (never committed: it is not whole) before the
+// next session replaces the producer, whose reports they would never get.
+void Relay::replay_after_session(bool streamed) {
+  if (streamed) {
+    replay_reason_ = "the replication connection ended";
+    transactional_->commit_now();
+    transactional_->abandon_transaction();
+  } else if (ledger_.inflight_records() > 0 || transactional_->settling()) {
+    replay_reason_ = "the replication connection ended in the initial snapshot";
+    transactional_->abandon_transaction();
+  }
 }
 
 // Shutdown or halt: lets what is in flight land and confirms as far as it

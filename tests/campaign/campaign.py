@@ -341,6 +341,10 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
                "errors.tolerance=all", f"errors.deadletterqueue.topic.name={self.dead}"]
         if self.args.snapshot_rows:
             cfg += ["snapshot.mode=initial", "snapshot.fetch.size=500"]
+        if self.args.retention:
+            # Rows deleted once acknowledged (these tables have no time
+            # column), under every fault.
+            cfg += ["table.retention.policy=delete", "table.retention.ms=0", "table.retention.interval.ms=1000"]
         sink = self.args.sink
         if sink.startswith("kafka"):
             # Through the broker's VIA listener, advertised at the proxy's
@@ -852,6 +856,7 @@ COMMIT;
         for w in writers:
             w.join()
         caught = self.catch_up()
+        rows_left = self.wait_retention() if args.retention and caught else None
         self.stop_all.set()
         sup.join()
         with self.proc_lock:
@@ -865,6 +870,8 @@ COMMIT;
                     inst.final_exit = "no exit within 60 s of SIGTERM"
         got = self.read()
         problems = [] if caught else ["the slot did not catch up with the last write within 240 s"]
+        if rows_left:
+            problems.append(f"retention: {rows_left} acknowledged rows still in the outbox 60 s after the catch-up")
         # The premise: a leg that injected no fault, or wrote no event of a
         # committed shape, would pass without testing what it is for.
         if not args.no_faults and not self.schedule:
@@ -944,6 +951,20 @@ COMMIT;
                             "an interrupted snapshot did not hold)")
         return problems
 
+    def wait_retention(self, timeout=60):
+        """With --retention (table.retention.ms=0): once the slot has caught
+        up, every row is acknowledged, so the active walrelay deletes them
+        all. The rows left after `timeout` (0: none)."""
+        n = self.name
+        deadline = time.monotonic() + timeout
+        while True:
+            code, out = self.pg.run(f"SELECT (SELECT count(*) FROM {n}_a) + (SELECT count(*) FROM {n}_b) + "
+                                    f"(SELECT count(*) FROM {n}_p);", timeout=10)
+            left = int(out.strip()) if code == 0 and out.strip().isdigit() else -1
+            if left == 0 or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
     def snapshot_done(self):
         for inst in self.instances:
             try:
@@ -983,6 +1004,8 @@ def main():
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument("--retention", action="store_true",
+                   help="table.retention.policy=delete with table.retention.ms=0: the outbox is emptied as it goes")
     p.add_argument("--snapshot-rows", type=int, default=100000,
                    help="rows in the outbox before walrelay starts, sent by the initial snapshot (0: none)")
     p.add_argument("--group", default=os.environ.get("WALRELAY_SERVICES_GROUP", "campaign"))

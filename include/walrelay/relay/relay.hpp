@@ -104,6 +104,7 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> run();
   boost::asio::awaitable<void> session();
   boost::asio::awaitable<void> renew_taken_over_producer();
+  void replay_after_session(bool streamed);
   boost::asio::awaitable<void> prepare(PgConnection& conn);
   boost::asio::awaitable<ServerFacts> check_source(PgConnection& conn, const std::string& system);
   boost::asio::awaitable<bool> prepare_slot(PgConnection& conn, const ServerFacts& facts, const SourceIdentity& source,
