@@ -10,6 +10,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "walrelay/source/catalog.hpp"
 #include "walrelay/source/pg_connection.hpp"
 
 namespace walrelay {
@@ -31,6 +32,24 @@ void OutboxRetention::stop() {
   timer_.cancel();
 }
 
+// A row's xmin as the xid8 it stands for: the latest one with those 32 bits
+// at or before the current snapshot's xmax. Then two bounds, not
+// pg_visible_in_snapshot: a snapshot lists running transactions, not their
+// subtransactions, so a row inserted after a SAVEPOINT of a transaction still
+// running would look visible. Below the snapshot's xmin, the row's
+// transaction (its subtransactions' parent has a smaller xid) had ended when
+// it was taken: committed before the fence's LSN. At or above the floor, it
+// began while this walrelay streamed the slot, so the slot carried it: a row
+// committed before the slot existed (a backlog at the first start with
+// no_data, the gap after --reset-slot) was never sent, and stays.
+std::string acknowledged_rows_condition(const std::string& snapshot, std::uint64_t floor) {
+  if (!is_pg_snapshot_text(snapshot)) throw PgError("retention: not a snapshot: " + snapshot, "");
+  const std::string now = "(SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint)";
+  const std::string xid8 = "(" + now + " - ((" + now + " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))";
+  return "(" + xid8 + " >= " + std::to_string(floor) + " AND " + xid8 + " < pg_catalog.pg_snapshot_xmin('" + snapshot +
+         "'::pg_snapshot)::text::bigint)";
+}
+
 asio::awaitable<void> OutboxRetention::pause(std::chrono::milliseconds duration) {
   timer_.expires_after(duration);
   boost::system::error_code ec;
@@ -46,7 +65,8 @@ asio::awaitable<void> OutboxRetention::run_loop() {
                config_.retention_time_column.empty() ? config_.field_event_timestamp : config_.retention_time_column,
                config_.retention_batch_size, config_.retention_interval_ms);
   while (!stopped_) {
-    co_await pause(interval);
+    // Until the floor is set, soon: rows begun before it are left in place.
+    co_await pause(floor_ == 0 ? 100ms : interval);
     if (stopped_) break;
     // Only the walrelay that relays cleans: a standby's view of what was
     // acknowledged is nothing.
@@ -94,13 +114,23 @@ asio::awaitable<std::optional<OutboxRetention::Fence>> OutboxRetention::take_fen
   const std::vector<std::string> no_params;
   const std::string sql =
       "SELECT pg_catalog.pg_is_in_recovery()::text AS standby, pg_catalog.pg_current_snapshot()::text AS snapshot, "
+      "pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text AS xmax, "
       "CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL ELSE pg_catalog.pg_current_wal_insert_lsn()::text END "
       "AS lsn";
   auto rows = co_await conn.query(sql, no_params, 10s);
   if (rows.at(0, "standby").value_or("true") == "true") co_return std::nullopt;
   auto lsn = Lsn::parse(rows.at(0, "lsn").value_or(""));
   const auto& snapshot = rows.at(0, "snapshot");
-  if (!lsn || !snapshot) throw PgError("retention: could not read the snapshot and the WAL position", "");
+  const auto& xmax = rows.at(0, "xmax");
+  if (!lsn || !snapshot || !xmax || xmax->find_first_not_of("0123456789") != std::string::npos)
+    throw PgError("retention: could not read the snapshot and the WAL position", "");
+  // The first fence sets the floor: what begins after it, the slot carries.
+  if (floor_ == 0) {
+    floor_ = std::stoull(*xmax);
+    spdlog::info("retention: rows of transactions from xid {} on may go once acknowledged; older ones (committed "
+                 "before this walrelay relayed the slot, perhaps never sent) are left in place",
+                 floor_);
+  }
   co_return Fence{*snapshot, *lsn};
 }
 
@@ -118,9 +148,7 @@ asio::awaitable<bool> OutboxRetention::wait_until_passed(const Fence& fence) {
 }
 
 // Batches by ctid, each its own statement (and transaction), until one comes
-// back short. A row's xmin is taken to the xid8 it stands for (the latest one
-// with those 32 bits, at or before the current snapshot's xmax) and judged by
-// the fence's snapshot; a frozen xmin (< 3) is older than any snapshot.
+// back short.
 asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const TableName& table, const Fence& fence) {
   const std::string name = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
   const std::string column =
@@ -129,11 +157,7 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
   if (config_.retention_ms > 0)
     old_enough = " AND " + conn.quote_identifier(column) + " < pg_catalog.now() - " +
                  conn.quote_literal(std::to_string(config_.retention_ms) + " milliseconds") + "::interval";
-  const std::string now = "(SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint)";
-  const std::string acknowledged =
-      "(xmin::text::bigint < 3 OR pg_catalog.pg_visible_in_snapshot((" + now + " - ((" + now +
-      " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))::text::xid8, " +
-      conn.quote_literal(fence.snapshot) + "::pg_snapshot))";
+  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floor_);
   // The condition again on the rows deleted: a ctid names a row within one
   // table only (a partitioned outbox's partitions share them), and a row
   // updated meanwhile is judged by its new version.

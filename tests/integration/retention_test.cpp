@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
+#include "walrelay/source/outbox_retention.hpp"
 
 using namespace it;
 using json = nlohmann::json;
@@ -15,6 +16,13 @@ namespace {
 std::string retention_config(const Fixture& f, const std::string& extra = "") {
   return f.config("table.retention.policy=delete\ntable.retention.ms=1000\ntable.retention.interval.ms=200\n"
                   "table.retention.batch.size=100\ntable.field.event.timestamp=created_at\n" + extra);
+}
+
+// Rows of transactions begun before walrelay's first retention run stay (it
+// cannot know they were sent): a test writes after it.
+void wait_floor(Walrelay& relay) {
+  REQUIRE(eventually([&] { return relay.log().find("retention: rows of transactions from xid") != std::string::npos; },
+                     30s, 20ms));
 }
 
 long rows_in(Fixture& f, const std::string& table) { return std::stol(f.db().scalar("SELECT count(*) FROM " + table)); }
@@ -51,6 +59,7 @@ TEST_CASE("retention: rows acknowledged and older than table.retention.ms are de
       Walrelay relay(retention_config(f));
       relay.start();
       relay.wait_streaming();
+      wait_floor(relay);
       const long total = 3000;
       Writer writer(f.table, "Kept", total, 10, 10ms);
       writer.join();
@@ -78,6 +87,7 @@ TEST_CASE("retention: an unsent row is never deleted - a transaction opened befo
   Walrelay relay(retention_config(f));
   relay.start();
   relay.wait_streaming();
+  wait_floor(relay);
   // A transaction open across several runs, its row an hour old by the clock.
   Db late;
   late.exec("BEGIN; INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES "
@@ -108,7 +118,8 @@ TEST_CASE("retention: an unsent row is never deleted - a transaction opened befo
   CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == expected);
 }
 
-TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes over does", "[relay][retention]") {
+TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes over deletes what it relays",
+          "[relay][retention]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   // The active one keeps every row (a day's retention; the rows are an hour old).
@@ -134,5 +145,59 @@ TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes o
   active.signal(SIGKILL);
   REQUIRE(active.wait_exit(10s) == 128 + SIGKILL);
   wait_streaming_after(standby, 0, 60s);
-  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 100ms));
+  wait_floor(standby);
+  // What it relays itself, it deletes; the rows before its floor it leaves
+  // (it cannot tell them from rows the slot never carried).
+  for (int seq = 10; seq < 13; ++seq)
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES "
+                "('Standby', 'k', 'Created', '{\"seq\": " + std::to_string(seq) + "}', now() - interval '1 hour')");
+  REQUIRE(eventually([&] { return standby.metric("walrelay_retention_rows_deleted_total").value_or(0) == 3; }, 30s,
+                     50ms));
+  CHECK(rows_in(f, f.table) == 10);
+}
+
+TEST_CASE("retention: the fence's condition - a row inserted after a SAVEPOINT of a transaction still running when "
+          "the snapshot was taken is not acknowledged by it, nor a row committed before the floor",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto insert = [&](Db& db, const std::string& key) {
+    db.exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES ('Fence', '" + key +
+            "', 'Created', '{}')");
+  };
+  insert(f.db(), "before-floor");
+  const auto floor = std::stoull(f.db().scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text"));
+  insert(f.db(), "ended");
+  // Its row's xmin is a subtransaction's: the snapshot does not list it.
+  Db running;
+  running.exec("BEGIN; SAVEPOINT s; SELECT 1");
+  insert(running, "running");
+  const std::string snapshot = f.db().scalar("SELECT pg_current_snapshot()::text");
+  running.exec("COMMIT");
+  auto rows = f.db().exec("SELECT aggregateid FROM " + f.table + " WHERE " +
+                          walrelay::acknowledged_rows_condition(snapshot, floor) + " ORDER BY 1");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0][0] == std::optional<std::string>("ended"));
+}
+
+TEST_CASE("retention: rows committed before walrelay first streamed the slot (a backlog at a first start with "
+          "no_data) were never sent, and are never deleted",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  for (int seq = 0; seq < 5; ++seq)
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES "
+                "('Backlog', 'k', 'Created', '{\"seq\": " + std::to_string(seq) + "}', now() - interval '1 hour')");
+  Walrelay relay(retention_config(f));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  // Rows it does send go, the backlog stays.
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES "
+              "('Backlog', 'k', 'Created', '{\"seq\": 5}', now() - interval '1 hour')");
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 1; }, 30s, 50ms));
+  const double runs = relay.metric("walrelay_retention_runs_total{outcome=\"ok\"}").value_or(0);
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_runs_total{outcome=\"ok\"}").value_or(0) >= runs + 3; },
+                     30s, 50ms));
+  CHECK(rows_in(f, f.table) == 5);
 }

@@ -5,14 +5,17 @@
 // The fence. A row carries no LSN, and its time column is the application's
 // clock (a transaction that commits late keeps an old time): neither says
 // whether the row was sent. So each run takes a snapshot S and then
-// L = pg_current_wal_insert_lsn(): every transaction S sees had written its
-// commit record before L. Once the relay has confirmed past L (exactly once:
-// its committed position, which the confirmed one never passes), every row
-// whose xmin S sees is acknowledged, and only those may go; the time column
-// only decides which of them are old enough.
+// L = pg_current_wal_insert_lsn(): every transaction that had ended when S
+// was taken (below S's xmin) wrote its commit record before L. Once the relay
+// has confirmed past L (exactly once: its committed position, which the
+// confirmed one never passes), the rows those transactions inserted are
+// acknowledged, if the slot carried them: only those that began after this
+// walrelay first streamed (the floor) may go. The time column only decides
+// which of them are old enough.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -62,6 +65,14 @@ class OutboxRetention {
   Acknowledged acknowledged_;
   boost::asio::steady_timer timer_;  // between runs and batches; cancelled by stop()
   bool stopped_ = false;
+  // The first fence's xmax: transactions from here on began while this
+  // walrelay streamed the slot (older rows may never have been sent).
+  std::uint64_t floor_ = 0;
 };
+
+// The SQL condition on an outbox row (its xmin) that its inserting
+// transaction had ended before `snapshot` was taken and began at or after
+// `floor` (an xid8). Throws PgError when `snapshot` is not a pg_snapshot.
+std::string acknowledged_rows_condition(const std::string& snapshot, std::uint64_t floor);
 
 }  // namespace walrelay
