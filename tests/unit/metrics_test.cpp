@@ -162,6 +162,9 @@ TEST_CASE("describe lists every family served, with the labels its children carr
   metrics.invalid_operations("public.outbox");
   metrics.kafka_transactions("committed");
   metrics.schema_registry_requests("ok");
+  metrics.retention_rows_deleted("public.outbox");
+  metrics.retention_runs("ok");
+  metrics.retention_table_bytes("public.outbox");
   metrics.set_sink("kafka");
   metrics.set_safe_wal_size(1024);
   auto after = metrics.describe();

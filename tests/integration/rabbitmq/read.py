@@ -9,7 +9,7 @@ independent client.
 `declare` makes a durable topic exchange and a durable queue bound to it.
 `read` waits until the queue holds at least --count messages (or the
 time-out), then takes every message (acknowledged, so read once) until
-none has come for half a second, and prints
+the queue is empty, and prints
 each as one JSON line: {"seq", "routing_key", "data", "headers",
 "message_id", "delivery_mode"}. Exit 1 on a time-out.
 """
@@ -64,14 +64,19 @@ def main():
         # Pushed to us (a window of 2,000 unacknowledged), acknowledged in
         # steps: basic_get's round trip a message read the fault campaign's
         # 750,000 in more than ten minutes. Done when nothing has come for
-        # half a second; what was pushed and not printed goes back to the
-        # queue with the consumer's cancel (rejected, requeued).
+        # half a second and the queue has none ready; what was pushed and
+        # not printed goes back to the queue with the consumer's cancel
+        # (rejected, requeued).
         ch.basic_qos(prefetch_count=2000)
         seq = 0
         last_tag = acked = None
         for method, props, body in ch.consume(args.queue, auto_ack=False, inactivity_timeout=0.5):
             if method is None:
-                break
+                # Quiet for half a second: done when the queue holds nothing
+                # ready either (a loaded broker can pause longer than that).
+                if ch.queue_declare(queue=args.queue, passive=True).method.message_count == 0:
+                    break
+                continue
             last_tag = method.delivery_tag
             if seq % 1000 == 999:
                 ch.basic_ack(last_tag, multiple=True)
