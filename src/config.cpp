@@ -295,6 +295,8 @@ const std::vector<KeySpec>& key_specs() {
       {"table.retention.interval.ms", int_field(&Config::retention_interval_ms, 100, 86400000)},
       {"table.retention.batch.size", int_field(&Config::retention_batch_size, 1, 100000)},
       {"table.retention.time.column", column_field(&Config::retention_time_column, true)},
+      {"table.retention.user", string_field(&Config::retention_user)},
+      {"table.retention.password", string_field(&Config::retention_password)},
       {"snapshot.select.statement.overrides",
        string_field(&Config::snapshot_override_tables)},
       {"snapshot.order.column",
@@ -1164,8 +1166,18 @@ Config load_config(const std::string& path, const std::vector<std::string>& envi
 }
 
 std::string Config::conninfo(bool replication) const {
+  return conninfo_as(database_user, database_password, replication);
+}
+
+// Retention's deletes: a role of their own when table.retention.user is set.
+std::string Config::retention_conninfo() const {
+  if (retention_user.empty()) return conninfo(false);
+  return conninfo_as(retention_user, retention_password, false);
+}
+
+std::string Config::conninfo_as(const std::string& user, const std::string& password, bool replication) const {
   std::string s = "host=" + quote_conninfo(database_hostname) + " port=" + quote_conninfo(database_port) +
-                  " user=" + quote_conninfo(database_user) + " dbname=" + quote_conninfo(database_dbname) +
+                  " user=" + quote_conninfo(user) + " dbname=" + quote_conninfo(database_dbname) +
                   " sslmode=" + database_sslmode + " application_name=walrelay" +
                   // The walsender sends text in the client's encoding: UTF-8 is
                   // what Kafka consumers and the dead-letter JSON expect,
@@ -1182,7 +1194,7 @@ std::string Config::conninfo(bool replication) const {
   // Text forms that the mapper parses must not depend on server defaults.
   s += " options='-c datestyle=ISO -c timezone=UTC -c extra_float_digits=3 -c bytea_output=hex'";
   if (replication) s += " replication=database";
-  if (!database_password.empty()) s += " password=" + quote_conninfo(database_password);
+  if (!password.empty()) s += " password=" + quote_conninfo(password);
   return s;
 }
 
@@ -1241,6 +1253,8 @@ void describe_tables(const Config& c, SettingLines& line) {
   line("table.retention.ms", std::to_string(c.retention_ms));
   line("table.retention.interval.ms", std::to_string(c.retention_interval_ms));
   line("table.retention.batch.size", std::to_string(c.retention_batch_size));
+  line("table.retention.user", c.retention_user);
+  line("table.retention.password", c.retention_password);
   line("table.retention.time.column",
        c.retention_time_column.empty() ? c.field_event_timestamp : c.retention_time_column);
   {

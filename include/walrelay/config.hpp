@@ -155,6 +155,8 @@ struct Config {
   int retention_interval_ms = 60000;                         // table.retention.interval.ms
   int retention_batch_size = 1000;                           // table.retention.batch.size: rows per DELETE
   std::string retention_time_column;  // table.retention.time.column; empty: table.field.event.timestamp
+  std::string retention_user;         // table.retention.user; empty: database.user
+  std::string retention_password;     // table.retention.password
 
   // Outbox Event Router (Debezium's names and defaults)
   std::vector<TableName> table_include_list{{"public", "outbox"}};
@@ -255,8 +257,15 @@ struct Config {
 
   // The libpq connection string; `replication` is "database" or empty.
   std::string conninfo(bool replication) const;
+  // Retention's deletes: table.retention.user's, else conninfo(false).
+  std::string retention_conninfo() const;
   // The same with the password masked, for logs.
   std::string conninfo_redacted(bool replication) const;
+
+ private:
+  std::string conninfo_as(const std::string& user, const std::string& password, bool replication) const;
+
+ public:
   // Every key with its effective value, secrets masked, one `key=value` a line.
   std::string describe() const;
 };

@@ -349,6 +349,11 @@ Metrics::Metrics(std::string_view slot)
           "error.", {"outcome"})),
       retention_bytes_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_retention_table_bytes",
           "The outbox table's size on disk (pg_total_relation_size, a partitioned one's partitions), read by each retention run.", {"table"})),
+      retention_oldest_family_(add_gauge_family(*registry_, labelled_families_,
+          "walrelay_retention_oldest_row_age_seconds",
+          "The age of the oldest row the outbox table keeps, by its retention time column, read by each retention "
+          "run (0: empty); past table.retention.ms, rows wait for the broker or are older than the slot.",
+          {"table"})),
       safe_wal_size_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_slot_safe_wal_size_bytes",
                                              "WAL that can still be written before max_slot_wal_keep_size "
                                              "invalidates the slot; absent while the server sets no limit.",
@@ -437,6 +442,10 @@ prometheus::Counter& Metrics::retention_runs(std::string_view outcome) {
 
 prometheus::Gauge& Metrics::retention_table_bytes(std::string_view table) {
   return retention_bytes_family_->Add({{"table", std::string(table)}});
+}
+
+prometheus::Gauge& Metrics::retention_oldest_row_age(std::string_view table) {
+  return retention_oldest_family_->Add({{"table", std::string(table)}});
 }
 
 prometheus::Counter& Metrics::schema_registry_requests(std::string_view outcome) {

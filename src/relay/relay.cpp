@@ -505,6 +505,7 @@ asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts&
                  "before its consistent point are not relayed{}",
                  config_.slot_name, snapshot ? "" : " (snapshot.mode=initial sends them first)");
     auto created = co_await create_slot(conn, config_);
+    retention_.slot_created();
     co_await record_slot(conn, facts, created);
   } else {
     if (interrupted)

@@ -249,6 +249,7 @@ asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const S
   }
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   const Lsn point = co_await create_slot(conn, config_, true);
+  retention_.slot_created();
   if (mutation::active(mutation::Break::snapshot_stream_overlap))
     co_await conn.query("COMMIT; SELECT pg_sleep(1); BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   // The snapshot's view, recorded before a row is sent (on a connection of

@@ -72,6 +72,25 @@ std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& co
   return out;
 }
 
+// `oid:xid,...`; all or nothing: a floor edited by hand into something else
+// is ignored (its tables get a new one, which only keeps more rows).
+std::map<std::uint32_t, std::uint64_t> parse_retention_floors(const std::string& text) {
+  std::map<std::uint32_t, std::uint64_t> out;
+  std::istringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto colon = item.find(':');
+    const auto oid = item.substr(0, colon == std::string::npos ? 0 : colon);
+    const auto xid = colon == std::string::npos ? std::string() : item.substr(colon + 1);
+    const auto digits = [](const std::string& s, std::size_t most) {
+      return !s.empty() && s.size() <= most && s.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!digits(oid, 10) || !digits(xid, 19) || std::stoull(oid) > UINT32_MAX) return {};
+    out[static_cast<std::uint32_t>(std::stoull(oid))] = std::stoull(xid);
+  }
+  return out;
+}
+
 std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
   if (!text) return std::nullopt;
   return pgoutput::Lsn::parse(*text);
@@ -148,6 +167,8 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
       else if (key == "snapshot_files" && !value.empty() &&
                value.find_first_not_of("0123456789abcdef") == std::string::npos)
         m.snapshot_files = value;
+      else if (key == "retention_floors")
+        m.retention_floors = parse_retention_floors(value);
     }
     if (!m.slot.empty()) out.push_back(std::move(m));
   }
@@ -162,6 +183,12 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   if (marker.snapshot_pending) line += " snapshot=pending";
   if (marker.snapshot_pending && !marker.snapshot_xids.empty()) line += " snapshot_xids=" + marker.snapshot_xids;
   if (marker.snapshot_pending && !marker.snapshot_files.empty()) line += " snapshot_files=" + marker.snapshot_files;
+  if (!marker.retention_floors.empty()) {
+    line += " retention_floors=";
+    for (auto it = marker.retention_floors.begin(); it != marker.retention_floors.end(); ++it)
+      line += (it == marker.retention_floors.begin() ? "" : ",") + std::to_string(it->first) + ":" +
+              std::to_string(it->second);
+  }
   std::vector<std::string> kept;
   std::istringstream lines(comment);
   std::string l;
@@ -334,6 +361,27 @@ asio::awaitable<void> inspect_version(PgConnection& conn, const Config& config, 
 
 // The relayed tables: each exists, is a table or a partitioned one, and
 // has the mapped columns as columns pgoutput sends.
+// Retention compares its time column with now(): a time it must be, or every
+// run would fail on the server.
+void check_retention_column(const Config& config, const TableName& table, const PgRows& cols,
+                            std::vector<std::string>& problems) {
+  if (config.retention_policy == RetentionPolicy::none || config.retention_ms == 0) return;
+  const bool own_key = !config.retention_time_column.empty();
+  const std::string key = own_key ? "table.retention.time.column" : "table.retention.time.column (unset: "
+                                                                    "table.field.event.timestamp)";
+  const std::string column = own_key ? config.retention_time_column : config.field_event_timestamp;
+  if (column.empty()) return;  // a configuration error (config.cpp)
+  auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
+  if (it == cols.rows.end()) {
+    problems.push_back(key + ": table " + table.qualified() + " has no column \"" + column + "\"");
+    return;
+  }
+  const std::string type = (*it)[2].value_or("");
+  if (type != "timestamp with time zone" && type != "timestamp without time zone" && type != "date")
+    problems.push_back(key + ": column \"" + column + "\" of " + table.qualified() + " is " + type +
+                       ", not a timestamp or a date: retention cannot tell a row's age by it");
+}
+
 asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
                                      const std::vector<std::pair<std::string, std::string>>& mapped,
                                      ServerFacts& facts, std::vector<std::string>& problems) {
@@ -352,8 +400,10 @@ asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
     else if (relkind != "r")
       problems.push_back("table.include.list: " + t.qualified() + " is not a table (relkind " + relkind +
                          "): only tables and partitioned tables are published");
-    auto cols = co_await conn.query("SELECT attname, attgenerated FROM pg_catalog.pg_attribute WHERE attrelid = " +
-                                    oid + " AND attnum > 0 AND NOT attisdropped");
+    auto cols = co_await conn.query("SELECT attname, attgenerated, atttypid::regtype::text FROM "
+                                    "pg_catalog.pg_attribute WHERE attrelid = " + oid +
+                                    " AND attnum > 0 AND NOT attisdropped");
+    check_retention_column(config, t, cols, problems);
     for (auto& [key, column] : mapped) {
       auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
       if (it == cols.rows.end()) {
@@ -602,6 +652,95 @@ asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config
   }
 }
 
+namespace {
+
+// The leaf tables of the outbox: each table, or each partition (at any depth)
+// of a partitioned one, with its name; rows live there, and `tableoid` on a
+// row names it.
+asio::awaitable<std::vector<std::pair<std::uint32_t, std::string>>> outbox_leaves(PgConnection& conn,
+                                                                                   const Config& config) {
+  std::string trees;
+  for (const auto& t : config.table_include_list) {
+    const std::string rel =
+        conn.quote_literal(conn.quote_identifier(t.schema) + "." + conn.quote_identifier(t.name)) +
+        "::pg_catalog.regclass";
+    trees += std::string(trees.empty() ? "" : " UNION ") + "SELECT " + rel + " AS relid UNION SELECT relid FROM " +
+             "pg_catalog.pg_partition_tree(" + rel + ")";
+  }
+  std::vector<std::pair<std::uint32_t, std::string>> out;
+  if (trees.empty()) co_return out;
+  auto rows = co_await conn.query("SELECT c.oid::text, c.oid::regclass::text FROM pg_catalog.pg_class c WHERE c.oid IN "
+                                  "(" + trees + ") AND c.relkind = 'r' ORDER BY c.oid");
+  for (auto& row : rows.rows)
+    out.emplace_back(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))), row[1].value_or("?"));
+  co_return out;
+}
+
+}  // namespace
+
+asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, const Config& config,
+                                                         RetentionFloors known) {
+  const std::string name = conn.quote_literal(config.publication_name);
+  RetentionFloors settled;
+  co_await conn.query("BEGIN");
+  std::exception_ptr failure;
+  try {
+    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
+                        name + "))");
+    auto current = co_await conn.query(
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    const std::string comment = current.rows.empty() ? std::string() : current.rows[0][0].value_or("");
+    std::optional<SlotMarker> marker;
+    for (auto& m : parse_slot_markers(comment))
+      if (m.slot == config.slot_name) marker = m;
+    if (marker)
+      settled.slot_identity = (marker->created_lsn ? marker->created_lsn->to_string() : std::string("-")) + "@" +
+                              marker->created_at;
+    // Taken after the marker was read: a slot made since was made before now.
+    auto now =
+        co_await conn.query("SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text AS xmax");
+    const std::uint64_t candidate = std::stoull(now.at(0, "xmax").value_or("0"));
+    // (Named: g++ 12 frees a temporary of a coroutine twice.)
+    const auto leaves = co_await outbox_leaves(conn, config);
+    for (const auto& [oid, table] : leaves) {
+      std::optional<std::uint64_t> floor;
+      if (marker && marker->retention_floors.count(oid)) floor = marker->retention_floors.at(oid);
+      else if (known.slot_identity == settled.slot_identity && known.floors.count(oid)) floor = known.floors.at(oid);
+      if (!floor) {
+        floor = candidate;
+        settled.added.push_back(table);
+        settled.candidate = candidate;
+      }
+      settled.floors[oid] = *floor;
+    }
+    if (!marker) {
+      settled.refused = "publication " + config.publication_name + " holds no marker for slot " + config.slot_name;
+    } else if (marker->retention_floors != settled.floors) {
+      marker->retention_floors = settled.floors;
+      co_await conn.query("SAVEPOINT floors");
+      try {
+        co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
+                            conn.quote_literal(with_slot_marker(comment, *marker)));
+      } catch (const PgError& e) {
+        if (e.sqlstate() != "42501" && e.sqlstate() != "25006") throw;
+        settled.refused = e.what();
+      }
+      if (settled.refused) co_await conn.query("ROLLBACK TO SAVEPOINT floors");
+    }
+    co_await conn.query("COMMIT");
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    try {
+      co_await conn.query("ROLLBACK");
+    } catch (const PgError&) {
+    }
+    std::rethrow_exception(failure);
+  }
+  co_return settled;
+}
+
 asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot) {
   // NOEXPORT_SNAPSHOT and USE_SNAPSHOT are the spellings every supported
   // version accepts; a failover slot (17+) needs the option list of 15 and later.
@@ -669,7 +808,7 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
 
 asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                 std::optional<pgoutput::Lsn> created_lsn) {
-  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}};
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}};
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
   marker.snapshot_pending = false;
@@ -692,7 +831,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
 }
 
 asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
-  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}};
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}};
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -714,7 +853,7 @@ asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& co
 asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                            pgoutput::Lsn point, const std::string& xids,
                                            const std::string& files) {
-  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files};
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files, {}};
   co_await write_slot_marker(conn, config, marker);
   spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
                point.to_string(), config.publication_name);

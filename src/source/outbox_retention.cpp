@@ -38,16 +38,28 @@ void OutboxRetention::stop() {
 // subtransactions, so a row inserted after a SAVEPOINT of a transaction still
 // running would look visible. Below the snapshot's xmin, the row's
 // transaction (its subtransactions' parent has a smaller xid) had ended when
-// it was taken: committed before the fence's LSN. At or above the floor, it
-// began while this walrelay streamed the slot, so the slot carried it: a row
+// it was taken: committed before the fence's LSN. At or above its table's
+// floor, it began while the slot was streamed, so the slot carried it: a row
 // committed before the slot existed (a backlog at the first start with
-// no_data, the gap after --reset-slot) was never sent, and stays.
-std::string acknowledged_rows_condition(const std::string& snapshot, std::uint64_t floor) {
+// no_data, the gap after --reset-slot, a table or partition attached with its
+// rows) was never sent, and stays.
+std::string acknowledged_rows_condition(const std::string& snapshot,
+                                        const std::map<std::uint32_t, std::uint64_t>& floors) {
   if (!is_pg_snapshot_text(snapshot)) throw PgError("retention: not a snapshot: " + snapshot, "");
+  if (floors.empty()) return "false";
   const std::string now = "(SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint)";
   const std::string xid8 = "(" + now + " - ((" + now + " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))";
-  return "(" + xid8 + " >= " + std::to_string(floor) + " AND " + xid8 + " < pg_catalog.pg_snapshot_xmin('" + snapshot +
+  std::string floor = "(CASE tableoid::bigint";
+  for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
+  floor += " END)";  // a table with none: NULL, and the row stays
+  return "(" + xid8 + " >= " + floor + " AND " + xid8 + " < pg_catalog.pg_snapshot_xmin('" + snapshot +
          "'::pg_snapshot)::text::bigint)";
+}
+
+void OutboxRetention::slot_created() {
+  ++generation_;
+  floors_ = {};
+  floors_settled_ = false;
 }
 
 asio::awaitable<void> OutboxRetention::pause(std::chrono::milliseconds duration) {
@@ -56,35 +68,47 @@ asio::awaitable<void> OutboxRetention::pause(std::chrono::milliseconds duration)
   co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
 }
 
+// A batch waits at most a second for a lock (the application's inserts never
+// wait behind one) and runs at most a minute.
+asio::awaitable<void> OutboxRetention::connect(PgConnection& conn, const std::string& conninfo) {
+  if (conn.connected()) co_return;
+  co_await conn.connect(conninfo, std::chrono::milliseconds(config_.database_connect_timeout_ms));
+  const std::string lock_timeout = "SET lock_timeout = '1s'", statement_timeout = "SET statement_timeout = '60s'";
+  co_await conn.query(lock_timeout);
+  co_await conn.query(statement_timeout);
+}
+
 asio::awaitable<void> OutboxRetention::run_loop() {
-  PgConnection conn(io_);
+  // The fence and the floors on walrelay's role; the deletes on
+  // table.retention.user's when set (DELETE is a right the relay's role need
+  // not have).
+  PgConnection conn(io_), own(io_);
+  const bool own_role = !config_.retention_user.empty();
+  PgConnection& deleter = own_role ? own : conn;
   const auto interval = std::chrono::milliseconds(config_.retention_interval_ms);
   spdlog::info("retention: table.retention.policy=delete: rows acknowledged and older than {} ms by {} go, {} at a "
-               "time, every {} ms",
-               config_.retention_ms,
-               config_.retention_time_column.empty() ? config_.field_event_timestamp : config_.retention_time_column,
-               config_.retention_batch_size, config_.retention_interval_ms);
+               "time, every {} ms, as {}",
+               config_.retention_ms, time_column(), config_.retention_batch_size, config_.retention_interval_ms,
+               own_role ? config_.retention_user : config_.database_user);
   while (!stopped_) {
-    // Until the floor is set, soon: rows begun before it are left in place.
-    co_await pause(floor_ == 0 ? 100ms : interval);
+    // Until the floors are set, soon: rows begun before them are left in place.
+    co_await pause(floors_settled_ ? interval : 100ms);
     if (stopped_) break;
     // Only the walrelay that relays cleans: a standby's view of what was
     // acknowledged is nothing.
-    if (!acknowledged_ || !acknowledged_()) continue;
+    if (!acknowledged_ || !acknowledged_()) {
+      last_passed_ = std::chrono::steady_clock::now();  // a lag is counted while relaying only
+      continue;
+    }
     try {
-      if (!conn.connected()) {
-        co_await conn.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
-        // A batch waits at most a second for a lock (the application's
-        // inserts never wait behind one) and runs at most a minute.
-        const std::string lock_timeout = "SET lock_timeout = '1s'", statement_timeout = "SET statement_timeout = '60s'";
-        co_await conn.query(lock_timeout);
-        co_await conn.query(statement_timeout);
-      }
-      co_await run_once(conn);
+      co_await connect(conn, config_.conninfo(false));
+      if (own_role) co_await connect(own, config_.retention_conninfo());
+      co_await run_once(conn, deleter);
     } catch (const PgError& e) {
       metrics_.retention_runs("error").Increment();
       spdlog::warn("retention: {}; trying again in {} ms", e.what(), config_.retention_interval_ms);
       conn.close();
+      own.close();
     }
     metrics_.retention_last_run.Set(
         static_cast<double>(std::chrono::duration_cast<std::chrono::seconds>(
@@ -93,45 +117,86 @@ asio::awaitable<void> OutboxRetention::run_loop() {
   }
 }
 
-asio::awaitable<void> OutboxRetention::run_once(PgConnection& conn) {
+asio::awaitable<void> OutboxRetention::run_once(PgConnection& conn, PgConnection& deleter) {
   auto fence = co_await take_fence(conn);
   if (!fence) co_return;  // a standby server: its primary's walrelay cleans
-  if (!co_await wait_until_passed(*fence)) {
-    metrics_.retention_runs("behind").Increment();
-    co_return;
+  co_await settle_floors(conn);
+  if (!may_delete(*fence)) co_return;
+  const bool passed = co_await wait_until_passed(*fence);
+  if (passed) {
+    for (const auto& table : config_.table_include_list) {
+      if (!may_delete(*fence)) co_return;
+      co_await clean_table(deleter, table, *fence);
+    }
+    last_passed_ = std::chrono::steady_clock::now();
   }
-  for (const auto& table : config_.table_include_list) {
-    if (stopped_ || !acknowledged_()) co_return;
-    co_await clean_table(conn, table, *fence);
-  }
-  metrics_.retention_runs("ok").Increment();
+  for (const auto& table : config_.table_include_list) co_await measure_table(deleter, table);
+  metrics_.retention_runs(passed ? "ok" : "behind").Increment();
+  if (!passed) warn_if_lagging();
+}
+
+// The slot lagging more than the retention: rows past it are kept until the
+// broker has them, and the table grows beyond what the retention promises.
+void OutboxRetention::warn_if_lagging() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto retention = std::chrono::milliseconds(config_.retention_ms);
+  if (now - last_passed_ <= retention || now - last_lag_warning_ < std::max<std::chrono::milliseconds>(retention, 10min))
+    return;
+  last_lag_warning_ = now;
+  spdlog::warn("retention: the slot has not passed a run's fence for {} s, longer than table.retention.ms ({} ms): "
+               "rows past their retention are kept until the broker acknowledges them, and the outbox grows until "
+               "then (see walrelay_slot_lag_bytes)",
+               std::chrono::duration_cast<std::chrono::seconds>(now - last_passed_).count(), config_.retention_ms);
 }
 
 // The snapshot first, the WAL position after it (one statement, evaluated
 // in that order under its snapshot).
 asio::awaitable<std::optional<OutboxRetention::Fence>> OutboxRetention::take_fence(PgConnection& conn) {
+  const auto generation = generation_;
   // (Named: g++ 12 frees a temporary argument of a coroutine twice.)
   const std::vector<std::string> no_params;
   const std::string sql =
       "SELECT pg_catalog.pg_is_in_recovery()::text AS standby, pg_catalog.pg_current_snapshot()::text AS snapshot, "
-      "pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text AS xmax, "
       "CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL ELSE pg_catalog.pg_current_wal_insert_lsn()::text END "
       "AS lsn";
   auto rows = co_await conn.query(sql, no_params, 10s);
   if (rows.at(0, "standby").value_or("true") == "true") co_return std::nullopt;
   auto lsn = Lsn::parse(rows.at(0, "lsn").value_or(""));
   const auto& snapshot = rows.at(0, "snapshot");
-  const auto& xmax = rows.at(0, "xmax");
-  if (!lsn || !snapshot || !xmax || xmax->find_first_not_of("0123456789") != std::string::npos)
-    throw PgError("retention: could not read the snapshot and the WAL position", "");
-  // The first fence sets the floor: what begins after it, the slot carries.
-  if (floor_ == 0) {
-    floor_ = std::stoull(*xmax);
-    spdlog::info("retention: rows of transactions from xid {} on may go once acknowledged; older ones (committed "
-                 "before this walrelay relayed the slot, perhaps never sent) are left in place",
-                 floor_);
+  if (!lsn || !snapshot) throw PgError("retention: could not read the snapshot and the WAL position", "");
+  co_return Fence{*snapshot, *lsn, generation};
+}
+
+// The floors as the slot's marker keeps them, given to tables (and
+// partitions) that have none yet; said once each, as is a marker that cannot
+// keep them.
+asio::awaitable<void> OutboxRetention::settle_floors(PgConnection& conn) {
+  const auto generation = generation_;
+  auto settled = co_await settle_retention_floors(conn, config_, floors_);
+  // A slot made meanwhile: these may be the old one's.
+  if (generation != generation_ || !acknowledged_()) co_return;
+  if (!floors_settled_ && settled.added.size() < settled.floors.size())
+    spdlog::info("retention: floors kept with slot {} for {} of {} tables (rows earlier walrelays relayed may go)",
+                 config_.slot_name, settled.floors.size() - settled.added.size(), settled.floors.size());
+  if (!settled.added.empty()) {
+    std::string tables;
+    for (const auto& t : settled.added) tables += (tables.empty() ? "" : ", ") + t;
+    spdlog::info("retention: rows of transactions from xid {} on may go once acknowledged, in {}; older ones "
+                 "(committed before this slot carried the table, perhaps never sent) are left in place",
+                 settled.candidate, tables);
   }
-  co_return Fence{*snapshot, *lsn};
+  if (settled.refused != floors_refused_ && settled.refused)
+    spdlog::warn("retention: the floors are not kept with the slot ({}): after a restart, rows from before it stay "
+                 "in the outbox",
+                 *settled.refused);
+  floors_refused_ = settled.refused;
+  floors_ = std::move(settled);
+  floors_settled_ = true;
+}
+
+// Deletes stop when the relay stops relaying or makes a new slot.
+bool OutboxRetention::may_delete(const Fence& fence) const {
+  return !stopped_ && fence.generation == generation_ && floors_settled_ && acknowledged_ && acknowledged_();
 }
 
 // Until the relay has confirmed past the fence, for at most one interval.
@@ -151,13 +216,11 @@ asio::awaitable<bool> OutboxRetention::wait_until_passed(const Fence& fence) {
 // back short.
 asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const TableName& table, const Fence& fence) {
   const std::string name = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
-  const std::string column =
-      config_.retention_time_column.empty() ? config_.field_event_timestamp : config_.retention_time_column;
   std::string old_enough;
   if (config_.retention_ms > 0)
-    old_enough = " AND " + conn.quote_identifier(column) + " < pg_catalog.now() - " +
+    old_enough = " AND " + conn.quote_identifier(time_column()) + " < pg_catalog.now() - " +
                  conn.quote_literal(std::to_string(config_.retention_ms) + " milliseconds") + "::interval";
-  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floor_);
+  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floors_.floors);
   // The condition again on the rows deleted: a ctid names a row within one
   // table only (a partitioned outbox's partitions share them), and a row
   // updated meanwhile is judged by its new version.
@@ -168,7 +231,7 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
   const std::string qualified = table.qualified();
   const std::vector<std::string> no_params;
   std::int64_t deleted = 0;
-  while (!stopped_ && acknowledged_()) {
+  while (may_delete(fence)) {
     auto rows = co_await conn.query(sql, no_params, 70s);
     const auto n = std::stoll(rows.at(0, "count").value_or("0"));
     deleted += n;
@@ -176,15 +239,31 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
     if (n < config_.retention_batch_size) break;
     co_await pause(10ms);  // room for the application between batches
   }
+  if (deleted > 0) spdlog::info("retention: {} rows of {} deleted", deleted, qualified);
+}
+
+// The table's size and the age of its oldest row, for the metrics.
+asio::awaitable<void> OutboxRetention::measure_table(PgConnection& conn, const TableName& table) {
+  const std::string name = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
   // A partitioned table's size is its partitions' (the root has no storage).
   const std::string regclass = conn.quote_literal(name) + "::regclass";
-  const std::string size_sql = "SELECT (pg_catalog.pg_total_relation_size(" + regclass +
-                               ") + coalesce((SELECT sum(pg_catalog.pg_total_relation_size(relid)) FROM "
-                               "pg_catalog.pg_partition_tree(" + regclass + ") WHERE relid <> " + regclass +
-                               "), 0))::text AS bytes";
-  auto size = co_await conn.query(size_sql, no_params, 10s);
-  metrics_.retention_table_bytes(qualified).Set(std::stod(size.at(0, "bytes").value_or("0")));
-  if (deleted > 0) spdlog::info("retention: {} rows of {} deleted", deleted, qualified);
+  std::string sql = "SELECT (pg_catalog.pg_total_relation_size(" + regclass +
+                    ") + coalesce((SELECT sum(pg_catalog.pg_total_relation_size(relid)) FROM "
+                    "pg_catalog.pg_partition_tree(" + regclass + ") WHERE relid <> " + regclass +
+                    "), 0))::text AS bytes";
+  if (config_.retention_ms > 0)
+    sql += ", coalesce(extract(epoch FROM pg_catalog.now() - (SELECT min(" + conn.quote_identifier(time_column()) +
+           ") FROM " + name + ")), 0)::text AS age";
+  const std::vector<std::string> no_params;
+  auto rows = co_await conn.query(sql, no_params, 60s);
+  const std::string qualified = table.qualified();
+  metrics_.retention_table_bytes(qualified).Set(std::stod(rows.at(0, "bytes").value_or("0")));
+  if (config_.retention_ms > 0)
+    metrics_.retention_oldest_row_age(qualified).Set(std::max(0.0, std::stod(rows.at(0, "age").value_or("0"))));
+}
+
+const std::string& OutboxRetention::time_column() const {
+  return config_.retention_time_column.empty() ? config_.field_event_timestamp : config_.retention_time_column;
 }
 
 }  // namespace walrelay

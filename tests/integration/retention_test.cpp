@@ -2,6 +2,9 @@
 // the broker has acknowledged, once older than table.retention.ms, and never
 // a row it has not sent.
 #include <csignal>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +29,26 @@ void wait_floor(Walrelay& relay) {
 }
 
 long rows_in(Fixture& f, const std::string& table) { return std::stol(f.db().scalar("SELECT count(*) FROM " + table)); }
+
+// A row an hour old by its time column.
+void insert_old(Db& db, const std::string& table, const std::string& type, const std::string& key, long seq) {
+  db.exec("INSERT INTO " + table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES ('" + type +
+          "', '" + key + "', 'Created', '{\"seq\": " + std::to_string(seq) + "}', now() - interval '1 hour')");
+}
+
+double ok_runs(Walrelay& relay) { return relay.metric("walrelay_retention_runs_total{outcome=\"ok\"}").value_or(0); }
+
+// Until `relay` has finished `n` more runs that found its fence passed.
+void wait_ok_runs(Walrelay& relay, int n) {
+  const double runs = ok_runs(relay);
+  REQUIRE(eventually([&] { return ok_runs(relay) >= runs + n; }, 30s, 50ms));
+}
+
+// The floors the slot's marker keeps, from the publication's comment.
+std::string kept_floors(Fixture& f) {
+  return f.db().scalar("SELECT coalesce(substring(obj_description(oid, 'pg_publication') from "
+                       "'retention_floors=([0-9:,]+)'), '') FROM pg_publication WHERE pubname = '" + f.slot + "'");
+}
 
 // The `seq` of every record, with how many records carried it.
 std::map<long, int> seqs_of(const std::vector<KafkaRecord>& recs) {
@@ -110,12 +133,19 @@ TEST_CASE("retention: an unsent row is never deleted - a transaction opened befo
         60s, 50ms));
     CHECK(rows_in(f, f.table) == expected);
     CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 0);
+    // Visible: the oldest row's age, and a lag longer than the retention.
+    CHECK(relay.metric("walrelay_retention_oldest_row_age_seconds").value_or(0) > 3000);
+    REQUIRE(eventually(
+        [&] { return relay.log().find("longer than table.retention.ms (1000 ms)") != std::string::npos; }, 30s,
+        50ms));
   }
   auto recs = read_all(f, f.topic("Late"));
   auto seen = seqs_of(recs);
   CHECK(seen.size() == static_cast<std::size_t>(expected));
   REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 100ms));
   CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == expected);
+  wait_ok_runs(relay, 1);
+  CHECK(relay.metric("walrelay_retention_oldest_row_age_seconds").value_or(-1) == 0);
 }
 
 TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes over deletes what it relays",
@@ -129,6 +159,7 @@ TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes o
   Walrelay standby(retention_config(f));
   standby.start();
   REQUIRE(eventually([&] { return standby.get("/slot").body.find("\"standby\"") != std::string::npos; }, 20s));
+  wait_floor(active);
   for (int seq = 0; seq < 10; ++seq)
     f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES "
                 "('Standby', 'k" + std::to_string(seq % 3) + "', 'Created', '{\"seq\": " + std::to_string(seq) +
@@ -145,15 +176,15 @@ TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes o
   active.signal(SIGKILL);
   REQUIRE(active.wait_exit(10s) == 128 + SIGKILL);
   wait_streaming_after(standby, 0, 60s);
-  wait_floor(standby);
-  // What it relays itself, it deletes; the rows before its floor it leaves
-  // (it cannot tell them from rows the slot never carried).
-  for (int seq = 10; seq < 13; ++seq)
-    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) VALUES "
-                "('Standby', 'k', 'Created', '{\"seq\": " + std::to_string(seq) + "}', now() - interval '1 hour')");
-  REQUIRE(eventually([&] { return standby.metric("walrelay_retention_rows_deleted_total").value_or(0) == 3; }, 30s,
-                     50ms));
-  CHECK(rows_in(f, f.table) == 10);
+  // The floors are kept with the slot: the rows the other relayed go too.
+  for (int seq = 10; seq < 13; ++seq) insert_old(f.db(), f.table, "Standby", "k", seq);
+  const bool all_gone = eventually(
+      [&] { return standby.metric("walrelay_retention_rows_deleted_total").value_or(0) == 13; }, 30s, 50ms);
+  INFO(standby.log());
+  REQUIRE(all_gone);
+  CHECK(rows_in(f, f.table) == 0);
+  CHECK(seqs_of(read_all(f, f.topic("Standby"))).size() == 13);
+  CHECK(standby.log().find("retention: floors kept with slot " + f.slot + " for 1 of 1 tables") != std::string::npos);
 }
 
 TEST_CASE("retention: the fence's condition - a row inserted after a SAVEPOINT of a transaction still running when "
@@ -167,6 +198,7 @@ TEST_CASE("retention: the fence's condition - a row inserted after a SAVEPOINT o
   };
   insert(f.db(), "before-floor");
   const auto floor = std::stoull(f.db().scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text"));
+  const auto oid = static_cast<std::uint32_t>(std::stoul(f.db().scalar("SELECT '" + f.table + "'::regclass::oid::text")));
   insert(f.db(), "ended");
   // Its row's xmin is a subtransaction's: the snapshot does not list it.
   Db running;
@@ -175,9 +207,14 @@ TEST_CASE("retention: the fence's condition - a row inserted after a SAVEPOINT o
   const std::string snapshot = f.db().scalar("SELECT pg_current_snapshot()::text");
   running.exec("COMMIT");
   auto rows = f.db().exec("SELECT aggregateid FROM " + f.table + " WHERE " +
-                          walrelay::acknowledged_rows_condition(snapshot, floor) + " ORDER BY 1");
+                          walrelay::acknowledged_rows_condition(snapshot, {{oid, floor}}) + " ORDER BY 1");
   REQUIRE(rows.size() == 1);
   CHECK(rows[0][0] == std::optional<std::string>("ended"));
+  // A table without a floor: none of its rows.
+  CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " +
+                    walrelay::acknowledged_rows_condition(snapshot, {{oid + 1, 1}})).empty());
+  CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " + walrelay::acknowledged_rows_condition(snapshot, {}))
+            .empty());
 }
 
 TEST_CASE("retention: rows committed before walrelay first streamed the slot (a backlog at a first start with "
@@ -200,4 +237,186 @@ TEST_CASE("retention: rows committed before walrelay first streamed the slot (a 
   REQUIRE(eventually([&] { return relay.metric("walrelay_retention_runs_total{outcome=\"ok\"}").value_or(0) >= runs + 3; },
                      30s, 50ms));
   CHECK(rows_in(f, f.table) == 5);
+}
+
+TEST_CASE("retention: the floors are kept with the slot - after a restart the rows an earlier walrelay relayed go, "
+          "while a table added to table.include.list keeps the rows it had before",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  {
+    // The first keeps everything (a day's retention; the rows are an hour old).
+    Walrelay first(with_key(retention_config(f), "table.retention.ms", "86400000"));
+    first.start();
+    first.wait_streaming();
+    wait_floor(first);
+    for (int seq = 0; seq < 10; ++seq) insert_old(f.db(), f.table, "Restart", "k" + std::to_string(seq % 3), seq);
+    REQUIRE(seqs_of(read_all(f, f.topic("Restart"))).size() == 10);
+    wait_ok_runs(first, 2);
+    CHECK(rows_in(f, f.table) == 10);
+    first.signal(SIGTERM);
+    REQUIRE(first.wait_exit(30s) == 0);
+  }
+  REQUIRE(!kept_floors(f).empty());
+  // A second outbox with rows of its own, never published.
+  const std::string second = f.table + "2";
+  create_outbox(f.db(), second, "bigint");
+  for (int seq = 0; seq < 4; ++seq) insert_old(f.db(), second, "Added", "k", seq);
+  Walrelay relay(with_key(retention_config(f), "table.include.list", f.table + "," + second));
+  relay.start();
+  relay.wait_streaming();
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+  // The added table's own rows from now on go; its earlier ones stay.
+  wait_floor(relay);
+  for (int seq = 4; seq < 6; ++seq) insert_old(f.db(), second, "Added", "k", seq);
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 12; }, 30s,
+                     50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(rows_in(f, second) == 4);
+  CHECK(f.db().scalar("SELECT string_agg(payload->>'seq', ',' ORDER BY id) FROM " + second) == "0,1,2,3");
+  CHECK(seqs_of(read_all(f, f.topic("Added"))).size() == 2);
+}
+
+TEST_CASE("retention: a slot made again starts without floors - rows committed while there was none are never "
+          "deleted, nor those relayed before, and what the new slot relays goes",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  {
+    Walrelay first(with_key(retention_config(f), "table.retention.ms", "86400000"));
+    first.start();
+    first.wait_streaming();
+    wait_floor(first);
+    for (int seq = 0; seq < 3; ++seq) insert_old(f.db(), f.table, "Reset", "k", seq);
+    REQUIRE(seqs_of(read_all(f, f.topic("Reset"))).size() == 3);
+    wait_ok_runs(first, 2);
+    first.signal(SIGTERM);
+    REQUIRE(first.wait_exit(30s) == 0);
+  }
+  const std::string before = kept_floors(f);
+  REQUIRE(!before.empty());
+  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+  for (int seq = 3; seq < 6; ++seq) insert_old(f.db(), f.table, "Reset", "k", seq);  // the gap: never sent
+  Walrelay reset(retention_config(f));
+  REQUIRE(reset.run({"--reset-slot", "--config", reset.config_path()}) == 0);
+  CHECK(kept_floors(f).empty());
+  Walrelay relay(retention_config(f));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  for (int seq = 6; seq < 8; ++seq) insert_old(f.db(), f.table, "Reset", "k", seq);
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 2; }, 30s,
+                     50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(f.db().scalar("SELECT string_agg(payload->>'seq', ',' ORDER BY id) FROM " + f.table) == "0,1,2,3,4,5");
+  CHECK(kept_floors(f) != before);
+}
+
+TEST_CASE("retention: a partition attached with rows in it keeps them (the slot never carried them); rows written "
+          "into it after go, and so do the other partitions'",
+          "[relay][retention]") {
+  Fixture f;
+  f.db().exec("CREATE TABLE " + f.table + " (id bigserial, aggregatetype text NOT NULL, "
+              "aggregateid text NOT NULL, type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT "
+              "now(), PRIMARY KEY (id, aggregateid)) PARTITION BY LIST (aggregateid); CREATE TABLE " + f.table +
+              "_a PARTITION OF " + f.table + " FOR VALUES IN ('a')");
+  Walrelay relay(retention_config(f));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  // Written while walrelay streams, into a table not yet part of the outbox.
+  f.db().exec("CREATE TABLE " + f.table + "_b (LIKE " + f.table + " INCLUDING DEFAULTS)");
+  for (int seq = 0; seq < 3; ++seq) insert_old(f.db(), f.table + "_b", "Attached", "b", seq);
+  f.db().exec("ALTER TABLE " + f.table + " ATTACH PARTITION " + f.table + "_b FOR VALUES IN ('b')");
+  // Until a run has given the new partition its floor.
+  REQUIRE(eventually(
+      [&] {
+        std::istringstream lines(relay.log());
+        for (std::string line; std::getline(lines, line);)
+          if (line.find("may go once acknowledged, in") != std::string::npos &&
+              line.find(f.slot + "_outbox_b") != std::string::npos)
+            return true;
+        return false;
+      },
+      30s, 50ms));
+  for (int seq = 3; seq < 5; ++seq) {
+    insert_old(f.db(), f.table, "Attached", "a", seq);
+    insert_old(f.db(), f.table, "Attached", "b", seq);
+  }
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 4; }, 30s,
+                     50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(f.db().scalar("SELECT string_agg(payload->>'seq', ',' ORDER BY payload->>'seq') FROM " + f.table) ==
+        "0,1,2");
+  CHECK(read_all(f, f.topic("Attached")).size() == 4);
+}
+
+TEST_CASE("retention: a time column that is missing or not a time is refused by --check and at start, naming the "
+          "table and the column",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN stamp text");
+  Walrelay check(retention_config(f, "table.retention.time.column=stamp\n"));
+  CHECK(check.run({"--check", "--config", check.config_path()}) == 1);
+  CHECK(check.log().find("table.retention.time.column: column \"stamp\" of " + f.table +
+                         " is text, not a timestamp or a date") != std::string::npos);
+  Walrelay missing(retention_config(f, "table.retention.time.column=written_at\n"));
+  missing.start();
+  CHECK(missing.wait_exit(60s) == 3);
+  CHECK(missing.log().find("table.retention.time.column: table " + f.table + " has no column \"written_at\"") !=
+        std::string::npos);
+  // table.retention.ms=0 reads no time.
+  Walrelay none(with_key(retention_config(f, "table.retention.time.column=stamp\n"), "table.retention.ms", "0"));
+  CHECK(none.run({"--check", "--config", none.config_path()}) == 0);
+}
+
+TEST_CASE("retention: the deletes run as table.retention.user - without DELETE it fails, says so and deletes "
+          "nothing; granted, the rows go; its password is never logged",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string role = f.slot + "_cleaner", password = "cl34n-" + f.slot;
+  // quickstart.md's grant, from the page's own text.
+  std::ifstream page(std::string(WALRELAY_SOURCE_DIR) + "/docs/quickstart.md");
+  const std::string text((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  const auto marker = text.find("where retention keeps its floors):");
+  REQUIRE(marker != std::string::npos);
+  const auto begin = text.find("```sql\n", marker) + 7;
+  std::string grant = text.substr(begin, text.find("```", begin) - begin);
+  for (auto [from, to] : {std::pair<std::string, std::string>{"walrelay_cleaner", role}, {"'...'", "'" + password + "'"},
+                          {"public.outbox", f.table}})
+    for (auto at = grant.find(from); at != std::string::npos; at = grant.find(from, at + to.size()))
+      grant.replace(at, from.size(), to);
+  INFO(grant);
+  f.db().exec(grant);
+  struct DropRole {
+    std::string role;
+    ~DropRole() {
+      try {
+        Db db;
+        db.exec("DROP OWNED BY " + role);
+        db.exec("DROP ROLE IF EXISTS " + role);
+      } catch (...) {
+      }
+    }
+  } drop_role{role};
+  f.db().exec("REVOKE DELETE ON " + f.table + " FROM " + role);
+  Walrelay relay(retention_config(f, "table.retention.user=" + role + "\ntable.retention.password=" + password +
+                                         "\n"));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  for (int seq = 0; seq < 5; ++seq) insert_old(f.db(), f.table, "Role", "k", seq);
+  REQUIRE(seqs_of(read_all(f, f.topic("Role"))).size() == 5);
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_runs_total{outcome=\"error\"}").value_or(0) >= 2; },
+                     30s, 50ms));
+  CHECK(relay.log().find("permission denied for table " + f.slot + "_outbox") != std::string::npos);
+  CHECK(rows_in(f, f.table) == 5);
+  f.db().exec("GRANT DELETE ON " + f.table + " TO " + role);
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+  CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 5);
+  // The floors stay with the slot: written on walrelay's own role.
+  CHECK(!kept_floors(f).empty());
+  CHECK(relay.log().find(password) == std::string::npos);
 }

@@ -108,6 +108,23 @@ TEST_CASE("config: secrets never appear in descriptions or redacted conninfo", "
   CHECK(d.find("database.password=********") != std::string::npos);
 }
 
+TEST_CASE("config: retention's deletes connect as table.retention.user when set, its password kept secret",
+          "[config]") {
+  auto same = parse("database.user=relay\ndatabase.password=s3cr3t-pw\n");
+  CHECK(same.retention_conninfo() == same.conninfo(false));
+  auto c = parse("database.user=relay\ndatabase.password=s3cr3t-pw\ntable.retention.user=cleaner\n"
+                 "table.retention.password=cl34n-pw\n");
+  CHECK(c.retention_conninfo().find("user='cleaner'") != std::string::npos);
+  CHECK(c.retention_conninfo().find("password='cl34n-pw'") != std::string::npos);
+  CHECK(c.retention_conninfo().find("s3cr3t-pw") == std::string::npos);
+  CHECK(c.retention_conninfo().find("replication") == std::string::npos);
+  CHECK(c.conninfo(false).find("user='relay'") != std::string::npos);
+  auto d = c.describe();
+  CHECK(d.find("cl34n-pw") == std::string::npos);
+  CHECK(d.find("table.retention.password=********") != std::string::npos);
+  CHECK(d.find("table.retention.user=cleaner") != std::string::npos);
+}
+
 TEST_CASE("config: conninfo quotes values", "[config]") {
   auto c = parse("database.password=it's\\x\n");
   CHECK(c.conninfo(false).find("password='it\\'s\\\\x'") != std::string::npos);

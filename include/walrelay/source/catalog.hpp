@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <string>
@@ -43,6 +44,13 @@ struct SlotMarker {
   // (ALTER TABLE ... TYPE, pg_repack, VACUUM FULL) gives rows new xmins,
   // which the view cannot judge.
   std::string snapshot_files;
+  // `retention_floors=<oid>:<xid>,...`: per outbox table (a partition, for a
+  // partitioned one; by pg_class oid), the xid from which on transactions
+  // began while this slot was streamed, so that the slot carried their rows
+  // (outbox_retention.hpp). Kept with the slot so that a restart or a
+  // take-over may delete what an earlier run relayed; a new slot starts
+  // without them.
+  std::map<std::uint32_t, std::uint64_t> retention_floors;
 };
 
 // Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
@@ -54,6 +62,25 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment);
 // The comment with the marker for marker.slot added or replaced, every other
 // line kept as it was.
 std::string with_slot_marker(const std::string& comment, const SlotMarker& marker);
+
+// Retention's floors (SlotMarker::retention_floors) for the outbox tables as
+// they are now, and the slot incarnation they belong to.
+struct RetentionFloors {
+  std::map<std::uint32_t, std::uint64_t> floors;  // per table, or per partition of a partitioned one
+  std::string slot_identity;  // the marker's created_lsn and created_at ("": no marker)
+  std::vector<std::string> added;       // the tables given a floor by this call,
+  std::uint64_t candidate = 0;          // which is this xid
+  std::optional<std::string> refused;   // why they could not be kept in the marker
+};
+
+// In one transaction under the marker's lock: each outbox table (each leaf
+// partition) keeps the marker's floor, else `known`'s when it belongs to the
+// same slot, else gets the xmax of a snapshot taken now (transactions from
+// there on begin while the slot exists and is streamed by the caller); the
+// marker is rewritten when that differs from what it holds. A role that may
+// not write it gets the floors all the same, with `refused` set.
+boost::asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, const Config& config,
+                                                                RetentionFloors known);
 
 struct PublicationFacts {
   bool exists = false;

@@ -9,14 +9,15 @@
 // was taken (below S's xmin) wrote its commit record before L. Once the relay
 // has confirmed past L (exactly once: its committed position, which the
 // confirmed one never passes), the rows those transactions inserted are
-// acknowledged, if the slot carried them: only those that began after this
-// walrelay first streamed (the floor) may go. The time column only decides
-// which of them are old enough.
+// acknowledged, if the slot carried them: only those that began after a
+// walrelay first streamed this slot (the table's floor, kept in the slot's
+// marker) may go. The time column only decides which of them are old enough.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
@@ -28,6 +29,7 @@
 #include "pgoutput/pgoutput.hpp"
 #include "walrelay/admin/metrics.hpp"
 #include "walrelay/config.hpp"
+#include "walrelay/source/catalog.hpp"
 
 namespace walrelay {
 
@@ -45,18 +47,28 @@ class OutboxRetention {
   // table.retention.policy=delete.
   void start(Acknowledged acknowledged);
   void stop();
+  // The relay made a new slot: what the old one carried says nothing of it.
+  void slot_created();
 
  private:
   struct Fence {
     std::string snapshot;  // pg_current_snapshot() as text
     pgoutput::Lsn lsn;     // pg_current_wal_insert_lsn() after it
+    std::uint64_t generation;  // of the slot, when it was taken
   };
   boost::asio::awaitable<void> run_loop();
-  // One run: a fence, the wait for the relay to pass it, then each table.
-  boost::asio::awaitable<void> run_once(PgConnection& conn);
+  // One run: a fence, the wait for the relay to pass it, then each table
+  // (deleted from on `deleter`).
+  boost::asio::awaitable<void> connect(PgConnection& conn, const std::string& conninfo);
+  boost::asio::awaitable<void> run_once(PgConnection& conn, PgConnection& deleter);
   boost::asio::awaitable<std::optional<Fence>> take_fence(PgConnection& conn);
+  boost::asio::awaitable<void> settle_floors(PgConnection& conn);
   boost::asio::awaitable<bool> wait_until_passed(const Fence& fence);
+  bool may_delete(const Fence& fence) const;
   boost::asio::awaitable<void> clean_table(PgConnection& conn, const TableName& table, const Fence& fence);
+  boost::asio::awaitable<void> measure_table(PgConnection& conn, const TableName& table);
+  void warn_if_lagging();
+  const std::string& time_column() const;
   boost::asio::awaitable<void> pause(std::chrono::milliseconds duration);
 
   boost::asio::io_context& io_;
@@ -65,14 +77,22 @@ class OutboxRetention {
   Acknowledged acknowledged_;
   boost::asio::steady_timer timer_;  // between runs and batches; cancelled by stop()
   bool stopped_ = false;
-  // The first fence's xmax: transactions from here on began while this
-  // walrelay streamed the slot (older rows may never have been sent).
-  std::uint64_t floor_ = 0;
+  // Per outbox table, the xid from which on transactions began while the
+  // slot was streamed (older rows may never have been sent): the slot
+  // marker's, else given by this walrelay's first run.
+  RetentionFloors floors_;
+  bool floors_settled_ = false;
+  std::optional<std::string> floors_refused_;  // why the marker does not keep them, as last logged
+  std::uint64_t generation_ = 0;  // slots the relay made in this process
+  std::chrono::steady_clock::time_point last_passed_ = std::chrono::steady_clock::now();  // a fence, last
+  std::chrono::steady_clock::time_point last_lag_warning_{};
 };
 
 // The SQL condition on an outbox row (its xmin) that its inserting
-// transaction had ended before `snapshot` was taken and began at or after
-// `floor` (an xid8). Throws PgError when `snapshot` is not a pg_snapshot.
-std::string acknowledged_rows_condition(const std::string& snapshot, std::uint64_t floor);
+// transaction had ended before `snapshot` was taken and began at or after its
+// table's floor (an xid8; `floors` by the oid of the table holding the row,
+// none: never). Throws PgError when `snapshot` is not a pg_snapshot.
+std::string acknowledged_rows_condition(const std::string& snapshot,
+                                        const std::map<std::uint32_t, std::uint64_t>& floors);
 
 }  // namespace walrelay
