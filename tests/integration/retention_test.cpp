@@ -312,7 +312,7 @@ TEST_CASE("retention: a slot made again starts without floors - rows committed w
   CHECK(kept_floors(f) != before);
 }
 
-TEST_CASE("retention: a partition attached with rows in it keeps them (the slot never carried them); rows written "
+TEST_CASE("retention: a partition attached with rows in it keeps them (the slot never carried them) - rows written "
           "into it after go, and so do the other partitions'",
           "[relay][retention]") {
   Fixture f;
@@ -372,7 +372,7 @@ TEST_CASE("retention: a time column that is missing or not a time is refused by 
 }
 
 TEST_CASE("retention: the deletes run as table.retention.user - without DELETE it fails, says so and deletes "
-          "nothing; granted, the rows go; its password is never logged",
+          "nothing - granted, the rows go - its password is never logged",
           "[relay][retention]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
