@@ -420,3 +420,37 @@ TEST_CASE("retention: the deletes run as table.retention.user - without DELETE i
   CHECK(!kept_floors(f).empty());
   CHECK(relay.log().find(password) == std::string::npos);
 }
+
+TEST_CASE("retention: walrelay replay --since reaches back exactly as far as table.retention.ms - the older rows "
+          "are gone once sent, every younger one is sent again",
+          "[relay][retention][replay]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // Two hours' retention; rows from three hours ago to now, a minute apart,
+  // with a gap around the limit so that the clock moving on changes nothing.
+  Walrelay relay(with_key(retention_config(f), "table.retention.ms", "7200000"));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  const std::string insert = "INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload, created_at) "
+                             "SELECT 'Reach', 'k' || (g % 8), 'x', jsonb_build_object('seq', g), now() - g * "
+                             "interval '1 minute' FROM generate_series(0, 180) g WHERE g NOT BETWEEN 110 AND 130";
+  f.db().exec(insert);
+  const long younger = 110, older = 50;  // 0..109 minutes old, 131..180
+  auto first = read_all(f, f.topic("Reach"), 60s);
+  REQUIRE(ids_of(first).count.size() == static_cast<std::size_t>(younger + older));
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == younger; }, 30s, 50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(rows_in(f, f.table) == younger);
+  // What the retention promises: everything younger than it, sent again.
+  const std::string since = f.db().scalar("SELECT (now() - interval '2 hours')::text");
+  auto r = run_command(std::string(WALRELAY_BINARY) + " replay --config " + relay.config_path() + " --since '" +
+                       since + "' --yes < /dev/null 2>&1");
+  INFO(r.output);
+  REQUIRE(exit_code(r) == 0);
+  CHECK(r.output.find(std::to_string(younger) + " row(s)") != std::string::npos);
+  auto all = read_topic(f.topic("Reach"), static_cast<std::size_t>(2 * younger + older), 60s);
+  auto seen = ids_of(all);
+  CHECK(seen.records == 2 * younger + older);
+  CHECK(seen.duplicates() == static_cast<std::size_t>(younger));
+}
