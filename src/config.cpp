@@ -873,6 +873,9 @@ void check_retention(Config& c) {
   if (c.table_include_list.empty())
     throw ConfigError("table.retention.policy", "delete needs outbox tables (table.include.list is empty: "
                                                 "logical messages leave no rows to delete)");
+  if (!c.retention_password.empty() && c.retention_user.empty())
+    throw ConfigError("table.retention.password", "set without table.retention.user: the deletes would run as "
+                                                  "database.user, and this password would be ignored");
   if (c.retention_ms > 0 && c.retention_time_column.empty() && c.field_event_timestamp.empty())
     throw ConfigError("table.retention.ms",
                       "a row's age is read from a column of its own: set table.retention.time.column (or "

@@ -354,6 +354,9 @@ Metrics::Metrics(std::string_view slot)
           "The age of the oldest row the outbox table keeps, by its retention time column, read by each retention "
           "run (0: empty); past table.retention.ms, rows wait for the broker or are older than the slot.",
           {"table"})),
+      retention_held_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_retention_rows_held",
+          "Rows of the outbox table written before walrelay relayed it (perhaps never sent), read by each "
+          "retention run: while a table or partition holds any, none of its rows are deleted.", {"table"})),
       safe_wal_size_family_(add_gauge_family(*registry_, labelled_families_, "walrelay_slot_safe_wal_size_bytes",
                                              "WAL that can still be written before max_slot_wal_keep_size "
                                              "invalidates the slot; absent while the server sets no limit.",
@@ -446,6 +449,10 @@ prometheus::Gauge& Metrics::retention_table_bytes(std::string_view table) {
 
 prometheus::Gauge& Metrics::retention_oldest_row_age(std::string_view table) {
   return retention_oldest_family_->Add({{"table", std::string(table)}});
+}
+
+prometheus::Gauge& Metrics::retention_rows_held(std::string_view table) {
+  return retention_held_family_->Add({{"table", std::string(table)}});
 }
 
 prometheus::Counter& Metrics::schema_registry_requests(std::string_view outcome) {

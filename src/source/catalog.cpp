@@ -12,6 +12,7 @@
 #include <ctime>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -72,23 +73,32 @@ std::vector<std::pair<std::string, std::string>> mapped_columns(const Config& co
   return out;
 }
 
-// `oid:xid,...`; all or nothing: a floor edited by hand into something else
-// is ignored (its tables get a new one, which only keeps more rows).
-std::map<std::uint32_t, std::uint64_t> parse_retention_floors(const std::string& text) {
-  std::map<std::uint32_t, std::uint64_t> out;
+// `oid:xid[:lineage],...`; all or nothing: a floor edited by hand into
+// something else is ignored (its tables get a new one, which only keeps more
+// rows).
+std::pair<std::map<std::uint32_t, std::uint64_t>, std::map<std::uint32_t, std::uint32_t>> parse_retention_floors(
+    const std::string& text) {
+  std::map<std::uint32_t, std::uint64_t> floors;
+  std::map<std::uint32_t, std::uint32_t> lineages;
   std::istringstream items(text);
   std::string item;
+  const auto digits = [](const std::string& s, std::size_t most) {
+    return !s.empty() && s.size() <= most && s.find_first_not_of("0123456789") == std::string::npos;
+  };
   while (std::getline(items, item, ',')) {
-    const auto colon = item.find(':');
-    const auto oid = item.substr(0, colon == std::string::npos ? 0 : colon);
-    const auto xid = colon == std::string::npos ? std::string() : item.substr(colon + 1);
-    const auto digits = [](const std::string& s, std::size_t most) {
-      return !s.empty() && s.size() <= most && s.find_first_not_of("0123456789") == std::string::npos;
-    };
-    if (!digits(oid, 10) || !digits(xid, 19) || std::stoull(oid) > UINT32_MAX) return {};
-    out[static_cast<std::uint32_t>(std::stoull(oid))] = std::stoull(xid);
+    std::vector<std::string> parts;
+    std::istringstream fields(item);
+    for (std::string field; std::getline(fields, field, ':');) parts.push_back(field);
+    if (!item.empty() && item.back() == ':') return {};
+    if (parts.size() < 2 || parts.size() > 3 || !digits(parts[0], 10) || !digits(parts[1], 19) ||
+        std::stoull(parts[0]) > UINT32_MAX || (parts.size() == 3 && (!digits(parts[2], 10) ||
+                                                                     std::stoull(parts[2]) > UINT32_MAX)))
+      return {};
+    const auto oid = static_cast<std::uint32_t>(std::stoull(parts[0]));
+    floors[oid] = std::stoull(parts[1]);
+    if (parts.size() == 3) lineages[oid] = static_cast<std::uint32_t>(std::stoull(parts[2]));
   }
-  return out;
+  return {floors, lineages};
 }
 
 std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
@@ -168,7 +178,7 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
                value.find_first_not_of("0123456789abcdef") == std::string::npos)
         m.snapshot_files = value;
       else if (key == "retention_floors")
-        m.retention_floors = parse_retention_floors(value);
+        std::tie(m.retention_floors, m.retention_lineage) = parse_retention_floors(value);
     }
     if (!m.slot.empty()) out.push_back(std::move(m));
   }
@@ -185,9 +195,12 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   if (marker.snapshot_pending && !marker.snapshot_files.empty()) line += " snapshot_files=" + marker.snapshot_files;
   if (!marker.retention_floors.empty()) {
     line += " retention_floors=";
-    for (auto it = marker.retention_floors.begin(); it != marker.retention_floors.end(); ++it)
+    for (auto it = marker.retention_floors.begin(); it != marker.retention_floors.end(); ++it) {
       line += (it == marker.retention_floors.begin() ? "" : ",") + std::to_string(it->first) + ":" +
               std::to_string(it->second);
+      if (auto lineage = marker.retention_lineage.find(it->first); lineage != marker.retention_lineage.end())
+        line += ":" + std::to_string(lineage->second);
+    }
   }
   std::vector<std::string> kept;
   std::istringstream lines(comment);
@@ -400,9 +413,11 @@ asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
     else if (relkind != "r")
       problems.push_back("table.include.list: " + t.qualified() + " is not a table (relkind " + relkind +
                          "): only tables and partitioned tables are published");
-    auto cols = co_await conn.query("SELECT attname, attgenerated, atttypid::regtype::text FROM "
-                                    "pg_catalog.pg_attribute WHERE attrelid = " + oid +
-                                    " AND attnum > 0 AND NOT attisdropped");
+    // (A domain's base type for retention's time column.)
+    auto cols = co_await conn.query("SELECT a.attname, a.attgenerated, (SELECT CASE WHEN t.typtype = 'd' THEN "
+                                    "t.typbasetype ELSE t.oid END FROM pg_catalog.pg_type t WHERE t.oid = "
+                                    "a.atttypid)::regtype::text FROM pg_catalog.pg_attribute a WHERE a.attrelid = " +
+                                    oid + " AND a.attnum > 0 AND NOT a.attisdropped");
     check_retention_column(config, t, cols, problems);
     for (auto& [key, column] : mapped) {
       auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
@@ -655,10 +670,22 @@ asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config
 namespace {
 
 // The leaf tables of the outbox: each table, or each partition (at any depth)
-// of a partitioned one, with its name; rows live there, and `tableoid` on a
-// row names it.
-asio::awaitable<std::vector<std::pair<std::uint32_t, std::string>>> outbox_leaves(PgConnection& conn,
-                                                                                   const Config& config) {
+// of a partitioned one (rows live there, and `tableoid` on a row names it),
+// with whether the publication publishes it, and the newest xid8 that made
+// it so: the pg_inherits rows that attach it (up to any ancestor), the
+// publication's row for it or an ancestor (or its schema, or the publication
+// itself when it is FOR ALL TABLES). Rows written before that were not
+// published, whatever a floor kept from earlier says (a partition detached and
+// attached again, a table taken out of the publication and put back).
+struct OutboxLeaf {
+  std::uint32_t oid = 0;
+  std::string name;
+  bool published = false;
+  std::uint64_t member_since = 0;  // as an xid8; right only for a row made lately
+  std::uint32_t lineage = 0;       // a hash of those rows' xmins: another value, other rows
+};
+
+asio::awaitable<std::vector<OutboxLeaf>> outbox_leaves(PgConnection& conn, const Config& config) {
   std::string trees;
   for (const auto& t : config.table_include_list) {
     const std::string rel =
@@ -667,12 +694,41 @@ asio::awaitable<std::vector<std::pair<std::uint32_t, std::string>>> outbox_leave
     trees += std::string(trees.empty() ? "" : " UNION ") + "SELECT " + rel + " AS relid UNION SELECT relid FROM " +
              "pg_catalog.pg_partition_tree(" + rel + ")";
   }
-  std::vector<std::pair<std::uint32_t, std::string>> out;
+  std::vector<OutboxLeaf> out;
   if (trees.empty()) co_return out;
-  auto rows = co_await conn.query("SELECT c.oid::text, c.oid::regclass::text FROM pg_catalog.pg_class c WHERE c.oid IN "
-                                  "(" + trees + ") AND c.relkind = 'r' ORDER BY c.oid");
-  for (auto& row : rows.rows)
-    out.emplace_back(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))), row[1].value_or("?"));
+  const std::string now = "(SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint)";
+  const auto xid8 = [&](const std::string& column) {
+    return "(" + now + " - ((" + now + " % 4294967296 - " + column + "::text::bigint + 4294967296) % 4294967296))";
+  };
+  const std::string lineage = "(SELECT relid FROM pg_catalog.pg_partition_ancestors(c.oid) UNION SELECT c.oid)";
+  const std::string schema_rows =
+      conn.server_version() >= 150000
+          ? "FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = p.oid AND pn.pnnspid IN (SELECT "
+            "a.relnamespace FROM pg_catalog.pg_class a WHERE a.oid IN " + lineage + ")"
+          : std::string("FROM (SELECT NULL::xid AS xmin, 0::oid AS pnnspid) pn WHERE false");
+  const std::string rel_rows =
+      "FROM pg_catalog.pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid IN " + lineage;
+  const std::string inherit_rows = "FROM pg_catalog.pg_inherits i WHERE i.inhrelid IN " + lineage;
+  auto rows = co_await conn.query(
+      "SELECT c.oid::text, c.oid::regclass::text, (EXISTS (SELECT 1 " + rel_rows + ") OR EXISTS (SELECT 1 " +
+      schema_rows + ") OR coalesce(p.puballtables, false))::text, GREATEST((SELECT max(" + xid8("pr.xmin") + ") " +
+      rel_rows + "), (SELECT max(" + xid8("pn.xmin") + ") " + schema_rows + "), (SELECT max(" + xid8("i.xmin") +
+      ") " + inherit_rows + "), CASE WHEN p.puballtables THEN " + xid8("p.xmin") +
+      " END)::text, pg_catalog.hashtext(concat_ws('/', (SELECT string_agg(pr.xmin::text, ',' ORDER BY pr.prrelid) " +
+      rel_rows + "), (SELECT string_agg(pn.xmin::text, ',' ORDER BY pn.pnnspid) " + schema_rows +
+      "), (SELECT string_agg(i.xmin::text, ',' ORDER BY i.inhrelid) " + inherit_rows +
+      "), CASE WHEN p.puballtables THEN p.xmin::text END))::bigint::text FROM pg_catalog.pg_class c LEFT JOIN "
+      "pg_catalog.pg_publication p ON p.pubname = " + conn.quote_literal(config.publication_name) +
+      " WHERE c.oid IN (" + trees + ") AND c.relkind = 'r' ORDER BY c.oid");
+  for (auto& row : rows.rows) {
+    OutboxLeaf leaf;
+    leaf.oid = static_cast<std::uint32_t>(std::stoul(row[0].value_or("0")));
+    leaf.name = row[1].value_or("?");
+    leaf.published = row[2] == "true";
+    leaf.member_since = row[3] ? std::stoull(*row[3]) : 0;
+    leaf.lineage = static_cast<std::uint32_t>(std::stoll(row[4].value_or("0")) & 0xffffffffLL);
+    out.push_back(std::move(leaf));
+  }
   co_return out;
 }
 
@@ -696,27 +752,45 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
     if (marker)
       settled.slot_identity = (marker->created_lsn ? marker->created_lsn->to_string() : std::string("-")) + "@" +
                               marker->created_at;
-    // Taken after the marker was read: a slot made since was made before now.
+    // (Named: g++ 12 frees a temporary of a coroutine twice.)
+    const auto leaves = co_await outbox_leaves(conn, config);
+    // Taken after the marker and the leaves were read: a slot made, or a
+    // partition attached, since was made before now.
     auto now =
         co_await conn.query("SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text AS xmax");
     const std::uint64_t candidate = std::stoull(now.at(0, "xmax").value_or("0"));
-    // (Named: g++ 12 frees a temporary of a coroutine twice.)
-    const auto leaves = co_await outbox_leaves(conn, config);
-    for (const auto& [oid, table] : leaves) {
+    for (const auto& leaf : leaves) {
+      if (!leaf.published) continue;  // the slot carries none of its rows: none may go
       std::optional<std::uint64_t> floor;
-      if (marker && marker->retention_floors.count(oid)) floor = marker->retention_floors.at(oid);
-      else if (known.slot_identity == settled.slot_identity && known.floors.count(oid)) floor = known.floors.at(oid);
+      std::optional<std::uint32_t> lineage;
+      const auto kept = [&](const std::map<std::uint32_t, std::uint64_t>& floors,
+                            const std::map<std::uint32_t, std::uint32_t>& lineages) {
+        if (!floors.count(leaf.oid)) return false;
+        floor = floors.at(leaf.oid);
+        if (lineages.count(leaf.oid)) lineage = lineages.at(leaf.oid);
+        return true;
+      };
+      if (!(marker && kept(marker->retention_floors, marker->retention_lineage)) &&
+          known.slot_identity == settled.slot_identity)
+        kept(known.floors, known.lineage);
       if (!floor) {
         floor = candidate;
-        settled.added.push_back(table);
+        settled.added.push_back(leaf.name);
         settled.candidate = candidate;
+      } else if (lineage != leaf.lineage) {
+        // Attached again, or published again, since the floor was given:
+        // rows from before that were not published. (Such a row is new, so
+        // its xmin reads right.)
+        floor = std::max(*floor, leaf.member_since + 1);
       }
-      settled.floors[oid] = *floor;
+      settled.floors[leaf.oid] = *floor;
+      settled.lineage[leaf.oid] = leaf.lineage;
     }
     if (!marker) {
       settled.refused = "publication " + config.publication_name + " holds no marker for slot " + config.slot_name;
-    } else if (marker->retention_floors != settled.floors) {
+    } else if (marker->retention_floors != settled.floors || marker->retention_lineage != settled.lineage) {
       marker->retention_floors = settled.floors;
+      marker->retention_lineage = settled.lineage;
       co_await conn.query("SAVEPOINT floors");
       try {
         co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
@@ -808,7 +882,7 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
 
 asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                 std::optional<pgoutput::Lsn> created_lsn) {
-  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}};
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}, {}};
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
   marker.snapshot_pending = false;
@@ -831,7 +905,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
 }
 
 asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
-  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}};
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}, {}};
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -853,7 +927,7 @@ asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& co
 asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                            pgoutput::Lsn point, const std::string& xids,
                                            const std::string& files) {
-  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files, {}};
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files, {}, {}};
   co_await write_slot_marker(conn, config, marker);
   spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
                point.to_string(), config.publication_name);
@@ -925,6 +999,14 @@ asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
       spdlog::info("slot={} exists and can be streamed from: nothing to reset", config.slot_name);
       if (!facts.marker) co_await mark_slot(conn, config, facts, std::nullopt);
       co_return exit_ok;
+    }
+    if (facts.marker && !facts.marker->retention_floors.empty()) {
+      // Before the slot goes: should this stop half-way, the next try finds
+      // a slot and keeps the marker, whose floors must not vouch for it.
+      SlotMarker cleared = *facts.marker;
+      cleared.retention_floors.clear();
+      cleared.retention_lineage.clear();
+      co_await write_slot_marker(conn, config, cleared);
     }
     std::string from;
     if (facts.slot.exists) {

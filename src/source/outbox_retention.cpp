@@ -43,12 +43,16 @@ void OutboxRetention::stop() {
 // committed before the slot existed (a backlog at the first start with
 // no_data, the gap after --reset-slot, a table or partition attached with its
 // rows) was never sent, and stays.
+std::string row_xid8_sql() {
+  const std::string now = "(SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint)";
+  return "(" + now + " - ((" + now + " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))";
+}
+
 std::string acknowledged_rows_condition(const std::string& snapshot,
                                         const std::map<std::uint32_t, std::uint64_t>& floors) {
   if (!is_pg_snapshot_text(snapshot)) throw PgError("retention: not a snapshot: " + snapshot, "");
   if (floors.empty()) return "false";
-  const std::string now = "(SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint)";
-  const std::string xid8 = "(" + now + " - ((" + now + " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))";
+  const std::string xid8 = row_xid8_sql();
   std::string floor = "(CASE tableoid::bigint";
   for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
   floor += " END)";  // a table with none: NULL, and the row stays
@@ -220,7 +224,8 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
   if (config_.retention_ms > 0)
     old_enough = " AND " + conn.quote_identifier(time_column()) + " < pg_catalog.now() - " +
                  conn.quote_literal(std::to_string(config_.retention_ms) + " milliseconds") + "::interval";
-  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floors_.floors);
+  const auto floors = co_await floors_without_held(conn, table, name);
+  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floors);
   // The condition again on the rows deleted: a ctid names a row within one
   // table only (a partitioned outbox's partitions share them), and a row
   // updated meanwhile is judged by its new version.
@@ -242,6 +247,45 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
   if (deleted > 0) spdlog::info("retention: {} rows of {} deleted", deleted, qualified);
 }
 
+// The floors, less those of the tables (partitions) that hold rows from
+// before their floor: the slot may never have carried them, and while any is
+// there none of that table's rows go. A row's xmin is all that tells it from
+// the others, and it does not last: an UPDATE or a rewrite (pg_repack, ALTER
+// ... TYPE) gives it a new one above the floor, and 2^32 transactions later
+// its xmin reads as a new one. So the operator decides about those rows
+// first (sends them with walrelay replay, or finds them in the broker, then
+// deletes them).
+asio::awaitable<std::map<std::uint32_t, std::uint64_t>> OutboxRetention::floors_without_held(PgConnection& conn,
+                                                                                             const TableName& table,
+                                                                                             const std::string& name) {
+  auto floors = floors_.floors;
+  std::string floor = "(CASE tableoid::bigint";
+  for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
+  floor += " END)";
+  const std::vector<std::string> no_params;
+  auto held = co_await conn.query("SELECT tableoid::bigint::text, tableoid::regclass::text, count(*)::text FROM " +
+                                      name + " WHERE " + row_xid8_sql() + " < " + floor + " GROUP BY 1, 2",
+                                  no_params, 70s);
+  double total = 0;
+  std::string where;
+  for (const auto& row : held.rows) {
+    floors.erase(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
+    total += std::stod(row[2].value_or("0"));
+    where += (where.empty() ? "" : ", ") + row[2].value_or("?") + " in " + row[1].value_or("?");
+  }
+  metrics_.retention_rows_held(table.qualified()).Set(total);
+  const auto now = std::chrono::steady_clock::now();
+  auto& warned = held_warnings_[table.qualified()];
+  if (total > 0 && (warned == std::chrono::steady_clock::time_point{} || now - warned > 10min)) {
+    warned = now;
+    spdlog::warn("retention: {} holds rows written before walrelay relayed it ({}): the slot may never have carried "
+                 "them, and none of that table's rows are deleted while they are there. See that they are in the "
+                 "broker (walrelay replay sends them again), then delete them by hand",
+                 table.qualified(), where);
+  }
+  co_return floors;
+}
+
 // The table's size and the age of its oldest row, for the metrics.
 asio::awaitable<void> OutboxRetention::measure_table(PgConnection& conn, const TableName& table) {
   const std::string name = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
@@ -253,7 +297,7 @@ asio::awaitable<void> OutboxRetention::measure_table(PgConnection& conn, const T
                     "), 0))::text AS bytes";
   if (config_.retention_ms > 0)
     sql += ", coalesce(extract(epoch FROM pg_catalog.now() - (SELECT min(" + conn.quote_identifier(time_column()) +
-           ") FROM " + name + ")), 0)::text AS age";
+           ") FROM " + name + " WHERE pg_catalog.isfinite(" + conn.quote_identifier(time_column()) + "))), 0)::text AS age";
   const std::vector<std::string> no_params;
   auto rows = co_await conn.query(sql, no_params, 60s);
   const std::string qualified = table.qualified();

@@ -166,6 +166,7 @@ TEST_CASE("describe lists every family served, with the labels its children carr
   metrics.retention_runs("ok");
   metrics.retention_table_bytes("public.outbox");
   metrics.retention_oldest_row_age("public.outbox");
+  metrics.retention_rows_held("public.outbox");
   metrics.set_sink("kafka");
   metrics.set_safe_wal_size(1024);
   auto after = metrics.describe();

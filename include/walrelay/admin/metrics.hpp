@@ -68,6 +68,7 @@ class Metrics {
   prometheus::Counter& retention_runs(std::string_view outcome);
   prometheus::Gauge& retention_table_bytes(std::string_view table);
   prometheus::Gauge& retention_oldest_row_age(std::string_view table);
+  prometheus::Gauge& retention_rows_held(std::string_view table);
   // walrelay_sink_info{sink} 1: the sink.type records go to.
   void set_sink(std::string_view sink);
 
@@ -134,6 +135,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* retention_runs_family_;
   prometheus::Family<prometheus::Gauge>* retention_bytes_family_;
   prometheus::Family<prometheus::Gauge>* retention_oldest_family_;
+  prometheus::Family<prometheus::Gauge>* retention_held_family_;
   prometheus::Family<prometheus::Gauge>* safe_wal_size_family_;
   prometheus::Family<prometheus::Gauge>* sink_info_family_;
   prometheus::Gauge* safe_wal_size_ = nullptr;

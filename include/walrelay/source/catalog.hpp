@@ -51,6 +51,10 @@ struct SlotMarker {
   // take-over may delete what an earlier run relayed; a new slot starts
   // without them.
   std::map<std::uint32_t, std::uint64_t> retention_floors;
+  // `:<lineage>` after a floor: a hash of the xmins of the catalog rows that
+  // put the table in the publication (pg_inherits, pg_publication_rel): when
+  // it changes, the table was attached or published again since.
+  std::map<std::uint32_t, std::uint32_t> retention_lineage;
 };
 
 // Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
@@ -67,6 +71,7 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
 // they are now, and the slot incarnation they belong to.
 struct RetentionFloors {
   std::map<std::uint32_t, std::uint64_t> floors;  // per table, or per partition of a partitioned one
+  std::map<std::uint32_t, std::uint32_t> lineage;  // SlotMarker::retention_lineage
   std::string slot_identity;  // the marker's created_lsn and created_at ("": no marker)
   std::vector<std::string> added;       // the tables given a floor by this call,
   std::uint64_t candidate = 0;          // which is this xid

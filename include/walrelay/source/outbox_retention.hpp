@@ -66,6 +66,9 @@ class OutboxRetention {
   boost::asio::awaitable<bool> wait_until_passed(const Fence& fence);
   bool may_delete(const Fence& fence) const;
   boost::asio::awaitable<void> clean_table(PgConnection& conn, const TableName& table, const Fence& fence);
+  boost::asio::awaitable<std::map<std::uint32_t, std::uint64_t>> floors_without_held(PgConnection& conn,
+                                                                                     const TableName& table,
+                                                                                     const std::string& name);
   boost::asio::awaitable<void> measure_table(PgConnection& conn, const TableName& table);
   void warn_if_lagging();
   const std::string& time_column() const;
@@ -86,7 +89,12 @@ class OutboxRetention {
   std::uint64_t generation_ = 0;  // slots the relay made in this process
   std::chrono::steady_clock::time_point last_passed_ = std::chrono::steady_clock::now();  // a fence, last
   std::chrono::steady_clock::time_point last_lag_warning_{};
+  std::map<std::string, std::chrono::steady_clock::time_point> held_warnings_;  // by table, the last one
 };
+
+// A row's xmin as an xid8 (SQL): the latest one with those 32 bits at or
+// before the current snapshot's xmax.
+std::string row_xid8_sql();
 
 // The SQL condition on an outbox row (its xmin) that its inserting
 // transaction had ended before `snapshot` was taken and began at or after its
