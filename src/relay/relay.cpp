@@ -524,8 +524,26 @@ asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts&
       co_return false;
     }
     if (!facts.marker || interrupted) co_await record_slot(conn, facts, std::nullopt);
+    co_await forget_floors(conn, facts);
   }
   co_return true;
+}
+
+// forget_other_floors (catalog.hpp); a role that may not write the marker
+// leaves them, as it leaves the marker.
+asio::awaitable<void> Relay::forget_floors(PgConnection& conn, const ServerFacts& facts) {
+  std::optional<std::string> refused;
+  try {
+    co_await forget_other_floors(conn, config_, facts);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "42501" && e.sqlstate() != "25006") throw;
+    refused = e.what();
+  }
+  if (refused)
+    spdlog::warn("slot={} could not drop the retention floors of tables it no longer relays ({}): should one be "
+                 "relayed again with table.retention.policy=delete, its rows from the time between may be deleted "
+                 "unsent; remove retention_floors from the walrelay.slot= line of publication {}'s comment",
+                 config_.slot_name, *refused, config_.publication_name);
 }
 
 // START_REPLICATION at the highest protocol the server speaks; returns the

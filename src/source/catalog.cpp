@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -813,6 +814,49 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
     std::rethrow_exception(failure);
   }
   co_return settled;
+}
+
+asio::awaitable<void> forget_other_floors(PgConnection& conn, const Config& config, const ServerFacts& facts) {
+  if (!facts.marker || facts.marker->retention_floors.empty()) co_return;
+  // (Named: g++ 12 frees a temporary of a coroutine twice.)
+  const auto leaves = co_await outbox_leaves(conn, config);
+  std::set<std::uint32_t> relayed;
+  for (const auto& leaf : leaves)
+    if (leaf.published) relayed.insert(leaf.oid);
+  bool other = false;
+  for (const auto& [oid, floor] : facts.marker->retention_floors) other = other || !relayed.count(oid);
+  if (!other) co_return;
+  const std::string name = conn.quote_literal(config.publication_name);
+  co_await conn.query("BEGIN");
+  std::exception_ptr failure;
+  try {
+    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
+                        name + "))");
+    auto current = co_await conn.query(
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    const std::string comment = current.rows.empty() ? std::string() : current.rows[0][0].value_or("");
+    for (auto& m : parse_slot_markers(comment)) {
+      if (m.slot != config.slot_name) continue;
+      std::erase_if(m.retention_floors, [&](const auto& entry) { return !relayed.count(entry.first); });
+      std::erase_if(m.retention_lineage, [&](const auto& entry) { return !relayed.count(entry.first); });
+      co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
+                          conn.quote_literal(with_slot_marker(comment, m)));
+      break;
+    }
+    co_await conn.query("COMMIT");
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    try {
+      co_await conn.query("ROLLBACK");
+    } catch (const PgError&) {
+    }
+    std::rethrow_exception(failure);
+  }
+  spdlog::info("slot={} retention floors of tables this walrelay does not relay forgotten (their rows now are not "
+               "sent: should they be relayed again, they start from a new floor)",
+               config.slot_name);
 }
 
 asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot) {

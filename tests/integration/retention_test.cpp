@@ -1,6 +1,7 @@
 // Retention (table.retention.policy=delete): walrelay deletes the outbox rows
 // the broker has acknowledged, once older than table.retention.ms, and never
 // a row it has not sent.
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <iterator>
@@ -514,4 +515,53 @@ TEST_CASE("retention: walrelay replay --since reaches back exactly as far as tab
   auto seen = ids_of(all);
   CHECK(seen.records == 2 * younger + older);
   CHECK(seen.duplicates() == static_cast<std::size_t>(younger));
+}
+
+TEST_CASE("retention: a table taken out of table.include.list loses its floor - relayed again later, the rows "
+          "written while it was out are held, never deleted",
+          "[relay][retention]") {
+  Fixture f;
+  const std::string second = f.table + "2";
+  create_outbox(f.db(), f.table, "bigint");
+  create_outbox(f.db(), second, "bigint");
+  // The publication is the operator's, and keeps publishing both.
+  f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + ", " + second +
+              " WITH (publish = 'insert')");
+  const std::string both = with_key(with_key(retention_config(f), "table.include.list", f.table + "," + second),
+                                    "publication.autocreate.mode", "disabled");
+  {
+    Walrelay first(with_key(both, "table.retention.ms", "86400000"));
+    first.start();
+    first.wait_streaming();
+    wait_floor(first);
+    wait_ok_runs(first, 2);
+    first.signal(SIGTERM);
+    REQUIRE(first.wait_exit(30s) == 0);
+  }
+  const auto floors_kept = [&] {
+    const auto floors = kept_floors(f);
+    return floors.empty() ? 0 : 1 + std::count(floors.begin(), floors.end(), ',');
+  };
+  REQUIRE(floors_kept() == 2);
+  {
+    // Only the first table relayed, without retention: the second one's rows
+    // are decoded and skipped, never sent.
+    Walrelay narrow(with_key(with_key(both, "table.include.list", f.table), "table.retention.policy", "none"));
+    narrow.start();
+    narrow.wait_streaming();
+    REQUIRE(eventually([&] { return floors_kept() == 1; }, 30s, 50ms));
+    for (int seq = 0; seq < 3; ++seq) insert_old(f.db(), second, "Out", "k", seq);
+    insert_old(f.db(), f.table, "In", "k", 0);
+    REQUIRE(seqs_of(read_all(f, f.topic("In"))).size() == 1);
+    narrow.signal(SIGTERM);
+    REQUIRE(narrow.wait_exit(30s) == 0);
+  }
+  Walrelay relay(both);
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_held").value_or(0) == 3; }, 30s, 50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(rows_in(f, second) == 3);
+  CHECK(read_all(f, f.topic("Out")).empty());
 }

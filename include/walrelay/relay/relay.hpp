@@ -120,6 +120,7 @@ class Relay final : public StatusSource {
   void commit_position_if_behind(std::chrono::steady_clock::time_point now);
   boost::asio::awaitable<void> record_slot(PgConnection& conn, const ServerFacts& facts,
                                            std::optional<pgoutput::Lsn> created_lsn);
+  boost::asio::awaitable<void> forget_floors(PgConnection& conn, const ServerFacts& facts);
   boost::asio::awaitable<void> keep_alive(PgConnection& conn);
   int read_buffered(PgConnection& conn, HeldMessage& held);
   boost::asio::awaitable<void> await_socket(PgConnection& conn);

@@ -148,6 +148,12 @@ boost::asio::awaitable<void> ensure_publication(PgConnection& conn, const Config
 // own the publication).
 boost::asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker);
 
+// At each session's start, whatever the retention policy: the marker's floors
+// of tables this walrelay does not relay (taken out of table.include.list, or
+// of the publication) are dropped. Their rows are not sent from now on; a
+// floor kept would let those rows go once the table is relayed again.
+boost::asio::awaitable<void> forget_other_floors(PgConnection& conn, const Config& config, const ServerFacts& facts);
+
 // CREATE_REPLICATION_SLOT, with no time-out: the server waits for every
 // running transaction to end before the slot is consistent. While it waits, a
 // second connection logs what it waits for every few seconds. Returns the
