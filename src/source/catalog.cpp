@@ -480,9 +480,11 @@ asio::awaitable<void> inspect_publication(PgConnection& conn, const Config& conf
         if (list.find("," + column + ",") == std::string::npos)
           pf.column_list_gaps.push_back(t.qualified() + " column \"" + column + "\" (" + key + ")");
     }
-    if (auto& filter = in.rows[0][1])
+    if (auto& filter = in.rows[0][1]) {
       warnings.push_back("publication " + config.publication_name + " filters the rows of " + t.qualified() +
                          " (WHERE " + *filter + "): rows it leaves out are never relayed");
+      pf.row_filtered.push_back(t.qualified() + " (WHERE " + *filter + ")");
+    }
   }
   for (const auto& m : parse_slot_markers(pf.comment))
     if (m.slot == config.slot_name) facts.marker = m;
@@ -528,6 +530,13 @@ asio::awaitable<ServerFacts> inspect_server(PgConnection& conn, const Config& co
   const auto mapped = mapped_columns(config);
   co_await inspect_tables(conn, config, mapped, facts, problems);
   co_await inspect_publication(conn, config, mapped, facts, warnings);
+  // Retention deletes what the slot carried past: a row the filter left out
+  // would go without ever having been sent.
+  if (config.retention_policy != RetentionPolicy::none)
+    for (const auto& filtered : facts.publication.row_filtered)
+      problems.push_back("table.retention.policy: publication " + config.publication_name + " filters the rows of " +
+                         filtered + ": the rows it leaves out are never relayed, and retention would delete them; "
+                         "remove the filter, or set table.retention.policy=none");
   co_await inspect_slot(conn, config, facts, problems);
   co_return facts;
 }
@@ -710,17 +719,23 @@ asio::awaitable<std::vector<OutboxLeaf>> outbox_leaves(PgConnection& conn, const
   const std::string rel_rows =
       "FROM pg_catalog.pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid IN " + lineage;
   const std::string inherit_rows = "FROM pg_catalog.pg_inherits i WHERE i.inhrelid IN " + lineage;
+  // Published: logged (an UNLOGGED partition writes no WAL, so the slot
+  // sees none of its rows) and in the publication. The lineage also holds
+  // the publication's own row (publish, publish_via_partition_root changed
+  // and back: the inserts in between were skipped) and the table's file and
+  // persistence (a rewrite gives every row a new xmin; SET UNLOGGED and back).
   auto rows = co_await conn.query(
-      "SELECT c.oid::text, c.oid::regclass::text, (EXISTS (SELECT 1 " + rel_rows + ") OR EXISTS (SELECT 1 " +
-      schema_rows + ") OR coalesce(p.puballtables, false))::text, GREATEST((SELECT max(" + xid8("pr.xmin") + ") " +
-      rel_rows + "), (SELECT max(" + xid8("pn.xmin") + ") " + schema_rows + "), (SELECT max(" + xid8("i.xmin") +
-      ") " + inherit_rows + "), CASE WHEN p.puballtables THEN " + xid8("p.xmin") +
-      " END)::text, pg_catalog.hashtext(concat_ws('/', (SELECT string_agg(pr.xmin::text, ',' ORDER BY pr.prrelid) " +
-      rel_rows + "), (SELECT string_agg(pn.xmin::text, ',' ORDER BY pn.pnnspid) " + schema_rows +
-      "), (SELECT string_agg(i.xmin::text, ',' ORDER BY i.inhrelid) " + inherit_rows +
-      "), CASE WHEN p.puballtables THEN p.xmin::text END))::bigint::text FROM pg_catalog.pg_class c LEFT JOIN "
-      "pg_catalog.pg_publication p ON p.pubname = " + conn.quote_literal(config.publication_name) +
-      " WHERE c.oid IN (" + trees + ") AND c.relkind = 'r' ORDER BY c.oid");
+      "SELECT c.oid::text, c.oid::regclass::text, (c.relpersistence = 'p' AND (EXISTS (SELECT 1 " + rel_rows +
+      ") OR EXISTS (SELECT 1 " + schema_rows + ") OR coalesce(p.puballtables, false)))::text, GREATEST((SELECT max(" +
+      xid8("pr.xmin") + ") " + rel_rows + "), (SELECT max(" + xid8("pn.xmin") + ") " + schema_rows +
+      "), (SELECT max(" + xid8("i.xmin") + ") " + inherit_rows + "), " + xid8("p.xmin") + ", " + xid8("c.xmin") +
+      ")::text, pg_catalog.hashtext(concat_ws('/', coalesce((SELECT string_agg(pr.xmin::text, ',' ORDER BY "
+      "pr.prrelid) " + rel_rows + "), ''), coalesce((SELECT string_agg(pn.xmin::text, ',' ORDER BY pn.pnnspid) " +
+      schema_rows + "), ''), coalesce((SELECT string_agg(i.xmin::text, ',' ORDER BY i.inhrelid) " + inherit_rows +
+      "), ''), coalesce(p.xmin::text, ''), c.relfilenode::text, c.relpersistence::text))::bigint::text FROM "
+      "pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_publication p ON p.pubname = " +
+      conn.quote_literal(config.publication_name) + " WHERE c.oid IN (" + trees +
+      ") AND c.relkind = 'r' ORDER BY c.oid");
   for (auto& row : rows.rows) {
     OutboxLeaf leaf;
     leaf.oid = static_cast<std::uint32_t>(std::stoul(row[0].value_or("0")));

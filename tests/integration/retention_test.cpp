@@ -565,3 +565,39 @@ TEST_CASE("retention: a table taken out of table.include.list loses its floor - 
   CHECK(rows_in(f, second) == 3);
   CHECK(read_all(f, f.topic("Out")).empty());
 }
+
+TEST_CASE("retention: a publication that filters the outbox's rows is refused (the rows it leaves out would be "
+          "deleted unsent), and a partition made UNLOGGED for a while keeps the rows written meanwhile",
+          "[relay][retention]") {
+  Fixture f;
+  SECTION("a row filter") {
+    create_outbox(f.db(), f.table, "bigint");
+    f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table +
+                " WHERE (aggregatetype <> 'Internal') WITH (publish = 'insert')");
+    Walrelay check(with_key(retention_config(f), "publication.autocreate.mode", "disabled"));
+    CHECK(check.run({"--check", "--config", check.config_path()}) == 1);
+    CHECK(check.log().find("table.retention.policy: publication " + f.slot + " filters the rows of " + f.table) !=
+          std::string::npos);
+  }
+  SECTION("an UNLOGGED partition") {
+    f.db().exec("CREATE TABLE " + f.table + " (id bigserial, aggregatetype text NOT NULL, aggregateid text NOT NULL, "
+                "type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, "
+                "aggregateid)) PARTITION BY LIST (aggregateid); CREATE TABLE " + f.table + "_a PARTITION OF " +
+                f.table + " FOR VALUES IN ('a')");
+    Walrelay relay(retention_config(f));
+    relay.start();
+    relay.wait_streaming();
+    wait_floor(relay);
+    insert_old(f.db(), f.table, "Unlogged", "a", 0);
+    REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+    // No WAL while UNLOGGED: the slot never sees this row.
+    f.db().exec("ALTER TABLE " + f.table + "_a SET UNLOGGED");
+    insert_old(f.db(), f.table, "Unlogged", "a", 1);
+    f.db().exec("ALTER TABLE " + f.table + "_a SET LOGGED");
+    insert_old(f.db(), f.table, "Unlogged", "a", 2);
+    REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_held").value_or(0) >= 1; }, 30s, 50ms));
+    wait_ok_runs(relay, 3);
+    CHECK(f.db().scalar("SELECT count(*) FROM " + f.table + " WHERE payload->>'seq' = '1'") == "1");
+    CHECK(seqs_of(read_all(f, f.topic("Unlogged"))).count(1) == 0);
+  }
+}

@@ -96,6 +96,7 @@ struct PublicationFacts {
   std::vector<std::string> missing_tables;     // configured tables it does not publish
   std::vector<std::string> leaf_named_tables;  // partitioned tables it would send under their leaves' names
   std::vector<std::string> column_list_gaps;   // "table: column" a column list leaves out (15+)
+  std::vector<std::string> row_filtered;       // "table (WHERE ...)": a row filter on a relayed table (15+)
   bool publishes_generated = false;            // publish_generated_columns = stored (18+)
 };
 
