@@ -136,7 +136,7 @@ struct InProcess : InProcessRelay<walrelay::KafkaSink> {
 TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - a transaction the coordinator will not end (a fatal "
                  "INVALID_TXN_STATE) replaces the producer, every event lands, nothing halts",
-                 "[relay][eos][mock]") {
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=20\noffsets.storage.topic=" + offsets +
                   "\nreconnect.backoff.ms=100\nkafka.retry.backoff.ms=50\n");
@@ -179,7 +179,7 @@ void slow_transaction(rd_kafka_mock_cluster_t* mc, rd_kafka_resp_err_t end_txn) 
 TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - reading goes on while a transaction commits, and what came "
                  "meanwhile goes into the next transaction",
-                 "[relay][eos][mock]") {
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=20000\ntransaction.boundary.max.records=1\n"
                   "offsets.storage.topic=" + offsets +
@@ -222,7 +222,7 @@ TEST_CASE_METHOD(MockOutbox,
 TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - a commit that fails while records wait for it is aborted, "
                  "they are replayed from the committed position, every event lands, nothing halts",
-                 "[relay][eos][mock]") {
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=0\noffsets.storage.topic=" + offsets +
                   "\nreconnect.backoff.ms=100\n");
@@ -263,7 +263,7 @@ TEST_CASE_METHOD(MockOutbox,
 TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - a commit answered with a fence after "
                  "kafka.transaction.timeout.ms is sent again by a new producer, every event lands, nothing halts",
-                 "[relay][eos][mock]") {
+                 "[relay][eos]") {
   InProcess p(f, cluster.bootstraps(),
               "exactly.once.support=required\ntransaction.boundary.interval.ms=0\nkafka.transaction.timeout.ms=2000\n"
               "offsets.storage.topic=" + offsets + "\nreconnect.backoff.ms=100\n");
@@ -292,7 +292,7 @@ TEST_CASE_METHOD(MockOutbox,
 TEST_CASE_METHOD(MockOutbox,
                  "relay with a mock cluster: exactly once - what waited for a commit meets a full producer queue and "
                  "still goes out whole, in order, each event once",
-                 "[relay][eos][mock]") {
+                 "[relay][eos]") {
   // librdkafka's queue (5 records) far below walrelay's in-flight limit: the
   // records that waited for the slow commit cannot all be produced at once.
   InProcess p(f, cluster.bootstraps(),
