@@ -37,6 +37,14 @@ void insert_old(Db& db, const std::string& table, const std::string& type, const
           "', '" + key + "', 'Created', '{\"seq\": " + std::to_string(seq) + "}', now() - interval '1 hour')");
 }
 
+// An outbox partitioned by aggregate id, with one partition, for 'a'.
+void create_list_outbox(Fixture& f) {
+  f.db().exec("CREATE TABLE " + f.table + " (id bigserial, aggregatetype text NOT NULL, aggregateid text NOT NULL, "
+              "type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, "
+              "aggregateid)) PARTITION BY LIST (aggregateid); CREATE TABLE " + f.table + "_a PARTITION OF " +
+              f.table + " FOR VALUES IN ('a')");
+}
+
 double ok_runs(Walrelay& relay) { return relay.metric("walrelay_retention_runs_total{outcome=\"ok\"}").value_or(0); }
 
 // Until `relay` has finished `n` more runs that found its fence passed.
@@ -334,10 +342,7 @@ TEST_CASE("retention: a partition attached with rows in it keeps them (the slot 
           "into it after go, and so do the other partitions'",
           "[relay][retention]") {
   Fixture f;
-  f.db().exec("CREATE TABLE " + f.table + " (id bigserial, aggregatetype text NOT NULL, "
-              "aggregateid text NOT NULL, type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT "
-              "now(), PRIMARY KEY (id, aggregateid)) PARTITION BY LIST (aggregateid); CREATE TABLE " + f.table +
-              "_a PARTITION OF " + f.table + " FOR VALUES IN ('a')");
+  create_list_outbox(f);
   Walrelay relay(retention_config(f));
   relay.start();
   relay.wait_streaming();
@@ -379,10 +384,7 @@ TEST_CASE("retention: a partition detached, written to by name, and attached aga
           "it was out (its floor rises with the new attachment)",
           "[relay][retention]") {
   Fixture f;
-  f.db().exec("CREATE TABLE " + f.table + " (id bigserial, aggregatetype text NOT NULL, aggregateid text NOT NULL, "
-              "type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, "
-              "aggregateid)) PARTITION BY LIST (aggregateid); CREATE TABLE " + f.table + "_a PARTITION OF " +
-              f.table + " FOR VALUES IN ('a')");
+  create_list_outbox(f);
   // A day's retention: the floors are given and kept, nothing deleted yet.
   Walrelay relay(with_key(retention_config(f), "table.retention.ms", "86400000"));
   relay.start();
@@ -580,10 +582,7 @@ TEST_CASE("retention: a publication that filters the outbox's rows is refused (t
           std::string::npos);
   }
   SECTION("an UNLOGGED partition") {
-    f.db().exec("CREATE TABLE " + f.table + " (id bigserial, aggregatetype text NOT NULL, aggregateid text NOT NULL, "
-                "type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, "
-                "aggregateid)) PARTITION BY LIST (aggregateid); CREATE TABLE " + f.table + "_a PARTITION OF " +
-                f.table + " FOR VALUES IN ('a')");
+    create_list_outbox(f);
     Walrelay relay(retention_config(f));
     relay.start();
     relay.wait_streaming();
