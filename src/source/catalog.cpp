@@ -651,15 +651,36 @@ asio::awaitable<void> ensure_publication(PgConnection& conn, const Config& confi
   }
 }
 
-asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker) {
+namespace {
+
+// In a transaction begun by the caller: the lock every writer of the slot
+// markers takes, then the publication's comment as it is under it (a row
+// with NULL for no comment, none for no publication).
+asio::awaitable<PgRows> locked_publication_comment(PgConnection& conn, const Config& config) {
   const std::string name = conn.quote_literal(config.publication_name);
+  co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
+                      name + "))");
+  co_return co_await conn.query(
+      "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+}
+
+// A marker transaction that failed: rolled back (a ROLLBACK that fails too is
+// the connection's end, said by the first error), then that first error.
+asio::awaitable<void> roll_back_and_rethrow(PgConnection& conn, std::exception_ptr failure) {
+  try {
+    co_await conn.query("ROLLBACK");
+  } catch (const PgError&) {
+  }
+  std::rethrow_exception(failure);
+}
+
+}  // namespace
+
+asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker) {
   co_await conn.query("BEGIN");
   std::exception_ptr failure;
   try {
-    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
-                        name + "))");
-    auto current = co_await conn.query(
-        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    auto current = co_await locked_publication_comment(conn, config);
     if (current.rows.empty()) throw PgError("publication " + config.publication_name + " does not exist", "42704");
     std::string comment = with_slot_marker(current.rows[0][0].value_or(""), marker);
     co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
@@ -668,13 +689,7 @@ asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config
   } catch (...) {
     failure = std::current_exception();
   }
-  if (failure) {
-    try {
-      co_await conn.query("ROLLBACK");
-    } catch (const PgError&) {
-    }
-    std::rethrow_exception(failure);
-  }
+  if (failure) co_await roll_back_and_rethrow(conn, failure);
 }
 
 namespace {
@@ -752,15 +767,11 @@ asio::awaitable<std::vector<OutboxLeaf>> outbox_leaves(PgConnection& conn, const
 
 asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, const Config& config,
                                                          RetentionFloors known) {
-  const std::string name = conn.quote_literal(config.publication_name);
   RetentionFloors settled;
   co_await conn.query("BEGIN");
   std::exception_ptr failure;
   try {
-    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
-                        name + "))");
-    auto current = co_await conn.query(
-        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    auto current = co_await locked_publication_comment(conn, config);
     const std::string comment = current.rows.empty() ? std::string() : current.rows[0][0].value_or("");
     std::optional<SlotMarker> marker;
     for (auto& m : parse_slot_markers(comment))
@@ -821,13 +832,7 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
   } catch (...) {
     failure = std::current_exception();
   }
-  if (failure) {
-    try {
-      co_await conn.query("ROLLBACK");
-    } catch (const PgError&) {
-    }
-    std::rethrow_exception(failure);
-  }
+  if (failure) co_await roll_back_and_rethrow(conn, failure);
   co_return settled;
 }
 
@@ -841,14 +846,10 @@ asio::awaitable<void> forget_other_floors(PgConnection& conn, const Config& conf
   bool other = false;
   for (const auto& [oid, floor] : facts.marker->retention_floors) other = other || !relayed.count(oid);
   if (!other) co_return;
-  const std::string name = conn.quote_literal(config.publication_name);
   co_await conn.query("BEGIN");
   std::exception_ptr failure;
   try {
-    co_await conn.query("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('walrelay.publication.' || " +
-                        name + "))");
-    auto current = co_await conn.query(
-        "SELECT obj_description(oid, 'pg_publication') FROM pg_catalog.pg_publication WHERE pubname = " + name);
+    auto current = co_await locked_publication_comment(conn, config);
     const std::string comment = current.rows.empty() ? std::string() : current.rows[0][0].value_or("");
     for (auto& m : parse_slot_markers(comment)) {
       if (m.slot != config.slot_name) continue;
@@ -862,13 +863,7 @@ asio::awaitable<void> forget_other_floors(PgConnection& conn, const Config& conf
   } catch (...) {
     failure = std::current_exception();
   }
-  if (failure) {
-    try {
-      co_await conn.query("ROLLBACK");
-    } catch (const PgError&) {
-    }
-    std::rethrow_exception(failure);
-  }
+  if (failure) co_await roll_back_and_rethrow(conn, failure);
   spdlog::info("slot={} retention floors of tables this walrelay does not relay forgotten (their rows now are not "
                "sent: should they be relayed again, they start from a new floor)",
                config.slot_name);
