@@ -48,14 +48,20 @@ std::string row_xid8_sql() {
   return "(" + now + " - ((" + now + " % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))";
 }
 
+// The floor of the table (partition) holding a row, by its tableoid; a
+// table with none: NULL, and the row stays.
+static std::string floor_of_row_sql(const std::map<std::uint32_t, std::uint64_t>& floors) {
+  std::string floor = "(CASE tableoid::bigint";
+  for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
+  return floor + " END)";
+}
+
 std::string acknowledged_rows_condition(const std::string& snapshot,
                                         const std::map<std::uint32_t, std::uint64_t>& floors) {
   if (!is_pg_snapshot_text(snapshot)) throw PgError("retention: not a snapshot: " + snapshot, "");
   if (floors.empty()) return "false";
   const std::string xid8 = row_xid8_sql();
-  std::string floor = "(CASE tableoid::bigint";
-  for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
-  floor += " END)";  // a table with none: NULL, and the row stays
+  const std::string floor = floor_of_row_sql(floors);
   return "(" + xid8 + " >= " + floor + " AND " + xid8 + " < pg_catalog.pg_snapshot_xmin('" + snapshot +
          "'::pg_snapshot)::text::bigint)";
 }
@@ -259,9 +265,7 @@ asio::awaitable<std::map<std::uint32_t, std::uint64_t>> OutboxRetention::floors_
                                                                                              const TableName& table,
                                                                                              const std::string& name) {
   auto floors = floors_.floors;
-  std::string floor = "(CASE tableoid::bigint";
-  for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
-  floor += " END)";
+  const std::string floor = floor_of_row_sql(floors);
   const std::vector<std::string> no_params;
   auto held = co_await conn.query("SELECT tableoid::bigint::text, tableoid::regclass::text, count(*)::text FROM " +
                                       name + " WHERE " + row_xid8_sql() + " < " + floor + " GROUP BY 1, 2",
