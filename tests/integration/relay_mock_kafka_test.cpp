@@ -188,11 +188,11 @@ TEST_CASE_METHOD(MockOutbox,
   write(0, 10);
   const auto first = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= first; }, 30s, 20ms));
-  // The next commit's EndTxn is answered after 8 s: room for the writes and
-  // reads below on a loaded machine (the suite runs side by side).
-  REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(cluster.mc, mock_broker, api_end_txn, 1,
-                                                       RD_KAFKA_RESP_ERR_NO_ERROR, 8000) ==
-          RD_KAFKA_RESP_ERR_NO_ERROR);
+  // Every answer of the broker held back until the test lets it go (the
+  // mock cluster delays each response by the broker's round-trip time, read
+  // when it is due to go out): the next commit waits as long as the reads
+  // below take, however loaded the machine.
+  REQUIRE(rd_kafka_mock_broker_set_rtt(cluster.mc, mock_broker, 600000) == RD_KAFKA_RESP_ERR_NO_ERROR);
   const double committed_before = p.metrics.kafka_transactions("committed").Value();
   // One record is enough for a commit: a source transaction's end begins it
   // at once, so once it has been read, the slow commit is under way.
@@ -200,13 +200,14 @@ TEST_CASE_METHOD(MockOutbox,
   // Read: up to where the server was after the write (other tests' WAL,
   // written side by side, keeps moving the server's position on).
   const auto after_write = f.db().current_wal_lsn();
-  REQUIRE(eventually([&] { return p.status().received_lsn.value >= after_write; }, 10s, 5ms));
+  REQUIRE(eventually([&] { return p.status().received_lsn.value >= after_write; }, 30s, 5ms));
   write(11, 60);  // 49 one-row transactions while it runs
   const auto written = f.db().current_wal_lsn();
-  // All read (and held in the sink) before the slow commit returns: the
-  // read loop did not stop for it.
-  CHECK(eventually([&] { return p.status().received_lsn.value >= written; }, 7000ms, 5ms));
-  CHECK(p.metrics.kafka_transactions("committed").Value() <= committed_before + 1);
+  // All read (and held in the sink) while the commit waits: the read loop
+  // did not stop for it.
+  CHECK(eventually([&] { return p.status().received_lsn.value >= written; }, 30s, 5ms));
+  CHECK(p.metrics.kafka_transactions("committed").Value() == committed_before);
+  REQUIRE(rd_kafka_mock_broker_set_rtt(cluster.mc, mock_broker, 0) == RD_KAFKA_RESP_ERR_NO_ERROR);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 30s, 20ms));
   // The slow one, then everything that waited for it in one transaction
   // (not one per source transaction).
@@ -229,19 +230,23 @@ TEST_CASE_METHOD(MockOutbox,
   REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
   write(0, 10);
   REQUIRE(eventually([&] { return p.metrics.kafka_transactions("committed").Value() >= 1; }, 30s, 20ms));
-  // The next commit is refused after 6 s with an error that requires an
-  // abort (librdkafka: UNKNOWN_PRODUCER_ID on EndTxn is abortable).
+  // The next commit is refused with an error that requires an abort
+  // (librdkafka: UNKNOWN_PRODUCER_ID on EndTxn is abortable), once the test
+  // lets the broker answer (see the test above).
   REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(cluster.mc, mock_broker, api_end_txn, 1,
-                                                       RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID, 6000) ==
+                                                       RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID, 0) ==
           RD_KAFKA_RESP_ERR_NO_ERROR);
+  REQUIRE(rd_kafka_mock_broker_set_rtt(cluster.mc, mock_broker, 600000) == RD_KAFKA_RESP_ERR_NO_ERROR);
   write(10, 11);
   // Read: up to where the server was after the write (other tests' WAL,
   // written side by side, keeps moving the server's position on).
   const auto after_write = f.db().current_wal_lsn();
-  REQUIRE(eventually([&] { return p.status().received_lsn.value >= after_write; }, 10s, 5ms));
+  REQUIRE(eventually([&] { return p.status().received_lsn.value >= after_write; }, 30s, 5ms));
   write(11, 60);  // these wait in the sink for the commit that will fail
   const auto written = f.db().current_wal_lsn();
-  CHECK(eventually([&] { return p.status().received_lsn.value >= written; }, 5000ms, 5ms));
+  CHECK(eventually([&] { return p.status().received_lsn.value >= written; }, 30s, 5ms));
+  CHECK(p.metrics.kafka_transactions("aborted").Value() == 0);
+  REQUIRE(rd_kafka_mock_broker_set_rtt(cluster.mc, mock_broker, 0) == RD_KAFKA_RESP_ERR_NO_ERROR);
   CHECK(eventually([&] { return p.metrics.kafka_transactions("aborted").Value() >= 1; }, 30s, 20ms));
   write(60, 80);
   const auto end = f.db().current_wal_lsn();

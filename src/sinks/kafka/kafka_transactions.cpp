@@ -23,6 +23,8 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -621,18 +623,26 @@ asio::awaitable<void> KafkaSink::commit() {
   const Lsn end = *txn_end_;
   const auto generation = generation_;
   for (;;) {
-    // A second at a time rather than the remaining transaction time: a
-    // timed-out call resumes the same commit when called again, and between
-    // calls a shutdown's deadline is looked at. The flush inside serves no
-    // callbacks (event mode): the loop goes on serving delivery reports.
-    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_commit_transaction(rk, 1000)); });
+    // One call for the whole transaction time, not a second at a time: a
+    // call that times out leaves librdkafka's intermediate results behind
+    // (one per phase of the call, untagged), and the next API call can take
+    // one as its own; a begin_transaction() that did nothing then returned
+    // success (CI run 14: "Producing not allowed in transactional state
+    // Ready"). The records are settled first, on the loop, so that the call
+    // waits for EndTxn alone: a fatal error ends that wait, and would not
+    // end the flush inside the call.
+    if (!co_await settle_records(generation)) {
+      if (generation == generation_) warn_left_to_coordinator(end);
+      co_return;
+    }
+    const int timeout_ms = transaction_call_timeout_ms();
+    TxnResult r =
+        co_await on_worker([rk = rk_, timeout_ms] { return result_of(rd_kafka_commit_transaction(rk, timeout_ms)); });
     if (generation != generation_) co_return;  // that producer is gone
     if (r.ok) break;
     if (r.retriable) {
       if (past_stop_deadline()) {
-        spdlog::warn("kafka: the Kafka transaction up to {} had not committed by shutdown.timeout.ms; left to its "
-                     "coordinator (committed or aborted there; nothing past the committed position {} was confirmed)",
-                     end.to_string(), committed_ ? committed_->end_lsn.to_string() : std::string("(none)"));
+        warn_left_to_coordinator(end);
         co_return;
       }
       if (r.code != RD_KAFKA_RESP_ERR__TIMED_OUT)
@@ -663,8 +673,19 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
   txn_state_ = TxnState::aborting;
   const auto generation = generation_;
   spdlog::error("kafka: {}; aborting the transaction", reason);
+  // What is still queued goes with the transaction; what is on the wire is
+  // answered (or times out) on the loop, as in commit().
+  abort_queued();
   for (;;) {
-    TxnResult r = co_await on_worker([rk = rk_] { return result_of(rd_kafka_abort_transaction(rk, 1000)); });
+    if (!co_await settle_records(generation)) {
+      if (generation == generation_)
+        spdlog::warn("kafka: the aborted Kafka transaction had not ended by shutdown.timeout.ms; left to its "
+                     "coordinator");
+      co_return;
+    }
+    const int timeout_ms = transaction_call_timeout_ms();  // one call: see commit()
+    TxnResult r =
+        co_await on_worker([rk = rk_, timeout_ms] { return result_of(rd_kafka_abort_transaction(rk, timeout_ms)); });
     if (generation != generation_) co_return;
     if (r.ok) break;
     if (r.retriable) {
@@ -686,6 +707,26 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
   if (on_aborted_) on_aborted_(reason);
   // What waited for the aborted commit is sent again by the replay.
   fail_waiting("held back while a Kafka transaction that was then aborted committed (" + reason + ")");
+}
+
+asio::awaitable<bool> KafkaSink::settle_records(std::uint64_t generation) {
+  asio::steady_timer tick(io_);
+  while (rd_kafka_outq_len(rk_) > 0) {
+    if (fatal_) co_return true;  // the call returns the fatal error at once
+    if (past_stop_deadline()) co_return false;
+    poll();
+    tick.expires_after(std::chrono::milliseconds(2));
+    boost::system::error_code ec;
+    co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (generation != generation_) co_return false;  // that producer is gone
+  }
+  co_return true;
+}
+
+void KafkaSink::warn_left_to_coordinator(Lsn end) const {
+  spdlog::warn("kafka: the Kafka transaction up to {} had not committed by shutdown.timeout.ms; left to its "
+               "coordinator (committed or aborted there; nothing past the committed position {} was confirmed)",
+               end.to_string(), committed_ ? committed_->end_lsn.to_string() : std::string("(none)"));
 }
 
 void KafkaSink::commit_now() {
@@ -802,6 +843,19 @@ std::chrono::milliseconds KafkaSink::transaction_timeout() const {
   long ms = 60000;  // librdkafka's default
   if (it != settings_.end()) ms = std::strtol(it->second.c_str(), nullptr, 10);
   return std::chrono::milliseconds(ms);
+}
+
+int KafkaSink::transaction_call_timeout_ms() const {
+  // The transaction's own time-out: past it the coordinator has aborted the
+  // transaction anyway. Once a stop is under way, no later than its deadline
+  // (a call made before the stop is waited for: at most this time-out, and
+  // only while the coordinator does not answer).
+  auto timeout = transaction_timeout();
+  if (stop_by_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*stop_by_ - std::chrono::steady_clock::now());
+    timeout = std::clamp(left, std::chrono::milliseconds(1), timeout);
+  }
+  return static_cast<int>(timeout.count());
 }
 
 bool KafkaSink::past_stop_deadline() const { return stop_by_ && std::chrono::steady_clock::now() >= *stop_by_; }

@@ -138,6 +138,14 @@ class KafkaSink final : public Sink, public TransactionalSink {
   // Whether a blocking transactional call should stop retrying: past the
   // shutdown's deadline.
   bool past_stop_deadline() const;
+  // Waits on the loop, serving delivery reports, until librdkafka holds no
+  // record (each acknowledged or failed) or a fatal error came: true. False
+  // when the call must not be made: a stop's deadline passed, or the
+  // producer of `generation` was replaced.
+  boost::asio::awaitable<bool> settle_records(std::uint64_t generation);
+  void warn_left_to_coordinator(pgoutput::Lsn end) const;
+  // The time-out of one commit or abort call (librdkafka blocks that long).
+  int transaction_call_timeout_ms() const;
   rd_kafka_topic_s* topic_handle(std::string_view topic);
   // reorder_key mutation (tests/mutation/run.sh) only.
   SubmitStatus submit_reordered(const OutboxRecord& record, Pending* opaque);
