@@ -233,17 +233,23 @@ TEST_CASE("fault: exactly once - a walrelay kept off the slot while another took
     Frozen frozen(relay);
     REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
                           f.slot + "'") == "t");
+    // Released once that walsender has exited (pg_terminate_backend only
+    // signals it): pg_recvlogical --no-loop gives up on an active slot.
+    REQUIRE(eventually([&] {
+      return f.db().scalar("SELECT active FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "f";
+    }, 30s));
     const auto& s = Services::get();
     auto started = run_command("sh -c '" + Services::current("WALRELAY_TEST_PGBIN") + "/pg_recvlogical -h " +
                                s.pg_host + " -p " + s.pg_port + " -U " + s.pg_user + " -d " + s.pg_database +
                                " --slot " + f.slot + " --start --no-loop -f /dev/null -o proto_version=1 -o "
                                "publication_names=" + f.slot + " >" + holder_log + " 2>&1 & echo $!'");
     holder_pid = started.output.substr(0, started.output.find('\n'));
-    REQUIRE(eventually([&] {
+    const bool held = eventually([&] {
       return f.db().scalar("SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s ON "
                            "s.active_pid = r.pid WHERE s.slot_name = '" + f.slot +
                            "' AND r.application_name = 'pg_recvlogical'") == "1";
-    }, 30s));
+    }, 30s);
+    if (!held) FAIL("pg_recvlogical did not take the slot: " << run_command("cat " + holder_log).output);
   }
   REQUIRE(eventually([&] { return relay.get("/slot").body.find("\"standby\"") != std::string::npos || !relay.running(); },
                      60s));

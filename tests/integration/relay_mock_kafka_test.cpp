@@ -261,6 +261,49 @@ TEST_CASE_METHOD(MockOutbox,
   CHECK(p.stop() == 0);
 }
 
+// Found by review: an abort that purged the records still queued behind the
+// one on the wire (rd_kafka_purge) left a hole in the idempotent producer's
+// sequence numbers, which only abort_transaction's own purge closes: the
+// replay's first batch was then out of sequence, and a second abort and
+// replay followed.
+TEST_CASE_METHOD(MockOutbox,
+                 "relay with a mock cluster: exactly once - an abort with records queued behind one on the wire "
+                 "costs one abort and one replay, and every event lands",
+                 "[relay][eos]") {
+  InProcess p(f, cluster.bootstraps(),
+              "exactly.once.support=required\ntransaction.boundary.interval.ms=0\nmax.inflight.records=50\n"
+              "kafka.batch.num.messages=10\n"
+              "offsets.storage.topic=" + offsets + "\nreconnect.backoff.ms=100\n");
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
+  write(0, 1);
+  REQUIRE(eventually([&] { return p.metrics.kafka_transactions("committed").Value() >= 1; }, 30s, 20ms));
+  // The next Produce requests answered after 1 s each: with one request (of
+  // at most 10 records) on the wire at a time, the rest of what the relay
+  // hands over waits queued.
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(rd_kafka_mock_broker_push_request_error_rtts(cluster.mc, mock_broker, api_produce, 1,
+                                                         RD_KAFKA_RESP_ERR_NO_ERROR, 1000) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR);
+  // One source transaction of 500 rows, read up to the in-flight bound (50).
+  std::string tx = "BEGIN;";
+  for (int i = 1; i <= 500; ++i) tx += insert_event(f.table, "Mock", "k" + std::to_string(i % 7), "'{}'") + ";";
+  f.db().exec(tx + "COMMIT;");
+  const auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return p.metrics.inflight_records.Value() >= 50; }, 30s, 5ms));
+  // The session ends in the middle of it: the open Kafka transaction is
+  // aborted with those records queued, and the relay sends it again.
+  REQUIRE(f.db().scalar("SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = '" +
+                        f.slot + "' AND active_pid IS NOT NULL") == "1");
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 60s, 50ms));
+  CHECK(p.metrics.kafka_transactions("aborted").Value() == 1);
+  CHECK(p.metrics.replays.Value() == 1);
+  CHECK(p.status().state == walrelay::RelayState::streaming);
+  auto ids = cluster.ids(topic);
+  std::set<std::string> distinct(ids.begin(), ids.end());
+  CHECK(distinct.size() == 501);
+  CHECK(p.stop() == 0);
+}
+
 // Found by the fault campaign: a broker down longer than the transaction
 // time-out ends in a fence (the coordinator aborted the transaction and
 // bumped the epoch), which walrelay took for a transaction too long to ever

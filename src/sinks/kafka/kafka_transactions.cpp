@@ -640,13 +640,23 @@ asio::awaitable<void> KafkaSink::commit() {
         co_await on_worker([rk = rk_, timeout_ms] { return result_of(rd_kafka_commit_transaction(rk, timeout_ms)); });
     if (generation != generation_) co_return;  // that producer is gone
     if (r.ok) break;
-    if (r.retriable) {
-      if (past_stop_deadline()) {
+    if (r.retriable && r.code == RD_KAFKA_RESP_ERR__TIMED_OUT) {
+      // Never resumed (see above). Stopping: the coordinator ends it. Else
+      // the coordinator has aborted a transaction that old by now: a new
+      // producer sends it again from the committed position, which it reads
+      // once the coordinator has ended this one either way.
+      if (stop_by_) {
         warn_left_to_coordinator(end);
         co_return;
       }
-      if (r.code != RD_KAFKA_RESP_ERR__TIMED_OUT)
-        spdlog::warn("kafka: committing a transaction: {}; trying again", r.message);
+      timed_out_ = true;
+      fail_fatally(fmt::format("the commit of the Kafka transaction up to {} had no answer within "
+                               "kafka.transaction.timeout.ms={} ms",
+                               end.to_string(), transaction_timeout().count()));
+      co_return;
+    }
+    if (r.retriable) {
+      spdlog::warn("kafka: committing a transaction: {}; trying again", r.message);
       continue;
     }
     if (r.requires_abort) {
@@ -673,9 +683,10 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
   txn_state_ = TxnState::aborting;
   const auto generation = generation_;
   spdlog::error("kafka: {}; aborting the transaction", reason);
-  // What is still queued goes with the transaction; what is on the wire is
-  // answered (or times out) on the loop, as in commit().
-  abort_queued();
+  // (No purge of what is queued first: only abort_transaction's own purge
+  // moves the producer's sequence base past the purged records; without it
+  // the next transaction's first batch is out of sequence.) What is on the
+  // wire is answered, or times out, on the loop, as in commit().
   for (;;) {
     if (!co_await settle_records(generation)) {
       if (generation == generation_)
@@ -688,14 +699,20 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
         co_await on_worker([rk = rk_, timeout_ms] { return result_of(rd_kafka_abort_transaction(rk, timeout_ms)); });
     if (generation != generation_) co_return;
     if (r.ok) break;
-    if (r.retriable) {
-      if (past_stop_deadline()) {
+    if (r.retriable && (r.code == RD_KAFKA_RESP_ERR__TIMED_OUT || stop_by_)) {
+      // Never resumed (see commit()): stopping, the coordinator ends it; else
+      // a new producer takes over, which the coordinator's end of this
+      // transaction lets in.
+      if (stop_by_) {
         spdlog::warn("kafka: the aborted Kafka transaction had not ended by shutdown.timeout.ms; left to its "
                      "coordinator");
         co_return;
       }
-      continue;
+      fail_fatally("the abort of a Kafka transaction had no answer within kafka.transaction.timeout.ms=" +
+                   std::to_string(transaction_timeout().count()) + " ms");
+      co_return;
     }
+    if (r.retriable) continue;
     char why[256];
     auto cause = r.code == RD_KAFKA_RESP_ERR__FATAL ? rd_kafka_fatal_error(rk_, why, sizeof why) : r.code;
     fail_fatally("could not abort a Kafka transaction: " + r.message + classify_fatal(cause));
@@ -711,7 +728,10 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
 
 asio::awaitable<bool> KafkaSink::settle_records(std::uint64_t generation) {
   asio::steady_timer tick(io_);
-  while (rd_kafka_outq_len(rk_) > 0) {
+  // rd_kafka_flush(rk, 0): whether a record is still unsettled, without
+  // waiting and without serving the queue (event mode); it counts records
+  // only, not the log and statistics events rd_kafka_outq_len() counts too.
+  while (rd_kafka_flush(rk_, 0) == RD_KAFKA_RESP_ERR__TIMED_OUT) {
     if (fatal_) co_return true;  // the call returns the fatal error at once
     if (past_stop_deadline()) co_return false;
     poll();
