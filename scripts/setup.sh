@@ -24,7 +24,7 @@ packages=(
   libnats-dev librabbitmq-dev nats-server rabbitmq-server
   clang-14 libclang-rt-14-dev
   postgresql-15 postgresql-client-15
-  kcat default-jre-headless maven curl procps openssl
+  kcat default-jre-headless maven curl procps openssl iproute2
   systemd prometheus shellcheck python3-yaml python3-jsonschema binutils
   buildah debootstrap
 )

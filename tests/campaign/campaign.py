@@ -50,6 +50,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 # An oversized row's payload, and the limit the sink enforces below it (the
 # producer's kafka.message.max.bytes, the NATS stream's max_msg_size).
@@ -301,6 +302,10 @@ class Campaign:
         self.stop_faults = threading.Event()
         self.stop_all = threading.Event()
         self.schedule = []  # (time since start, fault, detail)
+        self.fault_kinds = args.faults.split(",") if args.faults else self.FAULTS
+        unknown = set(self.fault_kinds) - set(self.FAULTS)
+        if unknown:
+            raise SystemExit(f"--faults: no such fault: {', '.join(sorted(unknown))} (known: {', '.join(self.FAULTS)})")
         self.start_time = time.monotonic()
         self.instances = [Instance(self, "a"), Instance(self, "b")]
         self.proc_lock = threading.Lock()
@@ -351,7 +356,7 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             # port (scripts/services.sh): every connection walrelay makes to
             # the broker, the ones metadata names too, goes through the proxy.
             via = s["WALRELAY_TEST_KAFKA_VIA"]
-            self.toxi.proxy("broker", via, s["WALRELAY_TEST_KAFKA_VIA_UPSTREAM"])
+            self.broker_port = self.toxi.proxy("broker", via, s["WALRELAY_TEST_KAFKA_VIA_UPSTREAM"])
             cfg += [f"kafka.bootstrap.servers={via}", f"kafka.message.max.bytes={SIZE_LIMIT}"]
             if sink == "kafka-eos":
                 # The initial snapshot is one Kafka transaction, so it must end
@@ -363,6 +368,7 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             self.create_kafka_topics()
         elif sink == "nats":
             port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_NATS"].split("//", 1)[1])
+            self.broker_port = port
             cfg += ["sink.type=nats-jetstream", f"sink.nats-jetstream.url=nats://127.0.0.1:{port}",
                     "sink.nats-jetstream.ack.timeout.ms=3000"]
             self.nats("stream-add", "--name", f"{n}_main", "--subjects", self.topic, "--max-msg-size",
@@ -370,6 +376,7 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             self.nats("stream-add", "--name", f"{n}_dlq", "--subjects", self.dead, "--duplicate-window", "600")
         elif sink == "rabbitmq":
             port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_RABBITMQ"])
+            self.broker_port = port
             cfg += ["sink.type=rabbitmq", "sink.rabbitmq.connection.host=127.0.0.1",
                     f"sink.rabbitmq.connection.port={port}", f"sink.rabbitmq.exchange={n}_x",
                     "sink.rabbitmq.ackTimeout=5000", "sink.rabbitmq.connection.requested.heartbeat=2"]
@@ -541,7 +548,7 @@ COMMIT;
 
     # ---- the nemesis -------------------------------------------------------
     FAULTS = ["kill9", "sigstop_takeover", "broker_restart", "broker_kill9", "broker_freeze", "pg_restart",
-              "walsender_terminate", "net_latency", "net_stall", "net_reset", "net_down"]
+              "walsender_terminate", "net_latency", "net_stall", "net_reset", "net_down", "loop_starved"]
 
     def services(self, *a):
         """scripts/services.sh on the group's servers; a failure raises (a
@@ -632,11 +639,49 @@ COMMIT;
             self.toxi.toxic(link, "reset", "reset_peer", {"timeout": 0}, "downstream")
             time.sleep(min(hold, 2))
             self.toxi.untoxic(link, "reset")
+        elif kind == "loop_starved":
+            self.loop_starved(rng, hold, entry)
         elif kind == "net_down":
             # The path gone: connections closed, new ones refused.
             self.toxi.enabled(link, False)
             time.sleep(hold)
             self.toxi.enabled(link, True)
+
+    def loop_starved(self, rng, hold, entry):
+        """The active walrelay's event loop starved (held in slices of 5-40
+        ms, 1-5 ms of running between; hold_thread.py) while its other
+        threads run on, and its connections to the broker aborted once
+        meanwhile, with what was on the way to the broker lost: the sink's
+        threads act on the loss before the loop hears of it."""
+        with self.proc_lock:
+            pid = self.active(rng).proc.pid
+        out = ""
+        holder = subprocess.Popen([PY, f"{HERE}/hold_thread.py", str(pid), str(hold), "--seed",
+                                   str(rng.randrange(2**31))], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+        try:
+            time.sleep(rng.uniform(0.1, hold / 2))
+            # What walrelay sends the broker held up on the way for a moment,
+            # then its connections aborted (ss -K: the socket destroyed, new
+            # ones let in): what was on the way is lost, and the sink's
+            # thread connects again at once, while the loop is still slow.
+            self.toxi.toxic("broker", "held_upstream", "latency", {"latency": 5000, "jitter": 0}, "upstream")
+            try:
+                time.sleep(rng.uniform(0.05, 0.5))
+                r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.broker_port)],
+                                   capture_output=True, text=True)
+            finally:
+                self.toxi.untoxic("broker", "held_upstream")
+            if r.returncode != 0:
+                raise RuntimeError(f"ss -K: {r.stderr.strip()}")
+            out, _ = holder.communicate(timeout=hold + 30)
+        finally:
+            if holder.poll() is None:
+                holder.kill()  # the kernel lets the thread go
+                holder.wait()
+        if holder.returncode != 0:
+            raise RuntimeError(f"hold_thread.py exited {holder.returncode}: {out[-300:] if out else ''}")
+        entry.append(out.strip().replace("hold_thread: ", ""))
 
     def sigstop_takeover(self, rng, entry):
         """The active walrelay frozen until the standby holds the slot (its
@@ -671,11 +716,12 @@ COMMIT;
     def nemesis(self):
         rng = random.Random(self.args.seed * 7 + 1)
         # The first fault: kill -9 of the walrelay taking the initial snapshot,
-        # at a random moment of it (100,000 rows take about 2.5 s), so that
-        # every run resumes an interrupted snapshot, with events that leave no
-        # row (a row inserted and deleted, a logical message) committed
-        # meanwhile.
-        if self.args.snapshot_rows and not self.stop_faults.wait(rng.uniform(0.2, 1.5)):
+        # at a random moment of it (after a random number of its rows: 100,000
+        # rows take from 0.7 s on an idle machine to several on a loaded one),
+        # so that every run resumes an interrupted snapshot, with events that
+        # leave no row (a row inserted and deleted, a logical message)
+        # committed meanwhile.
+        if self.args.snapshot_rows and self.snapshot_rows_reach(rng.randint(500, self.args.snapshot_rows * 8 // 10)):
             t = round(time.monotonic() - self.start_time, 1)
             self.schedule.append([t, "kill9_in_snapshot", 0])
             self.history.note({"fault": "kill9_in_snapshot", "at": t})
@@ -691,13 +737,34 @@ COMMIT;
                 time.sleep(0.5)
         wait = rng.uniform(1, 4)
         while not self.stop_faults.wait(wait):
-            kind = rng.choice(self.FAULTS)
+            kind = rng.choice(self.fault_kinds)
             try:
                 self.fault(rng, kind)
             except Exception as e:  # a fault that could not be injected fails the run, not just this thread
                 self.nemesis_errors.append(f"{kind}: {e!r}")
                 log(f"fault {kind} failed: {e!r}")
             wait = rng.uniform(2, 7)
+
+    def snapshot_rows_reach(self, target, timeout=60):
+        """Waits until the first walrelay has handed `target` rows of its
+        initial snapshot to the sink (walrelay_snapshot_rows_total), polling
+        every 5 ms; False on a stop, a time-out or that walrelay gone."""
+        first = self.instances[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.stop_faults.is_set():
+            if first.proc.poll() is not None:
+                return False
+            port = first.admin_port()
+            if port:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+                        m = re.search(rb"^walrelay_snapshot_rows_total (\S+)$", r.read(), re.M)
+                    if m and float(m.group(1)) >= target:
+                        return True
+                except OSError:
+                    pass
+            time.sleep(0.005)
+        return False
 
     # ---- healing and reading -----------------------------------------------------
     def catch_up(self, timeout=240):
@@ -1004,6 +1071,8 @@ def main():
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument("--faults", default=None,
+                   help="the fault kinds to draw from, comma-separated (default: all of them)")
     p.add_argument("--retention", action="store_true",
                    help="table.retention.policy=delete with table.retention.ms=0: the outbox is emptied as it goes")
     p.add_argument("--snapshot-rows", type=int, default=100000,
