@@ -42,7 +42,9 @@ class Gone(Exception):
 def ptrace(request, tid, data=0):
     if libc.ptrace(request, tid, None, ctypes.c_void_p(data)) != 0:
         err = ctypes.get_errno()
-        raise Gone() if err == 3 else OSError(err, f"ptrace({request}, {tid}): {os.strerror(err)}")  # 3: ESRCH
+        if err == 3:  # ESRCH
+            raise Gone()
+        raise OSError(err, f"ptrace({request}, {tid}): {os.strerror(err)}")
 
 
 class Held:
@@ -86,6 +88,14 @@ def main():
     slices = 0
     try:
         held = Held(a.tid)
+    except PermissionError as e:
+        # A machine that forbids ptrace (no CAP_SYS_PTRACE): said, not a failure.
+        print(f"hold_thread: not permitted here ({e})", flush=True)
+        return 3
+    except Gone:
+        print(f"hold_thread: thread {a.tid} gone", flush=True)
+        return 0
+    try:
         end = time.monotonic() + a.seconds
         while time.monotonic() < end:
             held.stop()
