@@ -473,3 +473,51 @@ TEST_CASE_METHOD(TwoBrokerOutbox,
   CHECK(p.metrics.ledger_transactions.Value() == 0);
   CHECK(p.stop() == 0);
 }
+
+// Found by review of f04f66c: an abort that waited for every queued record
+// to be sent first waited for ever on a partition without a leader (records
+// retried for ever: kafka.message.timeout.ms=0), and the relay never got to
+// its replay. What is queued goes with the aborted transaction.
+TEST_CASE_METHOD(TwoBrokerOutbox,
+                 "relay with a mock cluster: exactly once - a session ended in the middle of a source transaction "
+                 "whose records wait for a partition without a leader aborts at once, and every event lands once "
+                 "the partition is back",
+                 "[relay][eos]") {
+  const std::string stuck_topic = f.topic("Stuck");
+  REQUIRE(rd_kafka_mock_topic_create(cluster.mc, stuck_topic.c_str(), 1, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  // Everything on broker 1 (the other one goes down), the coordinator too.
+  for (auto* t : {topic.c_str(), stuck_topic.c_str(), offsets.c_str()})
+    REQUIRE(rd_kafka_mock_partition_set_leader(cluster.mc, t, 0, mock_broker) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  const std::string transactional_id = "walrelay-" + Services::get().pg_database + "-" + f.slot;
+  REQUIRE(rd_kafka_mock_coordinator_set(cluster.mc, "transaction", transactional_id.c_str(), mock_broker) ==
+          RD_KAFKA_RESP_ERR_NO_ERROR);
+  InProcess p(f, cluster.bootstraps(),
+              "exactly.once.support=required\ntransaction.boundary.interval.ms=0\nmax.inflight.records=50\n"
+              "kafka.message.timeout.ms=0\noffsets.storage.topic=" + offsets + "\nreconnect.backoff.ms=100\n");
+  REQUIRE(p.config.transactional_id() == transactional_id);
+  REQUIRE(eventually([&] { return p.status().state == walrelay::RelayState::streaming; }, 60s, 20ms));
+  write(0, 1);
+  REQUIRE(eventually([&] { return p.metrics.kafka_transactions("committed").Value() >= 1; }, 30s, 20ms));
+  // The stuck topic's partition led by broker 2, which is down (see above).
+  REQUIRE(rd_kafka_mock_broker_set_down(cluster.mc, down_broker) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  REQUIRE(rd_kafka_mock_partition_set_leader(cluster.mc, stuck_topic.c_str(), 0, down_broker) ==
+          RD_KAFKA_RESP_ERR_NO_ERROR);
+  // One source transaction of 200 rows for it, read up to the in-flight
+  // bound (50): those wait queued, the rest unread.
+  std::string tx = "BEGIN;";
+  for (int i = 0; i < 200; ++i) tx += insert_event(f.table, "Stuck", "s" + std::to_string(i % 7), "'{}'");
+  f.db().exec(tx + "COMMIT;");
+  const auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return p.metrics.inflight_records.Value() >= 50; }, 30s, 5ms));
+  REQUIRE(f.db().scalar("SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = '" +
+                        f.slot + "' AND active_pid IS NOT NULL") == "1");
+  // Aborted at once: the relay goes on to its replay.
+  CHECK(eventually([&] { return p.metrics.kafka_transactions("aborted").Value() >= 1; }, 10s, 20ms));
+  REQUIRE(rd_kafka_mock_broker_set_up(cluster.mc, down_broker) == RD_KAFKA_RESP_ERR_NO_ERROR);
+  CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 60s, 50ms));
+  CHECK(p.status().state == walrelay::RelayState::streaming);
+  auto ids = cluster.ids(stuck_topic);
+  std::set<std::string> distinct(ids.begin(), ids.end());
+  CHECK(distinct.size() == 200);
+  CHECK(p.stop() == 0);
+}

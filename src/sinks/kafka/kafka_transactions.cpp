@@ -683,10 +683,13 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
   txn_state_ = TxnState::aborting;
   const auto generation = generation_;
   spdlog::error("kafka: {}; aborting the transaction", reason);
-  // (No purge of what is queued first: only abort_transaction's own purge
-  // moves the producer's sequence base past the purged records; without it
-  // the next transaction's first batch is out of sequence.) What is on the
-  // wire is answered, or times out, on the loop, as in commit().
+  // What is still queued goes with the transaction: waiting for it to be
+  // sent could wait for ever (a partition without a leader, records retried
+  // for ever). What is on the wire is answered, or times out, on the loop,
+  // as in commit(). (This purge does not move the producer's sequence base
+  // as abort_transaction's own does: no matter, for the relay replays after
+  // every abort, and every replay's session replaces the producer.)
+  abort_queued();
   for (;;) {
     if (!co_await settle_records(generation)) {
       if (generation == generation_)
