@@ -109,6 +109,17 @@ struct MockOutbox {
     for (int i = from; i < to; ++i)
       f.db().exec(insert_event(f.table, "Mock", "k" + std::to_string(i % keys), "'{}'"));
   }
+  // One source transaction of `rows` rows of `type`, keyed prefix + i % 7.
+  void write_one_transaction(const std::string& type, const std::string& prefix, int rows) {
+    std::string tx = "BEGIN;";
+    for (int i = 0; i < rows; ++i) tx += insert_event(f.table, type, prefix + std::to_string(i % 7), "'{}'");
+    f.db().exec(tx + "COMMIT;");
+  }
+  // Ends walrelay's replication session as the server would (its walsender terminated).
+  void terminate_walsender() {
+    REQUIRE(f.db().scalar("SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE "
+                          "slot_name = '" + f.slot + "' AND active_pid IS NOT NULL") == "1");
+  }
 };
 
 // A Relay and a KafkaSink on their own loop thread, the sink made as
@@ -285,15 +296,12 @@ TEST_CASE_METHOD(MockOutbox,
                                                          RD_KAFKA_RESP_ERR_NO_ERROR, 1000) ==
             RD_KAFKA_RESP_ERR_NO_ERROR);
   // One source transaction of 500 rows, read up to the in-flight bound (50).
-  std::string tx = "BEGIN;";
-  for (int i = 1; i <= 500; ++i) tx += insert_event(f.table, "Mock", "k" + std::to_string(i % 7), "'{}'") + ";";
-  f.db().exec(tx + "COMMIT;");
+  write_one_transaction("Mock", "k", 500);
   const auto end = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return p.metrics.inflight_records.Value() >= 50; }, 30s, 5ms));
   // The session ends in the middle of it: the open Kafka transaction is
   // aborted with those records queued, and the relay sends it again.
-  REQUIRE(f.db().scalar("SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = '" +
-                        f.slot + "' AND active_pid IS NOT NULL") == "1");
+  terminate_walsender();
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 60s, 50ms));
   CHECK(p.metrics.kafka_transactions("aborted").Value() == 1);
   CHECK(p.metrics.replays.Value() == 1);
@@ -504,13 +512,10 @@ TEST_CASE_METHOD(TwoBrokerOutbox,
           RD_KAFKA_RESP_ERR_NO_ERROR);
   // One source transaction of 200 rows for it, read up to the in-flight
   // bound (50): those wait queued, the rest unread.
-  std::string tx = "BEGIN;";
-  for (int i = 0; i < 200; ++i) tx += insert_event(f.table, "Stuck", "s" + std::to_string(i % 7), "'{}'");
-  f.db().exec(tx + "COMMIT;");
+  write_one_transaction("Stuck", "s", 200);
   const auto end = f.db().current_wal_lsn();
   REQUIRE(eventually([&] { return p.metrics.inflight_records.Value() >= 50; }, 30s, 5ms));
-  REQUIRE(f.db().scalar("SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = '" +
-                        f.slot + "' AND active_pid IS NOT NULL") == "1");
+  terminate_walsender();
   // Aborted at once: the relay goes on to its replay.
   CHECK(eventually([&] { return p.metrics.kafka_transactions("aborted").Value() >= 1; }, 10s, 20ms));
   REQUIRE(rd_kafka_mock_broker_set_up(cluster.mc, down_broker) == RD_KAFKA_RESP_ERR_NO_ERROR);
