@@ -277,6 +277,38 @@ class History:
             self.f.flush()
 
 
+class ThreadHolder:
+    """One thread held in one piece by hold_thread.py --until-released
+    until release(); the kernel lets it go should this process die."""
+
+    def __init__(self, tid, most=20):
+        self.proc = subprocess.Popen([PY, f"{HERE}/hold_thread.py", str(tid), str(most), "--until-released"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        first = self.proc.stdout.readline().strip()  # "held", or why not (then it has ended)
+        self.said = first if first != "held" else ""
+        self.forbidden = False
+
+    def release(self):
+        if self.proc.returncode is not None:
+            return
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:  # it has ended already (the thread gone)
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # the kernel lets the thread go
+            self.proc.wait()
+        out = self.proc.stdout.read()
+        self.said = (self.said + " " + out).strip().replace("hold_thread: ", "")
+        self.forbidden = self.proc.returncode == 3
+        if self.proc.returncode not in (0, 3):
+            raise RuntimeError(f"hold_thread.py exited {self.proc.returncode}: {self.said[-300:]}")
+
+
 class Campaign:
     def __init__(self, args):
         self.args = args
@@ -548,7 +580,8 @@ COMMIT;
 
     # ---- the nemesis -------------------------------------------------------
     FAULTS = ["kill9", "sigstop_takeover", "broker_restart", "broker_kill9", "broker_freeze", "pg_restart",
-              "walsender_terminate", "net_latency", "net_stall", "net_reset", "net_down", "loop_starved"]
+              "walsender_terminate", "net_latency", "net_stall", "net_reset", "net_down", "loop_starved",
+              "sink_thread_ahead"]
 
     def services(self, *a):
         """scripts/services.sh on the group's servers; a failure raises (a
@@ -641,6 +674,8 @@ COMMIT;
             self.toxi.untoxic(link, "reset")
         elif kind == "loop_starved":
             self.loop_starved(rng, hold, entry)
+        elif kind == "sink_thread_ahead":
+            self.sink_thread_ahead(rng, entry)
         elif kind == "net_down":
             # The path gone: connections closed, new ones refused.
             self.toxi.enabled(link, False)
@@ -684,6 +719,64 @@ COMMIT;
         elif holder.returncode != 0:
             raise RuntimeError(f"hold_thread.py exited {holder.returncode}: {out[-300:] if out else ''}")
         entry.append(out.strip().replace("hold_thread: ", ""))
+
+    def sink_thread(self, pid, rng):
+        """The thread of walrelay `pid` that talks to the broker: RabbitMQ's
+        connection thread, one of librdkafka's broker threads, or any but
+        the loop for NATS (nats.c's threads have no names); None if gone."""
+        names = {}
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    names[int(tid)] = f.read().strip()
+        except OSError:
+            return None
+        prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker"}.get(self.broker(), "")
+        candidates = sorted(t for t, n in names.items() if t != pid and n.startswith(prefix))
+        return rng.choice(candidates) if candidates else None
+
+    def sink_thread_ahead(self, rng, entry):
+        """A sink's thread acts on a lost connection before the loop hears
+        of it, with records queued for it: what it had sent dropped on the
+        way (lost, not delivered), the thread held while the loop hands it
+        more (they queue), then the loop held, the connections to the broker
+        aborted (ss -K) and the thread let go alone for 0.3-1.5 s - it finds
+        the connection gone and connects again - before the loop runs and
+        sees the failures. Two threads descheduled at the wrong moments; a
+        sink that sends what was queued behind a failure on the new
+        connection breaks per-key order here."""
+        with self.proc_lock:
+            pid = self.active(rng).proc.pid
+        tid = self.sink_thread(pid, rng)
+        if tid is None:
+            entry.append("no sink thread (walrelay gone)")
+            return
+        holders = []
+        self.toxi.toxic("broker", "dropped_upstream", "timeout", {"timeout": 0}, "upstream")
+        dropping = True
+        try:
+            time.sleep(rng.uniform(0.05, 0.3))  # what the thread sends now is lost on the way
+            holders.append(ThreadHolder(tid))
+            time.sleep(rng.uniform(0.1, 1.0))  # the loop hands it records meanwhile
+            holders.append(ThreadHolder(pid))
+            r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.broker_port)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"ss -K: {r.stderr.strip()}")
+            self.toxi.untoxic("broker", "dropped_upstream")
+            dropping = False
+            holders[0].release()
+            time.sleep(rng.uniform(0.3, 1.5))
+            holders[1].release()
+        finally:
+            for h in holders:
+                h.release()
+            if dropping:
+                self.toxi.untoxic("broker", "dropped_upstream")
+        said = "; ".join(h.said for h in holders)
+        if any(h.forbidden for h in holders):
+            log(f"  {said}")
+        entry.append(f"thread {tid} ({'; '.join(h.said for h in holders)})")
 
     def sigstop_takeover(self, rng, entry):
         """The active walrelay frozen until the standby holds the slot (its

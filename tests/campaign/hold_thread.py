@@ -2,6 +2,7 @@
 """Starves one thread of a process while its other threads run on.
 
     hold_thread.py TID SECONDS [--seed N]
+    hold_thread.py TID SECONDS --until-released
 
 For SECONDS, holds thread TID in slices of 5-40 ms with 1-5 ms of running
 between (ptrace(2), as a debugger holds one thread; SIGSTOP would stop them
@@ -9,6 +10,12 @@ all), then lets it go. The campaign (campaign.py) holds walrelay's event
 loop, its main thread (TID = its pid), so that librdkafka's threads or a
 sink's connection thread act on what the loop handed them while the loop is
 slow to hear of it: a loop descheduled on a starved machine.
+
+With --until-released, holds it in one piece instead: prints "held" once the
+thread is stopped, and lets it go when a line (or the end) comes on standard
+input, or after SECONDS at the latest. The campaign holds two threads of one
+walrelay this way, each with a holder of its own, to let them run in the
+order it chooses.
 
 A process of its own, not a thread of the campaign: the campaign is
 walrelay's parent, and a parent that also traces sees the ptrace stops in
@@ -19,6 +26,7 @@ import argparse
 import ctypes
 import os
 import random
+import select
 import signal
 import sys
 import time
@@ -78,11 +86,27 @@ class Held:
         ptrace(PTRACE_DETACH, self.tid, self.signal)
 
 
+def hold_until_released(held, seconds):
+    try:
+        held.stop()
+        print("held", flush=True)
+        ready, _, _ = select.select([sys.stdin], [], [], seconds)
+        if ready:
+            sys.stdin.readline()
+        held.detach()
+    except Gone:
+        print(f"hold_thread: thread {held.tid} gone", flush=True)
+        return 0
+    print(f"hold_thread: thread {held.tid} held{'' if ready else f' for {seconds} s (never released)'}", flush=True)
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("tid", type=int)
     p.add_argument("seconds", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--until-released", action="store_true")
     a = p.parse_args()
     rng = random.Random(a.seed)
     slices = 0
@@ -95,6 +119,8 @@ def main():
     except Gone:
         print(f"hold_thread: thread {a.tid} gone", flush=True)
         return 0
+    if a.until_released:
+        return hold_until_released(held, a.seconds)
     try:
         end = time.monotonic() + a.seconds
         while time.monotonic() < end:

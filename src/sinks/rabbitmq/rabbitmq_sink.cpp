@@ -11,6 +11,7 @@
 #include <amqp_tcp_socket.h>
 #endif
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -439,6 +440,9 @@ RabbitMqSink::RabbitMqSink(boost::asio::io_context& io, RabbitMqConfig config)
   shared_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (shared_->wake_fd < 0) throw std::runtime_error("eventfd failed");
   thread_ = std::thread([shared = shared_, config = config_, &io] {
+    // Named as librdkafka names its threads: top -H, a debugger and the
+    // fault campaign tell it from the loop.
+    ::pthread_setname_np(::pthread_self(), "wr-rabbitmq");
     Connection(shared, config, io).run();
   });
 }
