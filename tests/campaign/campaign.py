@@ -41,6 +41,7 @@ import random
 import re
 import resource
 import shutil
+import select
 import signal
 import socket
 import subprocess
@@ -285,7 +286,14 @@ class ThreadHolder:
         self.proc = subprocess.Popen([PY, f"{HERE}/hold_thread.py", str(tid), str(most), "--until-released"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
-        first = self.proc.stdout.readline().strip()  # "held", or why not (then it has ended)
+        # "held", or why not (then it has ended); a holder that says nothing
+        # in 10 s is ended here (the kernel lets the thread go).
+        ready, _, _ = select.select([self.proc.stdout], [], [], 10)
+        if not ready:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"hold_thread.py {tid}: no word in 10 s")
+        first = self.proc.stdout.readline().strip()
         self.said = first if first != "held" else ""
         self.forbidden = False
 
@@ -720,63 +728,76 @@ COMMIT;
             raise RuntimeError(f"hold_thread.py exited {holder.returncode}: {out[-300:] if out else ''}")
         entry.append(out.strip().replace("hold_thread: ", ""))
 
-    def sink_thread(self, pid, rng):
-        """The thread of walrelay `pid` that talks to the broker: RabbitMQ's
-        connection thread, one of librdkafka's broker threads, or any but
-        the loop for NATS (nats.c's threads have no names); None if gone."""
+    def sink_threads(self, pid):
+        """The threads of walrelay `pid` that talk to the broker: RabbitMQ's
+        connection thread; librdkafka's broker threads (all of them: the one
+        of the bootstrap address keeps the name rdk:broker-1 once it learns
+        its node id, as the internal and the coordinator's threads are
+        named); for NATS every one but the loop (nats.c's threads have no
+        names). Empty if walrelay is gone."""
         names = {}
         try:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{tid}/comm") as f:
                     names[int(tid)] = f.read().strip()
         except OSError:
-            return None
+            return []
         prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker"}.get(self.broker(), "")
-        candidates = sorted(t for t, n in names.items() if t != pid and n.startswith(prefix))
-        return rng.choice(candidates) if candidates else None
+        return sorted(t for t, n in names.items() if t != pid and n.startswith(prefix))
 
     def sink_thread_ahead(self, rng, entry):
-        """A sink's thread acts on a lost connection before the loop hears
-        of it, with records queued for it: what it had sent dropped on the
-        way (lost, not delivered), the thread held while the loop hands it
-        more (they queue), then the loop held, the connections to the broker
-        aborted (ss -K) and the thread let go alone for 0.3-1.5 s - it finds
-        the connection gone and connects again - before the loop runs and
-        sees the failures. Two threads descheduled at the wrong moments; a
-        sink that sends what was queued behind a failure on the new
-        connection breaks per-key order here."""
+        """A sink's threads act on a lost connection before the loop hears
+        of it, with records queued for them: what they had sent dropped on
+        the way (lost, not delivered), the threads held while the loop hands
+        them more (they queue), then the loop held, the connections to the
+        broker aborted (ss -K) and the threads let go alone for 0.3-1.5 s -
+        they find the connection gone and connect again - before the loop
+        runs and sees the failures. Threads descheduled at the wrong
+        moments; a sink that sends what was queued behind a failure on the
+        new connection breaks per-key order here."""
         with self.proc_lock:
             pid = self.active(rng).proc.pid
-        tid = self.sink_thread(pid, rng)
-        if tid is None:
+        tids = self.sink_threads(pid)
+        if not tids:
             entry.append("no sink thread (walrelay gone)")
             return
         holders = []
-        self.toxi.toxic("broker", "dropped_upstream", "timeout", {"timeout": 0}, "upstream")
         dropping = True
         try:
+            self.toxi.toxic("broker", "dropped_upstream", "timeout", {"timeout": 0}, "upstream")
             time.sleep(rng.uniform(0.05, 0.3))  # what the thread sends now is lost on the way
-            holders.append(ThreadHolder(tid))
-            time.sleep(rng.uniform(0.1, 1.0))  # the loop hands it records meanwhile
-            holders.append(ThreadHolder(pid))
+            for tid in tids:
+                holders.append(ThreadHolder(tid))
+            time.sleep(rng.uniform(0.1, 1.0))  # the loop hands them records meanwhile
+            loop = ThreadHolder(pid)
+            holders.append(loop)
             r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.broker_port)],
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"ss -K: {r.stderr.strip()}")
             self.toxi.untoxic("broker", "dropped_upstream")
             dropping = False
-            holders[0].release()
-            time.sleep(rng.uniform(0.3, 1.5))
-            holders[1].release()
-        finally:
-            for h in holders:
+            for h in holders[:-1]:
                 h.release()
-            if dropping:
-                self.toxi.untoxic("broker", "dropped_upstream")
+            time.sleep(rng.uniform(0.3, 1.5))
+            loop.release()
+        finally:
+            # Each step whatever the one before did: a thread left held, or
+            # every connection to the broker left black-holed, would stand
+            # in for faults of their own until the heal.
+            failures = []
+            for undo in [h.release for h in holders] + ([lambda: self.toxi.untoxic("broker", "dropped_upstream")]
+                                                        if dropping else []):
+                try:
+                    undo()
+                except Exception as e:  # noqa: BLE001 - the first one raises below
+                    failures.append(e)
+            if failures:
+                raise failures[0]
         said = "; ".join(h.said for h in holders)
         if any(h.forbidden for h in holders):
             log(f"  {said}")
-        entry.append(f"thread {tid} ({'; '.join(h.said for h in holders)})")
+        entry.append(f"threads {tids} ({said})")
 
     def sigstop_takeover(self, rng, entry):
         """The active walrelay frozen until the standby holds the slot (its

@@ -86,6 +86,15 @@ class Held:
         ptrace(PTRACE_DETACH, self.tid, self.signal)
 
 
+def exiting(tid):
+    """Whether thread `tid` is gone or a zombie (its state in /proc: Z or X)."""
+    try:
+        with open(f"/proc/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 def hold_until_released(held, seconds):
     try:
         held.stop()
@@ -113,6 +122,9 @@ def main():
     try:
         held = Held(a.tid)
     except PermissionError as e:
+        if exiting(a.tid):  # (a thread on its way out refuses a tracer too)
+            print(f"hold_thread: thread {a.tid} gone", flush=True)
+            return 0
         # A machine that forbids ptrace (no CAP_SYS_PTRACE): said, not a failure.
         print(f"hold_thread: not permitted here ({e})", flush=True)
         return 3

@@ -5,10 +5,12 @@
 #
 #   tests/campaign/reverts.sh BUILD_DIR [break:sink[:fault,...] ...]
 #
-# Exit 1 if a break survives all five seeds. Runs on the `campaign` group's
-# servers (started and stopped here unless they run already).
+# Exit 1 if a break survives all five seeds. A pair's faults (campaign.py
+# --faults) draw that break's seeds from those kinds only. Runs on the
+# `campaign` group's servers (started and stopped here unless they run
+# already).
 set -euo pipefail
-build=$(cd "${1:?usage: $0 BUILD_DIR [break:sink ...]}" && pwd)
+build=$(cd "${1:?usage: $0 BUILD_DIR [break:sink[:fault,...] ...]}" && pwd)
 shift
 here="$(cd "$(dirname "$0")" && pwd)"
 services="$here/../../scripts/services.sh"
