@@ -15,12 +15,29 @@ alive() { kill -0 "$1" 2>/dev/null && [[ $(ps -o stat= -p "$1" 2>/dev/null) != Z
 # (kafka-start, rabbitmq-start, ...) must find it free again: a port from the
 # ephemeral range can meanwhile be taken as the local port of any outgoing
 # connection (a client retrying, a test's HTTP request), and the restart then
-# fails with "address in use".
+# fails with "address in use". Nor is a port that a run directory of these
+# scripts names (its servers' port files, and the three after each: Kafka's
+# controller and proxy ports, RabbitMQ's distribution port) chosen while its
+# server is stopped: a failover test's stopped primary keeps its port, and a
+# server of another test that took it would answer the clients that still
+# try it (main-suite run 6: with the primary down, a server there took the
+# replay's connection and closed it, "server closed the connection
+# unexpectedly", and libpq never tried the next host).
 free_port() { free_ports 1; }
 free_ports() {
   python3 - "$1" <<'PY'
-import random, socket, sys
+import glob, random, socket, sys
 n = int(sys.argv[1])
+named = set()
+for pattern in ("/tmp/walrelay-run-*/*/port", "/tmp/walrelay-run-*/*/*_port", "/tmp/walrelay-run-*/pg/standby/port",
+                "/tmp/walrelay-mutation-*/*/port", "/tmp/walrelay-mutation-*/*/*_port",
+                "/tmp/walrelay-mutation-*/pg/standby/port"):
+    for f in glob.glob(pattern):
+        try:
+            p = int(open(f).read().strip())
+        except (OSError, ValueError):
+            continue
+        named.update(range(p, p + 4))
 try:
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 except OSError:
@@ -28,6 +45,8 @@ except OSError:
 hi = max(low - n, 2048)
 for _ in range(1000):
     first = random.randint(min(10000, hi - 1000), hi)
+    if named.intersection(range(first, first + n)):
+        continue
     held = []
     try:
         for p in range(first, first + n):
