@@ -17,8 +17,10 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -46,14 +48,21 @@ std::string read_file(const std::string& path) {
 std::mutex live_mu;
 std::set<const Walrelay*> live_relays;
 
+// Whether an assertion of the running test case failed: a walrelay's
+// directory (its configuration and whole log) is kept then, and removed
+// otherwise (a main-suite run left some 900 of them in /tmp).
+std::atomic<bool> case_failed{false};
+
 struct FailureLogs : Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
   bool shown = false;
   void testCaseStarting(Catch::TestCaseInfo const& info) override {
     shown = false;
+    case_failed = false;
     TestEventListenerBase::testCaseStarting(info);
   }
   bool assertionEnded(Catch::AssertionStats const& stats) override {
+    if (!stats.assertionResult.succeeded()) case_failed = true;
     if (stats.assertionResult.succeeded() || shown) return true;
     shown = true;
     std::lock_guard lock(live_mu);
@@ -459,6 +468,10 @@ Walrelay::~Walrelay() {
     ::kill(pid_, SIGKILL);
     int st;
     waitpid(pid_, &st, 0);
+  }
+  if (!case_failed && std::uncaught_exceptions() == 0) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
 }
 
