@@ -43,7 +43,6 @@ import resource
 import shutil
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -71,22 +70,14 @@ def log(*a):
 
 
 def free_port():
-    """A port free now, below the ephemeral range (as scripts/lib.sh's
-    free_port: no outgoing connection takes it meanwhile)."""
-    try:
-        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except OSError:
-        low = 32768
-    rng = random.SystemRandom()
-    for _ in range(1000):
-        port = rng.randint(10000, low - 1)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port below the ephemeral range")
+    """A port free now, below the ephemeral range, and named by no run
+    directory's port file: scripts/lib.sh's free_port (a stopped server of
+    another group keeps its port)."""
+    r = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/lib.sh" && free_port'], capture_output=True,
+                       text=True)
+    if r.returncode != 0 or not r.stdout.strip().isdigit():
+        raise RuntimeError(f"free_port: {r.stderr.strip() or r.stdout.strip()}")
+    return int(r.stdout.strip())
 
 
 class Toxiproxy:

@@ -17,7 +17,6 @@
 #include <catch2/catch.hpp>
 
 #include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -48,21 +47,33 @@ std::string read_file(const std::string& path) {
 std::mutex live_mu;
 std::set<const Walrelay*> live_relays;
 
-// Whether an assertion of the running test case failed: a walrelay's
-// directory (its configuration and whole log) is kept then, and removed
-// otherwise (a main-suite run left some 900 of them in /tmp).
-std::atomic<bool> case_failed{false};
+// The directories (configuration and whole log) of the walrelays the
+// running test case made: removed when it ends with no failed assertion,
+// kept when it fails, the killed and replaced ones too (a main-suite run left
+// some 900 of them in /tmp).
+std::vector<std::string> case_dirs;
 
 struct FailureLogs : Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
   bool shown = false;
   void testCaseStarting(Catch::TestCaseInfo const& info) override {
     shown = false;
-    case_failed = false;
     TestEventListenerBase::testCaseStarting(info);
   }
+  void testCaseEnded(Catch::TestCaseStats const& stats) override {
+    std::vector<std::string> dirs;
+    {
+      std::lock_guard lock(live_mu);
+      dirs.swap(case_dirs);
+    }
+    if (stats.totals.assertions.failed == 0)
+      for (auto& dir : dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    TestEventListenerBase::testCaseEnded(stats);
+  }
   bool assertionEnded(Catch::AssertionStats const& stats) override {
-    if (!stats.assertionResult.succeeded()) case_failed = true;
     if (stats.assertionResult.succeeded() || shown) return true;
     shown = true;
     std::lock_guard lock(live_mu);
@@ -457,6 +468,7 @@ Walrelay::Walrelay(const std::string& config, std::map<std::string, std::string>
   std::ofstream(config_path_) << config;
   std::lock_guard lock(live_mu);
   live_relays.insert(this);
+  case_dirs.push_back(dir_);
 }
 
 Walrelay::~Walrelay() {
@@ -468,10 +480,6 @@ Walrelay::~Walrelay() {
     ::kill(pid_, SIGKILL);
     int st;
     waitpid(pid_, &st, 0);
-  }
-  if (!case_failed && std::uncaught_exceptions() == 0) {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
   }
 }
 
