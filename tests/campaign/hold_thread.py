@@ -95,6 +95,12 @@ def exiting(tid):
         return True
 
 
+def gone(tid, after=""):
+    """Said, and exit 0: walrelay stopped or was killed meanwhile."""
+    print(f"hold_thread: thread {tid} gone{after}", flush=True)
+    return 0
+
+
 def hold_until_released(held, seconds):
     try:
         held.stop()
@@ -104,8 +110,7 @@ def hold_until_released(held, seconds):
             sys.stdin.readline()
         held.detach()
     except Gone:
-        print(f"hold_thread: thread {held.tid} gone", flush=True)
-        return 0
+        return gone(held.tid)
     print(f"hold_thread: thread {held.tid} held{'' if ready else f' for {seconds} s (never released)'}", flush=True)
     return 0
 
@@ -123,14 +128,12 @@ def main():
         held = Held(a.tid)
     except PermissionError as e:
         if exiting(a.tid):  # (a thread on its way out refuses a tracer too)
-            print(f"hold_thread: thread {a.tid} gone", flush=True)
-            return 0
+            return gone(a.tid)
         # A machine that forbids ptrace (no CAP_SYS_PTRACE): said, not a failure.
         print(f"hold_thread: not permitted here ({e})", flush=True)
         return 3
     except Gone:
-        print(f"hold_thread: thread {a.tid} gone", flush=True)
-        return 0
+        return gone(a.tid)
     if a.until_released:
         return hold_until_released(held, a.seconds)
     try:
@@ -144,8 +147,7 @@ def main():
         held.stop()
         held.detach()
     except Gone:
-        print(f"hold_thread: thread {a.tid} gone after {slices} slices", flush=True)
-        return 0
+        return gone(a.tid, f" after {slices} slices")
     print(f"hold_thread: thread {a.tid} held in {slices} slices over {a.seconds} s", flush=True)
     return 0
 
