@@ -702,12 +702,9 @@ COMMIT;
             self.toxi.toxic("broker", "held_upstream", "latency", {"latency": 5000, "jitter": 0}, "upstream")
             try:
                 time.sleep(rng.uniform(0.05, 0.5))
-                r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.broker_port)],
-                                   capture_output=True, text=True)
+                self.abort_broker_connections()
             finally:
                 self.toxi.untoxic("broker", "held_upstream")
-            if r.returncode != 0:
-                raise RuntimeError(f"ss -K: {r.stderr.strip()}")
             out, _ = holder.communicate(timeout=hold + 30)
         finally:
             if holder.poll() is None:
@@ -718,6 +715,14 @@ COMMIT;
         elif holder.returncode != 0:
             raise RuntimeError(f"hold_thread.py exited {holder.returncode}: {out[-300:] if out else ''}")
         entry.append(out.strip().replace("hold_thread: ", ""))
+
+    def abort_broker_connections(self):
+        """walrelay's connections to the broker (through the proxy) aborted:
+        ss -K destroys the sockets, and new ones are let in at once."""
+        r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.broker_port)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"ss -K: {r.stderr.strip()}")
 
     def sink_threads(self, pid):
         """The threads of walrelay `pid` that talk to the broker: RabbitMQ's
@@ -762,10 +767,7 @@ COMMIT;
             time.sleep(rng.uniform(0.1, 1.0))  # the loop hands them records meanwhile
             loop = ThreadHolder(pid)
             holders.append(loop)
-            r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.broker_port)],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"ss -K: {r.stderr.strip()}")
+            self.abort_broker_connections()
             self.toxi.untoxic("broker", "dropped_upstream")
             dropping = False
             for h in holders[:-1]:
