@@ -582,6 +582,7 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"admin.token", string_field(&Config::admin_token)},
       {"admin.replay.token", string_field(&Config::admin_replay_token)},
+      {"admin.control.token", string_field(&Config::admin_control_token)},
       {"log.level",
        [](Config& c, const std::string& k, const std::string& v) {
          static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "critical", "off"};
@@ -682,11 +683,15 @@ void check_hosts(Config& c) {
                                            " hosts: give one port for all, or one per host");
 }
 
-// POST /replay's token must not be one the readers of /metrics hold.
+// The operators' tokens (POST /replay's, the control requests') must not be
+// one the readers of /metrics hold.
 void check_replay_token(Config& c) {
   if (!c.admin_replay_token.empty() && c.admin_replay_token == c.admin_token)
     throw ConfigError("admin.replay.token", "is admin.token: give POST /replay a token of its own, one that the "
                                             "readers of /metrics and /slot do not hold");
+  if (!c.admin_control_token.empty() && c.admin_control_token == c.admin_token)
+    throw ConfigError("admin.control.token", "is admin.token: give pause, resume and restart a token of their own, "
+                                             "one that the readers of /metrics and /slot do not hold");
 }
 
 // A snapshot's statement overrides name relayed tables, for a snapshot
@@ -1379,6 +1384,7 @@ void describe_delivery(const Config& c, SettingLines& line) {
   line("admin.listen", c.admin_listen);
   line("admin.token", c.admin_token);
   line("admin.replay.token", c.admin_replay_token);
+  line("admin.control.token", c.admin_control_token);
   line("log.level", c.log_level);
   line("log.format", c.log_format == LogFormat::json ? "json" : "text");
   for (auto& [k, v] : c.kafka) line("kafka." + k, v);

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <pthread.h>
 #include <cstdlib>
 #include <iostream>
 
@@ -21,10 +22,14 @@
 #include "walrelay/admin/metrics.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay/relay.hpp"
+#include "walrelay/commands/ctl.hpp"
 #include "walrelay/commands/redrive.hpp"
 #include "walrelay/commands/replay.hpp"
 #include "walrelay/commands/replay_job.hpp"
 #include "walrelay/route/schema_registry.hpp"
+#include "walrelay/json.hpp"
+#include <nlohmann/json.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 extern char** environ;
 
@@ -35,15 +40,20 @@ using namespace walrelay;
 namespace {
 
 // The configuration file (--config, else $WALRELAY_CONFIG) with the
-// WALRELAY_* variables over it; nullopt after saying what is wrong.
-std::optional<Config> read_config(std::string path, const std::string& who) {
+// WALRELAY_* variables over it; throws ConfigError.
+Config load_config_from_environment(std::string path) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   if (path.empty())
     for (auto& kv : env)
       if (kv.rfind("WALRELAY_CONFIG=", 0) == 0) path = kv.substr(16);
+  return load_config(path, env);
+}
+
+// The same, or nullopt after saying what is wrong.
+std::optional<Config> read_config(std::string path, const std::string& who) {
   try {
-    return load_config(path, env);
+    return load_config_from_environment(std::move(path));
   } catch (const ConfigError& e) {
     std::cerr << who << ": configuration error: " << e.what() << "\n";
     return std::nullopt;
@@ -191,6 +201,42 @@ int redrive_main(int argc, char** argv) {
   });
 }
 
+// walrelay ctl ...: an operator's request to a running walrelay (ctl.hpp).
+int ctl_main(int argc, char** argv) {
+  po::options_description options("walrelay ctl: asks a running walrelay's admin endpoint for its status, or to pause, "
+                                  "resume or restart\n\nUsage: walrelay ctl [--config FILE | --url URL] "
+                                  "status|pause|resume|restart\n\nThe token: $WALRELAY_ADMIN_TOKEN, else the "
+                                  "file's admin.control.token (pause, resume, restart) or admin.token (status)\n\n"
+                                  "Options");
+  CtlOptions o;
+  std::string path;
+  options.add_options()
+      ("config,c", po::value<std::string>(&path), "walrelay's configuration file (admin.listen and the tokens)")
+      ("url", po::value<std::string>(&o.url), "the admin endpoint, e.g. http://127.0.0.1:8080 (default: admin.listen)")
+      ("action", po::value<std::string>(&o.action), "status, pause, resume or restart")
+      ("help,h", "print this help and exit");
+  po::positional_options_description positional;
+  positional.add("action", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "walrelay ctl: " << e.what() << "\n" << options << "\n";
+    return exit_config;
+  }
+  if (vm.count("help") || o.action.empty()) {
+    std::cout << options << "\nExit codes: 0 done (a 2xx answer), 1 refused or no answer, 2 bad options\n";
+    return vm.count("help") ? exit_ok : exit_config;
+  }
+  if (const char* token = std::getenv("WALRELAY_ADMIN_TOKEN")) o.token = token;
+  if (!path.empty() || (o.url.empty() && std::getenv("WALRELAY_CONFIG"))) {
+    o.config = read_config(path, "walrelay ctl");
+    if (!o.config) return exit_config;
+  }
+  return run_ctl(o);
+}
+
 // --version: walrelay's version and its libraries'.
 int print_version() {
   std::cout << "walrelay " WALRELAY_VERSION " (librdkafka " << rd_kafka_version_str() << ", libpq "
@@ -289,27 +335,122 @@ int reset_slot_once(asio::io_context& io, const Config& config) {
   return code;
 }
 
-// The daemon: the relay and its admin endpoint, until a signal stops them.
-int run_relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink& sink) {
+// The operator's control (POST /pause, /resume, /restart) over the relay of
+// the daemon's current generation. A restart reads the configuration file
+// again first: one that does not load is refused, and the relay runs on.
+class DaemonControl final : public RelayControl {
+ public:
+  DaemonControl(asio::io_context& io, Relay& relay, std::string config_path, std::optional<Config>& next)
+      : relay_(relay), config_path_(std::move(config_path)), next_(next), restart_timer_(io) {}
+
+  Answer pause(const std::string& who) override {
+    relay_.pause(who);
+    return answer(202, "pausing: no WAL is read once the transaction being read ends (GET /status)");
+  }
+  Answer resume(const std::string& who) override {
+    relay_.resume(who);
+    return answer(202, "resuming (GET /status)");
+  }
+  Answer restart(const std::string& who) override {
+    try {
+      next_ = load_config_from_environment(config_path_);
+    } catch (const ConfigError& e) {
+      return answer(409, std::string("not restarted: the configuration does not load: ") + e.what());
+    }
+    // A moment first, so that this answer is written before the loop ends.
+    restart_timer_.expires_after(std::chrono::milliseconds(100));
+    restart_timer_.async_wait([this, who](const boost::system::error_code& ec) {
+      if (!ec) relay_.request_restart(who);
+    });
+    return answer(202, "restarting: this session ends, a new one starts with the configuration read again "
+                       "(GET /status)");
+  }
+
+ private:
+  static Answer answer(unsigned status, const std::string& message) {
+    Json doc = Json::object();
+    doc[status < 300 ? "message" : "error"] = message;
+    return {status, to_json_text(doc) + "\n"};
+  }
+
+  Relay& relay_;
+  std::string config_path_;       // read again by a restart
+  std::optional<Config>& next_;   // the configuration the restart read
+  asio::steady_timer restart_timer_;
+};
+
+// How a generation of the daemon ended: the process's exit code, or the
+// configuration of the next generation (POST /restart) with the pause.
+struct GenerationEnd {
+  int exit_code = exit_ok;
+  std::optional<Config> next;
+  Relay::PauseRequest pause;
+  int listener = -1;      // the admin endpoint's socket, for the next generation
+  std::string listen;     // the admin.listen it is bound for
+};
+
+GenerationEnd ended(int exit_code) {
+  GenerationEnd end;
+  end.exit_code = exit_code;
+  return end;
+}
+
+// SIGINT and SIGTERM held between two generations, so that one sent then
+// reaches the next generation's handler instead of killing the process.
+void hold_stop_signals(bool hold) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(hold ? SIG_BLOCK : SIG_UNBLOCK, &set, nullptr);
+}
+
+// The admin endpoint's options from the configuration.
+AdminOptions admin_options(const Config& config) {
+  AdminOptions o;
+  o.listen = config.admin_listen;
+  o.token = config.admin_token;
+  o.replay_token = config.admin_replay_token;
+  o.control_token = config.admin_control_token;
+  o.connector_name = config.slot_name;
+  return o;
+}
+
+// One generation of the daemon: its loop, sink, relay and admin endpoint,
+// built from `config`, until a signal or a halt ends the process or POST
+// /restart asks for the next generation.
+GenerationEnd run_generation(const Config& config, const std::string& config_path, const GenerationEnd& before) {
   spdlog::info("walrelay {} starting: slot={} publication={} tables={}", WALRELAY_VERSION, config.slot_name,
                config.publication_name, [&] {
                  std::string t;
                  for (auto& n : config.table_include_list) t += (t.empty() ? "" : ",") + n.qualified();
                  return t;
                }());
-  Relay relay(io, config, metrics, sink);
+  asio::io_context io(1);
+  Metrics metrics(config.slot_name);
+  std::unique_ptr<Sink> sink;
+  try {
+    sink = make_sink(io, config);
+  } catch (const ConfigError& e) {
+    spdlog::critical("configuration error: {}", e.what());
+    return ended(exit_config);
+  }
+  Relay relay(io, config, metrics, *sink);
+  relay.carry_pause(before.pause);
   ReplayJobs replays(io, config, metrics);  // POST /replay
-  AdminOptions admin_options;
-  admin_options.listen = config.admin_listen;
-  admin_options.token = config.admin_token;
-  admin_options.replay_token = config.admin_replay_token;
-  AdminServer admin(io, admin_options, relay, metrics);
+  GenerationEnd end;
+  DaemonControl control(io, relay, config_path, end.next);
+  AdminOptions options = admin_options(config);
+  options.inherited_listener = before.listener;
+  options.inherited_listen = before.listen;
+  AdminServer admin(io, options, relay, metrics);
   admin.set_replay(&replays);
+  admin.set_control(&control);
   try {
     admin.start();
   } catch (const std::exception& e) {
     spdlog::critical("admin.listen: could not listen on {}: {}", config.admin_listen, e.what());
-    return exit_failure;
+    return ended(exit_failure);
   }
   spdlog::info("admin endpoint on {} (port {})", config.admin_listen, admin.port());
 
@@ -327,10 +468,38 @@ int run_relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink
     }
   };
   signals.async_wait(on_signal);
+  hold_stop_signals(false);
   relay.start();
   io.run();
-  admin.stop();
-  return relay.exit_code();
+  hold_stop_signals(true);
+  end.exit_code = relay.exit_code();
+  end.pause = relay.pause_request();
+  if (relay.restart_requested()) {
+    end.listener = admin.release_listener();
+    end.listen = config.admin_listen;
+    replays.request_stop();
+  } else {
+    end.next.reset();
+    admin.stop();
+  }
+  return end;
+}
+
+// The daemon: generations of the relay and its admin endpoint, one after
+// the other while POST /restart asks for the next, until a signal or a halt
+// ends the process.
+int run_daemon(const std::string& config_path, Config config) {
+  GenerationEnd end;
+  hold_stop_signals(true);
+  while (true) {
+    end = run_generation(config, config_path, end);
+    if (!end.next) return end.exit_code;
+    config = std::move(*end.next);
+    end.next.reset();
+    setup_logging(config.log_level, config.log_format);
+    for (auto& w : config_warnings(config)) spdlog::warn("{}", w);
+    spdlog::info("restarting with the configuration read again");
+  }
 }
 
 }  // namespace
@@ -338,11 +507,14 @@ int run_relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink
 int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "replay") return replay_main(argc - 1, argv + 1);
   if (argc > 1 && std::string_view(argv[1]) == "redrive") return redrive_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string_view(argv[1]) == "ctl") return ctl_main(argc - 1, argv + 1);
   po::options_description options("walrelay " WALRELAY_VERSION
                                    ": relays transactional-outbox rows from PostgreSQL's WAL to Kafka\n\n"
                                    "Usage: walrelay --config FILE [--check]\n"
                                    "       walrelay replay --config FILE --where COND ... (walrelay replay --help)\n"
-                                   "       walrelay redrive --config FILE (walrelay redrive --help)\n\nOptions");
+                                   "       walrelay redrive --config FILE (walrelay redrive --help)\n"
+                                   "       walrelay ctl --config FILE status|pause|resume|restart (walrelay ctl --help)\n\n"
+                                   "Options");
   options.add_options()
       ("config,c", po::value<std::string>(), "configuration file (key=value); WALRELAY_* variables override it")
       ("check", "validate the configuration and connectivity (server, slot, publication, tables, broker), then exit 0 or 1")
@@ -382,8 +554,10 @@ int main(int argc, char** argv) {
   for (auto& w : config_warnings(config)) spdlog::warn("{}", w);
   for (auto& n : config.notes) spdlog::info("{}", n);
 
+  const std::string config_path = vm.count("config") ? vm["config"].as<std::string>() : "";
+  if (!vm.count("check") && !vm.count("reset-offsets") && !vm.count("reset-slot"))
+    return run_daemon(config_path, std::move(config));
   asio::io_context io(1);
-  Metrics metrics(config.slot_name);
   std::unique_ptr<Sink> sink;
   try {
     sink = make_sink(io, config);
@@ -393,6 +567,5 @@ int main(int argc, char** argv) {
   }
   if (vm.count("check")) return check(io, config, *sink);
   if (vm.count("reset-offsets")) return reset_offsets(io, config, *sink);
-  if (vm.count("reset-slot")) return reset_slot_once(io, config);
-  return run_relay(io, config, metrics, *sink);
+  return reset_slot_once(io, config);
 }

@@ -237,6 +237,7 @@ struct Config {
   std::string admin_listen = "127.0.0.1:8080";
   std::string admin_token;          // GET /readyz, /metrics, /slot, /replay
   std::string admin_replay_token;   // POST /replay (admin.replay.token); empty: no POST
+  std::string admin_control_token;  // POST /pause, /resume, /restart and /replay (admin.control.token); empty: none
   std::string log_level = "info";
   LogFormat log_format = LogFormat::text;
 

@@ -1,6 +1,6 @@
 // The admin HTTP endpoint on the relay's io_context (Boost.Beast, callback
 // style after Beast's small HTTP server example): /healthz, /readyz,
-// /metrics, /slot and /replay. Every connection has a deadline and size limits, so a
+// /metrics, /slot, /status, /replay, /pause, /resume and /restart. Every connection has a deadline and size limits, so a
 // bad client costs one slot of max_connections and never blocks the loop.
 #include "walrelay/admin/admin_server.hpp"
 
@@ -17,6 +17,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -198,6 +200,48 @@ std::string slot_json(const StatusSnapshot& s) {
   return to_json_text(doc) + '\n';
 }
 
+// The /status document: Kafka Connect's shape (GET
+// /connectors/<name>/status), so that what reads Connect's reads it, with
+// walrelay's details beside it.
+std::string status_json(const StatusSnapshot& s) {
+  Json trace = nullptr;
+  if (s.failure) trace = s.state_reason + " (" + s.failure->where + "). " + s.failure->action;
+  Json worker = Json::object();
+  worker["state"] = connect_state(s);
+  worker["worker_id"] = s.worker_id;
+  if (s.failure) worker["trace"] = trace;
+  Json doc = Json::object();
+  doc["name"] = s.slot_name;
+  doc["connector"] = worker;
+  Json task = worker;
+  task["id"] = 0;
+  doc["tasks"] = Json::array({task});
+  doc["type"] = "source";
+  Json& w = doc["walrelay"];
+  w["phase"] = to_string(s.state);
+  w["reason"] = s.state_reason;
+  w["since_unix_ms"] = s.state_since_unix_ms;
+  w["inflight_records"] = s.inflight_records;
+  w["confirmed_flush_lsn"] = s.confirmed_flush_lsn.to_string();
+  w["lag_bytes"] = s.lag_bytes;
+  Json& pause = w["pause"];  // null unless asked for
+  if (s.pause) {
+    pause["reading_stopped"] = s.pause->reading_stopped;
+    pause["since"] = s.pause->since;
+    pause["by"] = s.pause->by;
+    pause["recorded"] = s.pause->recorded;
+    pause["record_error"] = s.pause->record_error;
+  }
+  Json& failure = w["failure"];  // null unless halted
+  if (s.failure) {
+    failure["cause"] = s.failure->cause;
+    failure["reason"] = s.state_reason;
+    failure["where"] = s.failure->where;
+    failure["action"] = s.failure->action;
+  }
+  return to_json_text(doc) + '\n';
+}
+
 class Connection;
 
 // State shared by the acceptor and all connections. Handlers hold it by
@@ -215,14 +259,16 @@ class Core : public std::enable_shared_from_this<Core> {
 
   void start();
   void stop();
+  int release_listener();
   unsigned short port() const { return port_; }
 
-  // Builds the response to a complete, well-formed request.
-  Response handle(const Request& request);
+  // Builds the response to a complete, well-formed request from `peer`.
+  Response handle(const Request& request, const std::string& peer);
 
   bool running() const { return running_; }
   const AdminOptions& options() const { return options_; }
   void set_replay(ReplayControl* replay) { replay_ = replay; }
+  void set_control(RelayControl* control) { control_ = control; }
   std::list<std::weak_ptr<Connection>>& connections() { return connections_; }
 
  private:
@@ -231,18 +277,25 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // A read-only endpoint (GET or HEAD): fills the response.
   using Endpoint = void (Core::*)(Response&);
-  // What a request asks for: an endpoint of the table, or /replay.
+  // The operator's control requests.
+  enum class Control { none, pause, resume, restart };
+  // What a request asks for: an endpoint of the table, /replay, or control.
   struct Route {
     std::string_view path;
-    Endpoint endpoint;  // null for /replay or an unknown path
+    Endpoint endpoint;  // null for /replay, a control request or an unknown path
     bool replay;        // /replay, when the daemon offers it
     bool post_replay;   // POST /replay
+    Control control;    // /pause, /resume, /restart, when the daemon offers them
+    bool control_method;// POST, or PUT for /pause and /resume (Kafka Connect's)
     bool get;           // GET or HEAD
   };
   static Endpoint endpoint(std::string_view path);
+  std::string_view connect_alias(std::string_view path) const;
   Route route(const Request& request) const;
   bool refuse(const Request& request, const Route& route, Response& response) const;
-  void answer(const Request& request, const Route& route, Response& response);
+  bool refuse_credential(const Request& request, const Route& route, Response& response) const;
+  void answer(const Request& request, const Route& route, const std::string& who, Response& response);
+  void get_status(Response& response);
   void get_healthz(Response& response);
   void get_readyz(Response& response);
   void get_metrics(Response& response);
@@ -253,6 +306,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const StatusSource& status_;                        // asked on every request
   Metrics& metrics_;                                  // serialized for /metrics
   ReplayControl* replay_ = nullptr;                   // /replay, when the daemon offers it
+  RelayControl* control_ = nullptr;                   // /pause, /resume, /restart, when offered
   tcp::acceptor acceptor_;                            // listening socket
   net::steady_timer retry_timer_;                     // back-off after a failed accept
   std::list<std::weak_ptr<Connection>> connections_;  // live connections, to count and close
@@ -287,6 +341,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // serves one (or is closed): what decides who gives way at the cap.
   std::optional<std::chrono::steady_clock::time_point> waiting_since() const { return waiting_since_; }
 
+  // "address:port" of the client, for the log lines of control requests.
+  std::string peer() {
+    error_code ec;
+    const auto remote = stream_.socket().remote_endpoint(ec);
+    if (ec) return "an unknown peer";
+    const std::string host = remote.address().to_string();
+    return (remote.address().is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(remote.port());
+  }
+
   // Closes the socket at once; pending operations complete with operation_aborted.
   void close() {
     waiting_since_.reset();
@@ -320,7 +383,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     http::response<http::string_body> response;
     try {
-      response = core_->handle(parser_->get());
+      response = core_->handle(parser_->get(), peer());
     } catch (const std::exception& e) {
       spdlog::debug("admin: could not serve {}: {}", to_std(parser_->get().target()), e.what());
       response = error_response(http::status::internal_server_error, "internal error\n", parser_->get().version());
@@ -454,14 +517,22 @@ void Core::start() {
         fmt::format("could not {} admin endpoint {}: {}", what, options_.listen, ec.message()));
   };
   error_code ec;
-  acceptor_.open(endpoint.protocol(), ec);
-  if (ec) throw fail("open socket for", ec);
-  acceptor_.set_option(net::socket_base::reuse_address(true), ec);
-  if (ec) throw fail("set SO_REUSEADDR on", ec);
-  acceptor_.bind(endpoint, ec);
-  if (ec) throw fail("bind", ec);
-  acceptor_.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) throw fail("listen on", ec);
+  if (options_.inherited_listener >= 0 && options_.inherited_listen == options_.listen) {
+    // An earlier generation's socket: still bound and listening.
+    acceptor_.assign(endpoint.protocol(), options_.inherited_listener, ec);
+    if (ec) throw fail("take over the listening socket of", ec);
+  } else {
+    if (options_.inherited_listener >= 0) ::close(options_.inherited_listener);  // admin.listen changed
+    acceptor_.open(endpoint.protocol(), ec);
+    if (ec) throw fail("open socket for", ec);
+    acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (ec) throw fail("set SO_REUSEADDR on", ec);
+    acceptor_.bind(endpoint, ec);
+    if (ec) throw fail("bind", ec);
+    acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) throw fail("listen on", ec);
+  }
+  options_.inherited_listener = -1;
   const tcp::endpoint bound = acceptor_.local_endpoint(ec);
   if (ec) throw fail("read the bound address of", ec);
   port_ = bound.port();
@@ -485,6 +556,15 @@ void Core::stop() {
   }
   for (const auto& connection : live) connection->close();
   spdlog::debug("admin endpoint stopped; closed {} connection(s)", live.size());
+}
+
+// The listening socket handed over, then a stop.
+int Core::release_listener() {
+  if (!running_) return -1;
+  error_code ec;
+  const int fd = acceptor_.release(ec);
+  stop();
+  return ec ? -1 : fd;
 }
 
 // Waits for the next connection.
@@ -537,12 +617,23 @@ void Core::on_accept(const error_code& ec, tcp::socket socket) {
 }
 
 // Routes one request: token check, path, method, then the endpoint.
-Response Core::handle(const Request& request) {
+Response Core::handle(const Request& request, const std::string& peer) {
   const unsigned version = request.version() == 10 ? 10u : 11u;
   Response response{http::status::ok, version};
   response.keep_alive(request.keep_alive());
   const Route r = route(request);
-  if (!refuse(request, r, response)) answer(request, r, response);
+  const std::string who = peer + " (User-Agent: " + one_line(to_std(request[http::field::user_agent])) + ")";
+  const bool refused = refuse(request, r, response);
+  if (!refused) answer(request, r, who, response);
+  if (r.control != Control::none || r.post_replay) {
+    // Every state-changing request leaves a line: who asked what, and the answer.
+    if (refused)
+      spdlog::warn("admin: refused {} {} from {}: {}", to_std(request.method_string()), r.path, who,
+                   static_cast<unsigned>(response.result_int()));
+    else
+      spdlog::info("admin: {} {} from {} with the operator's token: {}", to_std(request.method_string()), r.path, who,
+                   static_cast<unsigned>(response.result_int()));
+  }
   response.content_length(response.body().size());
   if (request.method() == http::verb::head) response.body().clear();
   spdlog::debug("admin: {} {} -> {}", to_std(request.method_string()), r.path,
@@ -557,48 +648,94 @@ Core::Endpoint Core::endpoint(std::string_view path) {
       {"/readyz", &Core::get_readyz},
       {"/metrics", &Core::get_metrics},
       {"/slot", &Core::get_slot},
+      {"/status", &Core::get_status},
   };
   for (const auto& [p, e] : endpoints)
     if (p == path) return e;
   return nullptr;
 }
 
+// Kafka Connect's /connectors/<slot.name>/{status,pause,resume,restart} as
+// walrelay's own path, so that tools written for Connect's REST API work.
+std::string_view Core::connect_alias(std::string_view path) const {
+  static constexpr std::string_view prefix = "/connectors/";
+  static constexpr std::string_view verbs[] = {"/status", "/pause", "/resume", "/restart"};
+  if (options_.connector_name.empty() || path.substr(0, prefix.size()) != prefix) return path;
+  std::string_view rest = path.substr(prefix.size());
+  if (rest.substr(0, options_.connector_name.size()) != options_.connector_name) return path;
+  rest.remove_prefix(options_.connector_name.size());
+  for (auto verb : verbs)
+    if (rest == verb) return verb;
+  return path;
+}
+
 // What the request's target and method ask for.
 Core::Route Core::route(const Request& request) const {
   const std::string_view target = to_std(request.target());
+  const auto method = request.method();
   Route r;
-  r.path = target.substr(0, target.find('?'));
+  r.path = connect_alias(target.substr(0, target.find('?')));
   r.endpoint = endpoint(r.path);
   r.replay = r.path == "/replay" && replay_ != nullptr;
-  r.post_replay = r.replay && request.method() == http::verb::post;
-  r.get = request.method() == http::verb::get || request.method() == http::verb::head;
+  r.post_replay = r.replay && method == http::verb::post;
+  r.control = control_ == nullptr      ? Control::none
+              : r.path == "/pause"   ? Control::pause
+              : r.path == "/resume"  ? Control::resume
+              : r.path == "/restart" ? Control::restart
+                                     : Control::none;
+  r.control_method = method == http::verb::post || (method == http::verb::put && r.control != Control::restart);
+  r.get = method == http::verb::get || method == http::verb::head;
   return r;
+}
+
+// Refuses a request whose credential does not allow it (401, or 403 when
+// the operator's token it needs is not configured); whether it did.
+bool Core::refuse_credential(const Request& request, const Route& route, Response& response) const {
+  const std::string_view authorization = to_std(request[http::field::authorization]);
+  auto holds = [&](const std::string& token) { return !token.empty() && bearer_matches(authorization, token); };
+  const bool control = route.control != Control::none;
+  if (control && options_.control_token.empty()) {
+    // Holding the relay is an operator's act: never on an endpoint that
+    // anyone on the network path, or a scraper's credential, may call.
+    reply(response, http::status::forbidden, text_plain,
+          fmt::format("{} needs admin.control.token: set it (not admin.token, which the readers of /metrics hold), "
+                      "and send Authorization: Bearer <token> (walrelay ctl does)\n",
+                      route.path));
+    return true;
+  }
+  if (route.post_replay && options_.replay_token.empty() && options_.control_token.empty()) {
+    reply(response, http::status::forbidden, text_plain,
+          "POST /replay needs admin.replay.token (or admin.control.token): set it (not admin.token, which the readers "
+          "of /metrics hold), and send Authorization: Bearer <token> (or run walrelay replay beside the relay)\n");
+    return true;
+  }
+  // The readers' token (a Prometheus scraper's) allows reads only; the
+  // operators' tokens allow them too.
+  const bool reader = options_.token.empty() || holds(options_.token) || holds(options_.replay_token) ||
+                      holds(options_.control_token);
+  const bool allowed = control             ? holds(options_.control_token)
+                       : route.post_replay ? holds(options_.replay_token) || holds(options_.control_token)
+                                           : route.path == "/healthz" || reader;
+  if (allowed) return false;
+  reply(response, http::status::unauthorized, text_plain, "unauthorized\n");
+  response.set(http::field::www_authenticate, "Bearer");
+  return true;
 }
 
 // Refuses what the request may not ask (its token, path, method or body)
 // into the response; whether it did.
 bool Core::refuse(const Request& request, const Route& route, Response& response) const {
-  const bool is_health = route.path == "/healthz";
-  const bool known = route.replay || route.endpoint != nullptr;
-  const std::string_view authorization = to_std(request[http::field::authorization]);
-  // The readers' token (a Prometheus scraper's) allows reads only; the
-  // replay token, when set, allows them too.
-  const bool reader = options_.token.empty() || bearer_matches(authorization, options_.token) ||
-                      (!options_.replay_token.empty() && bearer_matches(authorization, options_.replay_token));
-  if (route.post_replay && options_.replay_token.empty()) {
-    // Sending rows again is an operator's act: never on an endpoint that
-    // anyone on the network path, or a scraper's credential, may call.
-    reply(response, http::status::forbidden, text_plain,
-          "POST /replay needs admin.replay.token: set it (not admin.token, which the readers of /metrics hold), and "
-          "send Authorization: Bearer <token> (or run walrelay replay beside the relay)\n");
-  } else if (route.post_replay ? !bearer_matches(authorization, options_.replay_token) : (!is_health && !reader)) {
-    reply(response, http::status::unauthorized, text_plain, "unauthorized\n");
-    response.set(http::field::www_authenticate, "Bearer");
+  const bool control = route.control != Control::none;
+  const bool known = route.replay || route.endpoint != nullptr || control;
+  if (refuse_credential(request, route, response)) {
+    return true;
   } else if (!known) {
     reply(response, http::status::not_found, text_plain, "not found\n");
-  } else if (!route.get && !route.post_replay) {
+  } else if (control ? !route.control_method : !route.get && !route.post_replay) {
     reply(response, http::status::method_not_allowed, text_plain, "method not allowed\n");
-    response.set(http::field::allow, route.replay ? "GET, HEAD, POST" : "GET, HEAD");
+    response.set(http::field::allow, control                        ? (route.control == Control::restart ? "POST" : "POST, PUT")
+                                     : route.replay ? "GET, HEAD, POST"
+                                                    : "GET, HEAD");
   } else if (route.get && !request.body().empty()) {
     reply(response, http::status::payload_too_large, text_plain, "request body not allowed\n");
     response.keep_alive(false);
@@ -608,9 +745,15 @@ bool Core::refuse(const Request& request, const Route& route, Response& response
   return true;
 }
 
-// A request allowed: /replay's POST or GET, or a read-only endpoint.
-void Core::answer(const Request& request, const Route& route, Response& response) {
-  if (route.post_replay) {
+// A request allowed: a control request, /replay's POST or GET, or a
+// read-only endpoint.
+void Core::answer(const Request& request, const Route& route, const std::string& who, Response& response) {
+  if (route.control != Control::none) {
+    auto answer = route.control == Control::pause    ? control_->pause(who)
+                  : route.control == Control::resume ? control_->resume(who)
+                                                     : control_->restart(who);
+    reply(response, static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
+  } else if (route.post_replay) {
     auto answer = replay_->start(to_std(request.body()));
     reply(response, static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
   } else if (route.replay) {
@@ -638,7 +781,11 @@ void Core::get_healthz(Response& response) {
 // /readyz: streaming, with the registry and the broker reachable.
 void Core::get_readyz(Response& response) {
   const StatusSnapshot status = status_.status();
-  if (status.state != RelayState::streaming) {
+  if (status.pause && status.state != RelayState::halted) {
+    // Paused by an operator: not ready, whatever the phase beneath.
+    reply(response, http::status::service_unavailable, text_plain,
+          fmt::format("paused since {} by {}\n", status.pause->since, one_line(status.pause->by)));
+  } else if (status.state != RelayState::streaming) {
     std::string line = to_string(status.state);
     if (!status.state_reason.empty()) line += ": " + one_line(status.state_reason);
     reply(response, http::status::service_unavailable, text_plain, line + "\n");
@@ -662,6 +809,11 @@ void Core::get_metrics(Response& response) {
   reply(response, http::status::ok, metrics_content_type, metrics_.serialize());
 }
 
+// /status: the state in Kafka Connect's shape, with the trace of a halt.
+void Core::get_status(Response& response) {
+  reply(response, http::status::ok, json_content_type, status_json(status_.status()));
+}
+
 // /slot: the slot's positions as JSON.
 void Core::get_slot(Response& response) { reply(response, http::status::ok, json_content_type, slot_json(status_.status())); }
 
@@ -681,7 +833,11 @@ void AdminServer::start() { impl_->core->start(); }
 
 void AdminServer::stop() { impl_->core->stop(); }
 
+int AdminServer::release_listener() { return impl_->core->release_listener(); }
+
 void AdminServer::set_replay(ReplayControl* replay) { impl_->core->set_replay(replay); }
+
+void AdminServer::set_control(RelayControl* control) { impl_->core->set_control(control); }
 
 unsigned short AdminServer::port() const { return impl_->core->port(); }
 

@@ -18,4 +18,23 @@ const char* to_string(RelayState state) {
   return "unknown";
 }
 
+const char* connect_state(const StatusSnapshot& s) {
+  switch (s.state) {
+    case RelayState::halted: return "FAILED";
+    case RelayState::standby: return "UNASSIGNED";
+    case RelayState::snapshot: return "SNAPSHOTTING";  // a pause waits for the snapshot's end
+    case RelayState::stopped: return "STOPPED";
+    case RelayState::streaming:
+      // Paused once reads have stopped at a transaction boundary.
+      return s.pause && s.pause->reading_stopped ? "PAUSED" : "RUNNING";
+    case RelayState::starting:
+    case RelayState::connecting:
+      return s.pause ? "PAUSED" : "STARTING";
+    case RelayState::reconnecting:
+    case RelayState::draining:
+      return s.pause ? "PAUSED" : "RUNNING";
+  }
+  return "UNASSIGNED";
+}
+
 }  // namespace walrelay

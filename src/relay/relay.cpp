@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <memory>
 #include <boost/asio/co_spawn.hpp>
@@ -35,6 +37,19 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return out;
 }
 
+// Milliseconds since the Unix epoch, for /status's "since".
+std::int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// host:pid, as Kafka Connect names a worker in its status.
+std::string worker_id() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host[0] ? host : "localhost") + ":" + std::to_string(getpid());
+}
+
 // DDL that failed for want of a privilege or an object fails again on every
 // retry: a halt that names the fix, not a reconnect loop.
 asio::awaitable<void> ddl(asio::awaitable<void> op) {
@@ -59,9 +74,11 @@ Relay::Relay(asio::io_context& io, const Config& config, Metrics& metrics, Sink&
       conn_(io),
       slot_monitor_(io, config),
       retention_(io, config, metrics),
+      pause_retry_(io),
       wake_(io),
       tick_(io),
       dead_letter_retry_(io) {
+  worker_id_ = worker_id();
   if (config.registry.format != RegistryFormat::none)
     schema_encoder_ = std::make_unique<SchemaEncoder>(io, config, metrics);
   metrics_.set_sink(config_.sink_type);
@@ -137,6 +154,20 @@ void Relay::start() {
 void Relay::request_stop() {
   if (stop_requested_) return;
   spdlog::info("{} stop requested: finishing in-flight records", context());
+  begin_stop();
+}
+
+void Relay::request_restart(const std::string& who) {
+  if (stop_requested_) return;
+  spdlog::warn("{} restart asked for by {}: this session ends as a stop does (records in flight settle within "
+               "shutdown.timeout.ms), then a new one begins with new connections from the slot's confirmed position",
+               context(), who);
+  restart_requested_ = true;
+  begin_stop();
+}
+
+// What a stop and a restart share: no more reads, one deadline for draining.
+void Relay::begin_stop() {
   stop_requested_ = true;
   // One deadline for the whole shutdown, however many places wait on it.
   drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
@@ -157,6 +188,7 @@ std::string Relay::context() const {
 // Changes the state /readyz and /slot report; halted is final.
 void Relay::set_state(RelayState state, std::string reason) {
   if (state_ == RelayState::halted) return;
+  if (state != state_ || state_since_unix_ms_ == 0) state_since_unix_ms_ = unix_ms_now();
   state_ = state;
   state_reason_ = std::move(reason);
   update_gauges();
@@ -169,6 +201,8 @@ void Relay::halt(std::string reason, std::string_view cause, int exit_code) {
   if (halt_reason_) return;
   spdlog::critical("{} halted: {}", context(), reason);
   halt_reason_ = reason;
+  halt_cause_ = cause;
+  halt_where_ = context();
   halt_exit_code_ = exit_code;
   if (!drain_deadline_)
     drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.shutdown_timeout_ms);
@@ -353,8 +387,12 @@ asio::awaitable<void> Relay::wind_down() {
   // events, so it must not look like a crash a supervisor retries.
   if (halt_reason_) exit_code_ = halt_exit_code_;
   else set_state(RelayState::stopped);
-  spdlog::info("slot={} stopped; confirmed_flush_lsn={} exit code {}", config_.slot_name,
-               sent_flushed_lsn_.to_string(), exit_code_);
+  if (restart_requested_)
+    spdlog::info("slot={} session ended for the restart; confirmed_flush_lsn={}", config_.slot_name,
+                 sent_flushed_lsn_.to_string());
+  else
+    spdlog::info("slot={} stopped; confirmed_flush_lsn={} exit code {}", config_.slot_name,
+                 sent_flushed_lsn_.to_string(), exit_code_);
   io_.stop();
 }
 
@@ -365,7 +403,7 @@ asio::awaitable<void> Relay::wind_down() {
 // slot's lag keeps being measured, as it keeps growing.
 asio::awaitable<void> Relay::stay_halted() {
   spdlog::critical("slot={} halted, staying up (halt.action=stay) with the admin endpoint on: {}; fix the cause, then "
-                   "restart walrelay (SIGTERM exits with code {})",
+                   "POST /restart (walrelay ctl restart), or restart walrelay (SIGTERM exits with code {})",
                    config_.slot_name, *halt_reason_, halt_exit_code_);
   // Records still queued would land whenever the broker comes back (no
   // message time-out by default), after what a standby that took the slot
@@ -374,8 +412,8 @@ asio::awaitable<void> Relay::stay_halted() {
   if (!transactional_) sink_.abort_queued();
   note_backpressure(false);  // no read waits for room any more
   // Nothing to do on a timer: a scrape of /metrics or /slot refreshes the
-  // gauges from the slot monitor's last answer, and request_stop() cancels
-  // the sleep.
+  // gauges from the slot monitor's last answer, and request_stop() (or a
+  // restart's) cancels the sleep.
   while (!stop_requested_) co_await sleep(std::chrono::hours(1));
 }
 
@@ -453,6 +491,7 @@ asio::awaitable<ServerFacts> Relay::check_source(PgConnection& conn, const std::
   std::vector<std::string> problems, warnings;
   auto facts = co_await inspect_server(conn, config_, system, problems, warnings);
   for (auto& w : warnings) spdlog::warn("{}", w);
+  adopt_pause(facts.paused_since);
   if (auto p = slot_problem(config_, facts)) {
     metrics_.slot_invalidated.Set(1);
     problems.push_back(*p);
@@ -484,7 +523,9 @@ asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts&
                            !mutation::active(mutation::Break::snapshot_resume_as_done);
   if (snapshot && (!facts.slot.exists || interrupted)) {
     // The rows already in the outbox first, then the stream from the
-    // snapshot's consistent point (relay_snapshot.cpp).
+    // snapshot's consistent point (relay_snapshot.cpp); paused, not yet.
+    co_await wait_while_paused();
+    if (stop_requested_ || halt_reason_) co_return false;
     auto point = co_await initial_snapshot(conn, facts, source);
     if (!point) co_return false;  // stopped or halted: the next start takes it again
     if (!wal_reached || *wal_reached < *point) wal_reached = point;
@@ -718,10 +759,14 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
     // Backpressure: at the in-flight limits, or with a record the producer
     // refused, stop reading. The walsender then blocks on a full socket, so
     // memory stays bounded and the WAL waits on the server.
+    // Paused (POST /pause): the same hold, at a transaction boundary.
     if (held) state = ReadState::await_queue;
+    else if (paused_now()) state = ReadState::await_resume;
     else if (!has_room() || !sink_accepting()) state = ReadState::await_acks;
-    else if (state == ReadState::await_queue || state == ReadState::await_acks) state = ReadState::buffered;
+    else if (state == ReadState::await_queue || state == ReadState::await_acks || state == ReadState::await_resume)
+      state = ReadState::buffered;
     note_backpressure(state == ReadState::await_queue || state == ReadState::await_acks);
+    pause_.reading_stopped = state == ReadState::await_resume;
 
     switch (state) {
       case ReadState::buffered:
@@ -761,6 +806,11 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
         // Woken early by a delivery that makes room, or a commit.
         if (!has_room() || !sink_accepting()) co_await hold_back(200ms);
         break;
+      case ReadState::await_resume:
+        sink_.poll();
+        // Woken early by the resume; the status updates go on meanwhile.
+        co_await hold_back(1000ms);
+        break;
       case ReadState::await_queue: {
         sink_.poll();
         Step step = handle_copy_data(held.bytes());
@@ -774,6 +824,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       }
     }
   }
+  pause_.reading_stopped = false;
   co_await drain(&conn);
 }
 
@@ -822,7 +873,7 @@ asio::awaitable<void> Relay::keep_alive(PgConnection& conn) {
 // Returns how many were handled.
 int Relay::read_buffered(PgConnection& conn, HeldMessage& held) {
   int handled = 0;
-  for (; handled < read_batch && has_room(); ++handled) {
+  for (; handled < read_batch && has_room() && !paused_now(); ++handled) {
     char* buf = nullptr;
     int n = conn.try_get_copy_data(&buf);
     if (n == 0) break;

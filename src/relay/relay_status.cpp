@@ -45,10 +45,29 @@ void Relay::update_gauges() const {
   metrics_.inflight_records.Set(static_cast<double>(ledger_.inflight_records()));
   metrics_.inflight_bytes.Set(static_cast<double>(ledger_.inflight_bytes()));
   metrics_.ledger_transactions.Set(static_cast<double>(ledger_.pending_transactions()));
-  metrics_.ready.Set(state_ == RelayState::streaming && sink_.healthy() &&
+  metrics_.ready.Set(state_ == RelayState::streaming && !pause_.requested && sink_.healthy() &&
                              (!schema_encoder_ || schema_encoder_->problem().empty())
                          ? 1
                          : 0);
+}
+
+// What an operator does about the halt, by its cause.
+std::string Relay::halt_action() const {
+  const std::string restart = " then POST /restart (walrelay ctl restart): the next session starts from the slot's "
+                              "confirmed position, which did not pass what halted";
+  if (halt_cause_ == "record")
+    return "A record could not be mapped or delivered and errors.tolerance=none halts on it: fix its cause (the reason "
+           "names it), or set errors.tolerance=all with a dead-letter destination;" + restart;
+  if (halt_cause_ == "slot")
+    return "The replication slot is lost or unusable: docs/operations.md says how to recover the events it held; "
+           "walrelay --reset-slot accepts the gap";
+  if (halt_cause_ == "source")
+    return "The database refused what walrelay needs (the reason names it): fix it," + restart;
+  if (halt_cause_ == "producer")
+    return "The broker refused the producer for good (the reason names it): fix it," + restart;
+  if (halt_cause_ == "stream")
+    return "The replication stream could not be decoded: report it with the log lines around it;" + restart;
+  return "See walrelay's log around the halt;" + restart;
 }
 
 // /slot's and /readyz's view, built on the loop thread.
@@ -59,6 +78,12 @@ StatusSnapshot Relay::status() const {
   s.slot_name = config_.slot_name;
   s.state = state_;
   s.state_reason = state_reason_;
+  s.state_since_unix_ms = state_since_unix_ms_;
+  s.worker_id = worker_id_;
+  if (pause_.requested)
+    s.pause = StatusSnapshot::Pause{pause_.reading_stopped, pause_.since, pause_.by, !pause_.unrecorded,
+                                    pause_.record_error};
+  if (state_ == RelayState::halted) s.failure = StatusSnapshot::Failure{halt_cause_, halt_where_, halt_action()};
   s.halt_stays = config_.halt_action == HaltAction::stay;
   s.received_lsn = received_lsn_;
   s.confirmed_flush_lsn = sent_flushed_lsn_;

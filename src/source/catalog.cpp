@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -180,6 +181,9 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
         m.snapshot_files = value;
       else if (key == "retention_floors")
         std::tie(m.retention_floors, m.retention_lineage) = parse_retention_floors(value);
+      else if (key == "paused" && value.size() <= 32 &&
+               value.find_first_not_of("0123456789-:TZ") == std::string::npos)
+        m.paused_since = value;
     }
     if (!m.slot.empty()) out.push_back(std::move(m));
   }
@@ -203,6 +207,7 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
         line += ":" + std::to_string(lineage->second);
     }
   }
+  if (!marker.paused_since.empty()) line += " paused=" + marker.paused_since;
   std::vector<std::string> kept;
   std::istringstream lines(comment);
   std::string l;
@@ -486,8 +491,11 @@ asio::awaitable<void> inspect_publication(PgConnection& conn, const Config& conf
       pf.row_filtered.push_back(t.qualified() + " (WHERE " + *filter + ")");
     }
   }
-  for (const auto& m : parse_slot_markers(pf.comment))
-    if (m.slot == config.slot_name) facts.marker = m;
+  for (const auto& m : parse_slot_markers(pf.comment)) {
+    if (m.slot != config.slot_name) continue;
+    facts.paused_since = m.paused_since;
+    if (m.records_slot()) facts.marker = m;  // a line holding only a pause says nothing of the slot
+  }
 }
 
 // The slot as it is: whether it exists, is in use, still valid, and is a
@@ -676,20 +684,48 @@ asio::awaitable<void> roll_back_and_rethrow(PgConnection& conn, std::exception_p
 
 }  // namespace
 
-asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker) {
+namespace {
+
+// Rewrites this slot's marker line in one transaction under the markers'
+// lock: `change` gets the line as the comment holds it (nullopt: none yet)
+// and returns the line to write.
+asio::awaitable<void> rewrite_marker(PgConnection& conn, const Config& config,
+                                     std::function<SlotMarker(std::optional<SlotMarker>)> change) {
   co_await conn.query("BEGIN");
   std::exception_ptr failure;
   try {
     auto current = co_await locked_publication_comment(conn, config);
     if (current.rows.empty()) throw PgError("publication " + config.publication_name + " does not exist", "42704");
-    std::string comment = with_slot_marker(current.rows[0][0].value_or(""), marker);
+    const std::string comment = current.rows[0][0].value_or("");
+    std::optional<SlotMarker> line;
+    for (auto& m : parse_slot_markers(comment))
+      if (m.slot == config.slot_name) line = std::move(m);
     co_await conn.query("COMMENT ON PUBLICATION " + conn.quote_identifier(config.publication_name) + " IS " +
-                        conn.quote_literal(comment));
+                        conn.quote_literal(with_slot_marker(comment, change(std::move(line)))));
     co_await conn.query("COMMIT");
   } catch (...) {
     failure = std::current_exception();
   }
   if (failure) co_await roll_back_and_rethrow(conn, failure);
+}
+
+}  // namespace
+
+asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker) {
+  co_await rewrite_marker(conn, config, [&marker](std::optional<SlotMarker> current) {
+    SlotMarker out = marker;
+    out.paused_since = current ? current->paused_since : std::string();  // the pause is write_pause's alone
+    return out;
+  });
+}
+
+asio::awaitable<void> write_pause(PgConnection& conn, const Config& config, const std::string& paused_since) {
+  co_await rewrite_marker(conn, config, [&](std::optional<SlotMarker> current) {
+    SlotMarker out = current.value_or(SlotMarker{});
+    out.slot = config.slot_name;
+    out.paused_since = paused_since;
+    return out;
+  });
 }
 
 namespace {
@@ -936,7 +972,7 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
 
 asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                 std::optional<pgoutput::Lsn> created_lsn) {
-  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}, {}};
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}, {}, {}};
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
   marker.snapshot_pending = false;
@@ -959,7 +995,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
 }
 
 asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
-  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}, {}};
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}, {}, {}};
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -981,7 +1017,7 @@ asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& co
 asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
                                            pgoutput::Lsn point, const std::string& xids,
                                            const std::string& files) {
-  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files, {}, {}};
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files, {}, {}, {}};
   co_await write_slot_marker(conn, config, marker);
   spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
                point.to_string(), config.publication_name);

@@ -6,11 +6,12 @@
 #   1. a row it cannot relay (errors.tolerance=none): WalrelayHalted with
 #      reason record, WalrelayNotReady after 5 minutes, no WalrelaySlotInvalid.
 #      Meanwhile the process stays up (/healthz 200, /readyz 503 naming the
-#      row), the slot is not confirmed past the row, SIGTERM exits 3, and a
-#      restart after the fix (errors.tolerance=all) relays every row after it
-#      (kcat).
+#      row), /status says FAILED with the trace, the slot is not confirmed
+#      past the row, and after the fix (errors.tolerance=all written into the
+#      file) `walrelay ctl restart` restarts it in place, the same process,
+#      which relays every row after it (kcat).
 #   2. the slot dropped under it: WalrelaySlotInvalid and WalrelayHalted with
-#      reason slot.
+#      reason slot; SIGTERM exits 3.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 need_relay_services
@@ -47,6 +48,7 @@ slot.name=${name}_$1
 publication.name=${name}_$1
 table.include.list=$table
 admin.listen=127.0.0.1:$port
+admin.control.token=alerts-control-token
 slot.status.interval.ms=1000
 $2
 EOF
@@ -133,25 +135,35 @@ promtool_on_scrape "$tmp/scrape.1" "{\"WalrelayHalted\": [{\"job\": \"walrelay\"
   \"slot\": \"${name}_1\", \"reason\": \"record\"}], \"WalrelayNotReady\": [{\"job\": \"walrelay\", \"slot\": \"${name}_1\"}]}" \
   "poison row"
 ok "poison row: promtool on the scrape: WalrelayHalted (record) and WalrelayNotReady fire, no other alert"
+# /status: Kafka Connect's FAILED, with the trace naming the table and what to do.
+status=$(get /status)
+python3 - "$status" "$table" <<'PY' || fail "poison row: /status answered $status"
+import json, sys
+code, body = sys.argv[1].split("\n", 1)
+doc = json.loads(body)
+assert code == "200", code
+assert doc["connector"]["state"] == "FAILED", doc["connector"]
+assert sys.argv[2] in doc["connector"]["trace"] and "POST /restart" in doc["connector"]["trace"], doc["connector"]
+assert doc["walrelay"]["failure"]["cause"] == "record", doc["walrelay"]
+PY
+ok "poison row: /status says FAILED, its trace names $table and the restart"
 # Still up a scrape later, and still not confirmed: it does not move on.
 sleep 2
 kill -0 "$pid" 2>/dev/null || fail "poison row: the halted walrelay exited on its own"
-kill -TERM "$pid"
-wait_exit
-[[ $rc == 3 ]] || { cat "$log" >&2; fail "poison row: SIGTERM ended the halted walrelay with $rc, not 3"; }
-ok "poison row: SIGTERM ends the halted walrelay with exit 3"
-# The fix: its dead-letter copy; the rows after it are relayed.
+# The fix, in the file: its dead-letter copy. walrelay ctl restart reads
+# the file again in the same process; the rows after it are relayed.
 configure 1 "errors.tolerance=all
 errors.deadletterqueue.topic.name=$name.dlq"
-start "$WALRELAY_DEPLOY_BINARY" --config "$tmp/walrelay.1.properties"
-wait_streaming "poison row: restart"
+"$WALRELAY_DEPLOY_BINARY" ctl --config "$tmp/walrelay.1.properties" restart >"$tmp/ctl.out" 2>&1 \
+  || { cat "$tmp/ctl.out" >&2; fail "poison row: walrelay ctl restart failed"; }
 for _ in $(seq 60); do
   timeout 20 kcat -b "$WALRELAY_TEST_KAFKA" -C -t "$topic" -o beginning -e -q -f '%k\n' 2>/dev/null | grep -qx after && break
   sleep 0.5
 done
 keys=$(timeout 20 kcat -b "$WALRELAY_TEST_KAFKA" -C -t "$topic" -o beginning -e -q -f '%k\n' 2>/dev/null | sort -u | tr '\n' ' ')
 [[ $keys == "after before " ]] || { cat "$log" >&2; fail "poison row: after the fix $topic holds keys '$keys'"; }
-ok "poison row: restarted with errors.tolerance=all, the row after it arrived (kcat)"
+kill -0 "$pid" 2>/dev/null || fail "poison row: the restart was not in place (the process is gone)"
+ok "poison row: the fix written, walrelay ctl restart in place, the row after it arrived (kcat)"
 stop "poison row: restart"
 
 # 2. The slot dropped under it.

@@ -65,6 +65,7 @@ std::string without_kafka(Fixture& f, const std::string& extra) {
 
 struct Nats {
   static constexpr bool deduplicates = true;
+  static constexpr bool reads_consume = false;  // a stream: every read sees everything
   static constexpr const char* sink = "nats-jetstream";
   static std::string url() {
     static const bool started = [] {
@@ -120,6 +121,7 @@ struct Nats {
 
 struct RabbitMq {
   static constexpr bool deduplicates = false;
+  static constexpr bool reads_consume = true;  // a queue: a read takes what it read
   static constexpr const char* sink = "rabbitmq";
   static std::string address() {
     static const bool started = [] {
@@ -175,6 +177,44 @@ struct RabbitMq {
   static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/rabbitmq/pid"; }
   static void stop() { Services::control("rabbitmq-stop"); }
   static void start() { Services::control("rabbitmq-start"); }
+};
+
+// Kafka in the same shape, for the tests of every sink: the fixture's
+// "Pause" topic, read with kcat (every read sees everything).
+struct Kafka {
+  static constexpr bool deduplicates = false;
+  static constexpr bool reads_consume = false;
+  static constexpr const char* sink = "kafka";
+  class Destination {
+   public:
+    explicit Destination(std::string topic) : topic_(std::move(topic)) {}
+    std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
+      return consume(topic_, at_least, std::chrono::seconds(timeout_s));
+    }
+
+   private:
+    std::string topic_;
+  };
+  static std::unique_ptr<Destination> topics(Fixture& f) { return std::make_unique<Destination>(f.topic("Pause")); }
+  static std::string config(Fixture& f, const std::string& extra = "") { return f.config(extra); }
+};
+
+// What a destination holds so far: each read's records (a queue's reads
+// take them) or the last read (a stream's and a topic's see everything).
+template <class Broker, class Destination>
+class Collected {
+ public:
+  explicit Collected(const Destination& d) : d_(d) {}
+  const std::vector<KafkaRecord>& read(std::size_t at_least = 0, int timeout_s = 5) {
+    auto got = d_.read(at_least, timeout_s);
+    if (Broker::reads_consume) records_.insert(records_.end(), got.begin(), got.end());
+    else records_ = std::move(got);
+    return records_;
+  }
+
+ private:
+  const Destination& d_;
+  std::vector<KafkaRecord> records_;
 };
 
 // The broker down for the life of the object, back at the end or at restart().
@@ -1069,4 +1109,114 @@ TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds t
   CHECK(copies[0].header("id") == f.db().scalar("SELECT id FROM " + f.table + " WHERE aggregatetype = 'Lost'"));
   CHECK(copies[0].header("walrelay.error.reason") == std::optional<std::string>("unroutable"));
   CHECK(p.stop() == walrelay::exit_ok);
+}
+
+namespace {
+
+const std::string control_token = "ctl-token-4711";
+
+// /status's members a test waits on.
+struct StatusView {
+  std::string state;               // connector.state
+  std::uint64_t inflight = 0;
+  bool recorded = false;           // the pause is in the slot marker
+  std::string paused_by;
+  std::uint64_t lag_bytes = 0;
+};
+
+StatusView status_of(Walrelay& relay) {
+  auto r = relay.get("/status");
+  StatusView v;
+  auto j = json::parse(r.body, nullptr, false);
+  if (r.status != 200 || !j.is_object()) return v;
+  v.state = j["connector"]["state"];
+  v.inflight = j["walrelay"]["inflight_records"];
+  v.lag_bytes = j["walrelay"]["lag_bytes"];
+  if (j["walrelay"]["pause"].is_object()) {
+    v.recorded = j["walrelay"]["pause"]["recorded"];
+    v.paused_by = j["walrelay"]["pause"]["by"];
+  }
+  return v;
+}
+
+// Paused, reads stopped, nothing in flight, the pause in the slot marker,
+// and the server holding walrelay's last confirmed position: what a kill
+// then leaves is exactly what was sent.
+void wait_paused_settled(Fixture& f, Walrelay& relay) {
+  REQUIRE(eventually([&] {
+    auto s = status_of(relay);
+    return s.state == "PAUSED" && s.inflight == 0 && s.recorded;
+  }, 60s, 100ms));
+  std::uint64_t last = 0;
+  REQUIRE(eventually([&] {
+    auto slot = json::parse(relay.get("/slot").body, nullptr, false);
+    if (!slot.is_object()) return false;
+    const auto confirmed = parse_lsn(slot["confirmed_flush_lsn"].get<std::string>());
+    const bool stable = confirmed == last && f.db().confirmed_flush(f.slot) == confirmed;
+    last = confirmed;
+    return stable;
+  }, 30s, 1500ms));
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("control: paused 60 s under load - nothing sent, the slot held by the same walsender (no time-out), "
+                   "the lag shown growing; killed (-9) and started again still paused; resumed with walrelay ctl, "
+                   "every event once, in order per key",
+                   "[control][rabbitmq]", Kafka, RabbitMq) {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = TestType::topics(f);
+  Collected<TestType, typename TestType::Destination> collected(*to);
+  const std::string cfg = TestType::config(f, "admin.control.token=" + control_token + "\nstatus.update.interval.ms=1000\n");
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  relay->wait_streaming();
+  Writer writer(f.table, "Pause", 1000000, 5, 20ms, 8);
+  REQUIRE(eventually([&] { return writer.committed() >= 500; }, 60s));
+  CHECK(relay->request("POST", "/pause", control_token).status == 202);
+  wait_paused_settled(f, *relay);
+  const auto at_pause = collected.read().size();
+  const long written_at_pause = writer.committed();
+  const int walsender = f.db().walsender_pid(f.slot);
+  REQUIRE(walsender != 0);
+  const auto reconnects = relay->metric("walrelay_reconnects_total");
+  const auto lag_at_pause = status_of(*relay).lag_bytes;
+  // 60 s: longer than wal_sender_timeout's default, so the walsender would
+  // have ended the connection were walrelay silent.
+  for (int i = 0; i < 6; ++i) {
+    std::this_thread::sleep_for(10s);
+    CHECK(f.db().walsender_pid(f.slot) == walsender);
+  }
+  CHECK(writer.committed() > written_at_pause + 2000);  // the load went on
+  CHECK(collected.read().size() == at_pause);           // nothing sent while paused
+  CHECK(status_of(*relay).lag_bytes > lag_at_pause);
+  CHECK(relay->metric("walrelay_reconnects_total") == reconnects);
+  CHECK(relay->metric("walrelay_paused") == std::optional<double>(1));
+  auto ready = relay->get("/readyz");
+  CHECK((ready.status == 503 && ready.body.find("paused") != std::string::npos));
+  writer.stop();
+
+  // A pod-style kill: the next process reads the pause from the slot marker.
+  relay->signal(SIGKILL);
+  REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  REQUIRE(eventually([&] { return status_of(*relay).state == "PAUSED"; }, 60s, 100ms));
+  CHECK(status_of(*relay).paused_by == "the slot marker");
+  std::this_thread::sleep_for(3s);
+  CHECK(collected.read().size() == at_pause);
+
+  Walrelay ctl(cfg);
+  const int rc = ctl.run({"ctl", "--config", relay->config_path(), "--url",
+                          "http://127.0.0.1:" + std::to_string(relay->admin_port()), "resume"},
+                         30s);
+  INFO("walrelay ctl: " << ctl.log());
+  REQUIRE(rc == 0);
+  REQUIRE(eventually([&] { return status_of(*relay).state == "RUNNING"; }, 30s, 100ms));
+  const auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 120s, 100ms));
+  auto recs = collected.read();
+  check_delivered<TestType>(f, recs, static_cast<std::size_t>(writer.committed()));
+  CHECK(ids_of(recs).duplicates() == 0);
 }

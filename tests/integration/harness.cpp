@@ -419,6 +419,10 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds tim
 }
 
 HttpResponse http_get(int port, const std::string& path, const std::string& bearer) {
+  return http_request(port, "GET", path, bearer);
+}
+
+HttpResponse http_request(int port, const std::string& method, const std::string& path, const std::string& bearer) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -431,7 +435,8 @@ HttpResponse http_get(int port, const std::string& path, const std::string& bear
     ::close(fd);
     return resp;
   }
-  std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (method == "POST" || method == "PUT") req += "Content-Length: 0\r\n";
   if (!bearer.empty()) req += "Authorization: Bearer " + bearer + "\r\n";
   req += "\r\n";
   (void)!::write(fd, req.data(), req.size());
@@ -576,6 +581,10 @@ int Walrelay::admin_port() {
 
 HttpResponse Walrelay::get(const std::string& path, const std::string& bearer) {
   return http_get(admin_port(), path, bearer);
+}
+
+HttpResponse Walrelay::request(const std::string& method, const std::string& path, const std::string& bearer) {
+  return http_request(admin_port(), method, path, bearer);
 }
 
 std::optional<double> Walrelay::metric(const std::string& name, const std::string& bearer) {

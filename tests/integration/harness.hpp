@@ -123,6 +123,8 @@ struct HttpResponse {
   std::string body;
 };
 HttpResponse http_get(int port, const std::string& path, const std::string& bearer = {});
+// Any method, with an empty body (POST /pause and the like).
+HttpResponse http_request(int port, const std::string& method, const std::string& path, const std::string& bearer = {});
 
 // walrelay as a child process with its own configuration file and log. The
 // binary is the build's, or $WALRELAY_TEST_BINARY (the mutation runs point it
@@ -151,6 +153,7 @@ class Walrelay {
   std::string this_run_log() const;  // since the last start()
   int admin_port();
   HttpResponse get(const std::string& path, const std::string& bearer = {});
+  HttpResponse request(const std::string& method, const std::string& path, const std::string& bearer = {});
   // metric_value() of this process's /metrics; nullopt when the metric is
   // absent; throws when the endpoint does not answer (or not with 200).
   std::optional<double> metric(const std::string& name, const std::string& bearer = {});

@@ -112,6 +112,7 @@ class Metrics {
   // internal).
   void set_halted(std::string_view reason);
   prometheus::Gauge& backpressure;            // walrelay_backpressure (1 while reads paused)
+  prometheus::Gauge& paused;                  // walrelay_paused (1 while POST /pause holds)
   prometheus::Gauge& start_time;              // walrelay_start_time_seconds
   prometheus::Gauge& slot_invalidated;        // walrelay_slot_invalid (1: slot lost/dropped)
   // Per source transaction with outbox events, from its commit timestamp

@@ -24,6 +24,11 @@ enum class RelayState {
 
 const char* to_string(RelayState state);
 
+struct StatusSnapshot;
+// The state in Kafka Connect's words (RUNNING, PAUSED, FAILED, UNASSIGNED
+// for a standby, STOPPED) and walrelay's own (STARTING, SNAPSHOTTING).
+const char* connect_state(const StatusSnapshot& status);
+
 // The server's own view of the slot, from pg_replication_slots on a separate
 // ordinary connection (slot.status.interval.ms); never touches the outbox.
 struct ServerSlotInfo {
@@ -45,6 +50,25 @@ struct StatusSnapshot {
   // halt.action=stay: a halted relay stays up, so /healthz (liveness) says it
   // is alive rather than ask for a restart that would halt again.
   bool halt_stays = false;
+  std::int64_t state_since_unix_ms = 0; // when the state last changed
+  std::string worker_id;                // host:pid, as Kafka Connect names a worker
+  // POST /pause: asked for (or read from the slot marker at a start), and
+  // whether the read loop has stopped at a transaction boundary yet.
+  struct Pause {
+    bool reading_stopped = false;       // no more WAL is read
+    std::string since;                  // ISO 8601 UTC, as the slot marker keeps it
+    std::string by;                     // who asked: the peer, or the slot marker
+    bool recorded = false;              // the slot marker holds it (survives a restart)
+    std::string record_error;           // why it is not recorded yet
+  };
+  std::optional<Pause> pause;
+  // A halt's details for /status's trace: what failed, where, what to do.
+  struct Failure {
+    std::string cause;                  // walrelay_halted's reason label
+    std::string where;                  // slot, LSN and xid when it halted
+    std::string action;                 // what an operator does about it
+  };
+  std::optional<Failure> failure;
   pgoutput::Lsn received_lsn;           // end of the newest WAL received
   pgoutput::Lsn confirmed_flush_lsn;    // flushed LSN walrelay reported to the server
   pgoutput::Lsn server_wal_end;         // the server's WAL position (the stream's until the poller answers)

@@ -51,6 +51,7 @@ struct Fatal : std::runtime_error {
 //   relay_dispatch.cpp  what each replication message and each delivery report does
 //   relay_status.cpp    what the relay reports about itself (gauges, /slot, /readyz)
 //   relay_snapshot.cpp  the initial snapshot: the rows already in the outbox, once
+//   relay_control.cpp   the operator's pause and resume, and what a restart carries over
 // with catalog.cpp (server checks, publication, slot marker), slot_monitor.cpp
 // (the server's view of the slot) and dead_letter.cpp beside them.
 class Relay final : public StatusSource {
@@ -66,6 +67,29 @@ class Relay final : public StatusSource {
   // Valid once the io_context has stopped.
   int exit_code() const { return exit_code_; }
 
+  // POST /pause: no more WAL is read once the transaction being read ends;
+  // what is in flight settles and is confirmed, status updates go on (the
+  // walsender keeps the slot held and does not time out). Recorded in the
+  // slot marker, so that a restart or a standby taking over stays paused. A
+  // pause asked for in the initial snapshot waits for its end.
+  void pause(const std::string& who);
+  // POST /resume: reading goes on from where it stopped.
+  void resume(const std::string& who);
+  // POST /restart: ends this session as a stop does (in-flight records
+  // settle up to shutdown.timeout.ms); the daemon then builds the next one,
+  // with new connections, from the slot's (or offsets topic's) position.
+  void request_restart(const std::string& who);
+  bool restart_requested() const { return restart_requested_; }
+  // The pause as one generation of the daemon hands it to the next.
+  struct PauseRequest {
+    bool paused = false;
+    std::string since;       // ISO 8601 UTC
+    std::string by;          // who asked
+    bool unrecorded = false; // not in the slot marker yet: the next generation writes it
+  };
+  PauseRequest pause_request() const;
+  void carry_pause(const PauseRequest& carried);
+
   StatusSnapshot status() const override;
 
  private:
@@ -80,6 +104,7 @@ class Relay final : public StatusSource {
     await_socket,      // nothing to read: until the socket is readable or the status tick
     await_acks,        // max.inflight.records or .bytes reached: until deliveries make room
     await_queue,       // the producer's queue refused a record: offer it again shortly
+    await_resume,      // paused (POST /pause) at a transaction boundary: until resumed
   };
   // A replication message the producer refused (queue full), kept to offer again.
   struct HeldMessage {
@@ -136,6 +161,15 @@ class Relay final : public StatusSource {
   // producer, internal).
   void halt(std::string reason, std::string_view cause, int exit_code = exit_halted);
   boost::asio::awaitable<void> stay_halted();
+  void begin_stop();
+  // The pause: whether reads stop before the next message, its record in
+  // the slot marker, and the marker's pause adopted at a session's start.
+  bool paused_now() const { return pause_.requested && !txn_; }
+  void record_pause();
+  boost::asio::awaitable<void> persist_pause();
+  void adopt_pause(const std::string& marked_since);
+  boost::asio::awaitable<void> wait_while_paused();
+  void note_paused();
   boost::asio::awaitable<void> wind_down();
   // A fatal producer error halts; a fence (another walrelay took over the
   // transactional producer) stops with exit 1, to come back as a standby.
@@ -230,6 +264,7 @@ class Relay final : public StatusSource {
   };
   Lag lag() const;
   void update_gauges() const;
+  std::string halt_action() const;
 
   // A record's token: the ledger's transaction id and the table's index for
   // the per-table counter, so a delivery report needs no lookup structure.
@@ -263,7 +298,21 @@ class Relay final : public StatusSource {
   std::string state_reason_;
   bool stop_requested_ = false;
   std::optional<std::string> halt_reason_;
+  std::string halt_cause_;                // walrelay_halted's reason label
+  std::string halt_where_;                // context() when it halted
   int halt_exit_code_ = exit_halted;
+  bool restart_requested_ = false;        // POST /restart: the stop ends in the next generation
+  std::int64_t state_since_unix_ms_ = 0;  // when state_ last changed (/status)
+  std::string worker_id_;                 // host:pid (/status)
+  struct Pause {
+    bool requested = false;               // asked for (or adopted from the slot marker)
+    std::string since, by;
+    bool unrecorded = false;              // the slot marker does not hold the request yet
+    std::string record_error;             // why the last write failed
+    bool writer_running = false;          // persist_pause() is under way
+    bool reading_stopped = false;         // the read loop holds at a transaction boundary
+  } pause_;
+  boost::asio::steady_timer pause_retry_; // persist_pause()'s wait between tries
   std::optional<std::string> replay_reason_;  // set until the replay has started
   bool renew_producer_ = false;               // the replay starts with a new producer (exactly once)
   // Exactly once: the committed position when a Kafka transaction last timed

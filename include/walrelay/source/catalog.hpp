@@ -55,6 +55,14 @@ struct SlotMarker {
   // put the table in the publication (pg_inherits, pg_publication_rel): when
   // it changes, the table was attached or published again since.
   std::map<std::uint32_t, std::uint32_t> retention_lineage;
+  // `paused=<time>`: paused by an operator (POST /pause) at that time, ISO
+  // 8601 UTC; kept here so that a restarted walrelay, or the standby that
+  // takes the slot over, stays paused. Written only by write_pause.
+  std::string paused_since;
+
+  // Whether the line records a slot (made, used or being snapshotted), not
+  // just a pause asked for before walrelay ever recorded the slot.
+  bool records_slot() const { return created_lsn || !created_at.empty() || snapshot_pending; }
 };
 
 // Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
@@ -119,7 +127,8 @@ struct ServerFacts {
   std::vector<std::string> generated_mapped;   // "table column": mapped columns that are generated (18+)
   PublicationFacts publication;
   SlotFacts slot;
-  std::optional<SlotMarker> marker;            // this slot's marker on the publication
+  std::optional<SlotMarker> marker;            // this slot's marker on the publication, when it records the slot
+  std::string paused_since;                    // the marker's pause (SlotMarker::paused_since), or empty
 };
 
 // Reads the server, tables, publication, slot and marker. What prevents
@@ -148,6 +157,12 @@ boost::asio::awaitable<void> ensure_publication(PgConnection& conn, const Config
 // other's lines. Throws PgError (SQLSTATE 42501 when walrelay's user does not
 // own the publication).
 boost::asio::awaitable<void> write_slot_marker(PgConnection& conn, const Config& config, const SlotMarker& marker);
+
+// Records the operator's pause in this slot's marker (`paused_since`, empty
+// for none), every other field kept as the comment holds it under the same
+// lock; write_slot_marker in turn keeps the pause. Throws PgError as
+// write_slot_marker does.
+boost::asio::awaitable<void> write_pause(PgConnection& conn, const Config& config, const std::string& paused_since);
 
 // At each session's start, whatever the retention policy: the marker's floors
 // of tables this walrelay does not relay (taken out of table.include.list, or

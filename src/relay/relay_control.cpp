@@ -1,0 +1,150 @@
+// The operator's hold on the relay: pause and resume (kept in the slot
+// marker), the restart's hand-over of the pause (see relay.hpp for the
+// other files of Relay).
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "walrelay/relay/relay.hpp"
+#include "walrelay/source/catalog.hpp"
+
+namespace walrelay {
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Now as the slot marker keeps times: ISO 8601, UTC, to the second.
+std::string utc_now_iso() {
+  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+void Relay::pause(const std::string& who) {
+  if (pause_.requested) return;  // the first request's time and author stand
+  pause_.requested = true;
+  pause_.since = utc_now_iso();
+  pause_.by = who;
+  pause_.unrecorded = true;
+  spdlog::warn("{} paused by {}: no more WAL is read once the transaction being read ends; records in flight settle "
+               "and are confirmed; the slot stays held",
+               context(), who);
+  note_paused();
+  record_pause();
+  // The read loop, waiting on the socket or for room, looks again now.
+  wake_.cancel();
+  conn_.cancel_wait();
+}
+
+void Relay::resume(const std::string& who) {
+  if (!pause_.requested) return;
+  pause_.requested = false;
+  pause_.unrecorded = true;
+  spdlog::info("{} resumed by {} (paused since {} by {})", context(), who, pause_.since, pause_.by);
+  note_paused();
+  record_pause();
+  wake_.cancel();
+}
+
+Relay::PauseRequest Relay::pause_request() const {
+  return {pause_.requested, pause_.since, pause_.by, pause_.unrecorded};
+}
+
+// A restart keeps what the operator asked: paused stays paused, and a
+// request the marker does not hold yet is written by this generation.
+void Relay::carry_pause(const PauseRequest& carried) {
+  pause_.requested = carried.paused;
+  pause_.since = carried.since;
+  pause_.by = carried.by;
+  pause_.unrecorded = carried.unrecorded;
+  note_paused();
+  if (pause_.unrecorded) record_pause();
+}
+
+// Starts the slot marker's writer unless it runs already (it writes the
+// newest request before it ends).
+void Relay::record_pause() {
+  if (pause_.writer_running) return;
+  pause_.writer_running = true;
+  asio::co_spawn(io_, persist_pause(), asio::detached);
+}
+
+// Writes the pause into the slot marker on a connection of its own (the
+// replication connection takes no SQL while it streams), until the marker
+// holds the newest request; tries again every 5 s while it cannot, saying
+// why in the log and in /status.
+asio::awaitable<void> Relay::persist_pause() {
+  while (pause_.unrecorded && !stop_requested_) {
+    // Named, not temporaries of the co_await expressions: g++ 12 destroyed
+    // a conditional's temporary there twice.
+    const bool paused = pause_.requested;
+    const std::string what = paused ? "pause" : "resume";
+    const std::string since = paused ? pause_.since : std::string();
+    const std::string conninfo = config_.conninfo(false);
+    try {
+      PgConnection conn(io_);
+      co_await conn.connect(conninfo, std::chrono::milliseconds(config_.database_connect_timeout_ms));
+      co_await write_pause(conn, config_, since);
+      if (pause_.requested == paused) pause_.unrecorded = false;
+      pause_.record_error.clear();
+      spdlog::info("slot={} {} recorded in the comment of publication {}", config_.slot_name, what,
+                   config_.publication_name);
+    } catch (const std::exception& e) {
+      pause_.record_error = e.what();
+    }
+    if (!pause_.record_error.empty()) {
+      spdlog::warn("slot={} could not record the {} in the comment of publication {} ({}): it holds in this process, "
+                   "but a restart would not know it; trying again in 5 s",
+                   config_.slot_name, what, config_.publication_name, pause_.record_error);
+      pause_retry_.expires_after(5s);
+      boost::system::error_code ec;
+      co_await pause_retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+  pause_.writer_running = false;
+}
+
+// At each session's start: the pause the slot marker holds, unless this
+// process has a request of its own on its way there. A restarted walrelay,
+// or a standby taking the slot over, stays paused this way.
+void Relay::adopt_pause(const std::string& marked_since) {
+  if (pause_.unrecorded) return;
+  const bool marked = !marked_since.empty();
+  if (marked == pause_.requested && (!marked || marked_since == pause_.since)) return;
+  pause_.requested = marked;
+  pause_.since = marked_since;
+  pause_.by = "the slot marker";
+  if (marked)
+    spdlog::warn("slot={} paused since {} (recorded in the comment of publication {}): no WAL is read until POST "
+                 "/resume (walrelay ctl resume)",
+                 config_.slot_name, marked_since, config_.publication_name);
+  else
+    spdlog::info("slot={} the slot marker holds no pause any more: reading", config_.slot_name);
+  note_paused();
+}
+
+// Paused before an initial snapshot: it waits (once begun, a snapshot runs
+// to its end, for its database and Kafka transactions have deadlines).
+asio::awaitable<void> Relay::wait_while_paused() {
+  while (pause_.requested && !stop_requested_ && !halt_reason_) {
+    pause_.reading_stopped = true;
+    co_await sleep(std::chrono::hours(1));
+  }
+  pause_.reading_stopped = false;
+}
+
+// walrelay_paused: 1 while a pause is asked for.
+void Relay::note_paused() { metrics_.paused.Set(pause_.requested ? 1 : 0); }
+
+}  // namespace walrelay
