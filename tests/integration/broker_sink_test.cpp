@@ -207,8 +207,15 @@ class Collected {
   explicit Collected(const Destination& d) : d_(d) {}
   const std::vector<KafkaRecord>& read(std::size_t at_least = 0, int timeout_s = 5) {
     auto got = d_.read(at_least, timeout_s);
-    if (Broker::reads_consume) records_.insert(records_.end(), got.begin(), got.end());
-    else records_ = std::move(got);
+    if (Broker::reads_consume) {
+      // Arrival order across the reads (each read counts from 0).
+      for (auto& r : got) {
+        r.offset = static_cast<std::int64_t>(records_.size());
+        records_.push_back(std::move(r));
+      }
+    } else {
+      records_ = std::move(got);
+    }
     return records_;
   }
 
