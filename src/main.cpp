@@ -340,8 +340,9 @@ int reset_slot_once(asio::io_context& io, const Config& config) {
 // again first: one that does not load is refused, and the relay runs on.
 class DaemonControl final : public RelayControl {
  public:
-  DaemonControl(asio::io_context& io, Relay& relay, std::string config_path, std::optional<Config>& next)
-      : relay_(relay), config_path_(std::move(config_path)), next_(next), restart_timer_(io) {}
+  DaemonControl(asio::io_context& io, Relay& relay, ReplayJobs& replays, std::string config_path,
+                std::optional<Config>& next)
+      : relay_(relay), replays_(replays), config_path_(std::move(config_path)), next_(next), restart_timer_(io) {}
 
   Answer pause(const std::string& who) override {
     relay_.pause(who);
@@ -360,7 +361,9 @@ class DaemonControl final : public RelayControl {
     // A moment first, so that this answer is written before the loop ends.
     restart_timer_.expires_after(std::chrono::milliseconds(100));
     restart_timer_.async_wait([this, who](const boost::system::error_code& ec) {
-      if (!ec) relay_.request_restart(who);
+      if (ec) return;
+      replays_.request_stop();  // a POST /replay under way ends as at a stop
+      relay_.request_restart(who);
     });
     return answer(202, "restarting: this session ends, a new one starts with the configuration read again "
                        "(GET /status)");
@@ -374,6 +377,7 @@ class DaemonControl final : public RelayControl {
   }
 
   Relay& relay_;
+  ReplayJobs& replays_;
   std::string config_path_;       // read again by a restart
   std::optional<Config>& next_;   // the configuration the restart read
   asio::steady_timer restart_timer_;
@@ -439,7 +443,7 @@ GenerationEnd run_generation(const Config& config, const std::string& config_pat
   relay.carry_pause(before.pause);
   ReplayJobs replays(io, config, metrics);  // POST /replay
   GenerationEnd end;
-  DaemonControl control(io, relay, config_path, end.next);
+  DaemonControl control(io, relay, replays, config_path, end.next);
   AdminOptions options = admin_options(config);
   options.inherited_listener = before.listener;
   options.inherited_listen = before.listen;
@@ -477,7 +481,6 @@ GenerationEnd run_generation(const Config& config, const std::string& config_pat
   if (relay.restart_requested()) {
     end.listener = admin.release_listener();
     end.listen = config.admin_listen;
-    replays.request_stop();
   } else {
     end.next.reset();
     admin.stop();

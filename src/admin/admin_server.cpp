@@ -622,7 +622,9 @@ Response Core::handle(const Request& request, const std::string& peer) {
   Response response{http::status::ok, version};
   response.keep_alive(request.keep_alive());
   const Route r = route(request);
-  const std::string who = peer + " (User-Agent: " + one_line(to_std(request[http::field::user_agent])) + ")";
+  // The client's own words, on one line and short: they reach the log.
+  const std::string who =
+      peer + " (User-Agent: " + one_line(to_std(request[http::field::user_agent]).substr(0, 120)) + ")";
   const bool refused = refuse(request, r, response);
   if (!refused) answer(request, r, who, response);
   if (r.control != Control::none || r.post_replay) {

@@ -1167,9 +1167,9 @@ void wait_paused_settled(Fixture& f, Walrelay& relay) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("control: paused 60 s under load - nothing sent, the slot held by the same walsender (no time-out), "
-                   "the lag shown growing; killed (-9) and started again still paused; resumed with walrelay ctl, "
-                   "every event once, in order per key",
+TEMPLATE_TEST_CASE("control: paused 60 s under load - nothing sent - the slot held by the same walsender (no time-out) - "
+                   "the lag shown growing - killed (-9) and started again still paused - resumed with walrelay ctl "
+                   "every event once and in order per key",
                    "[control][rabbitmq]", Kafka, RabbitMq) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");

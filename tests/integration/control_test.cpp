@@ -46,8 +46,8 @@ std::string file_text(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("control: each state-changing request needs admin.control.token - refused without it, with the readers' "
-          "or the replay token, and forbidden when it is not set; the log names who asked",
+TEST_CASE("control: each state-changing request needs admin.control.token - refused without it or with the readers' "
+          "or the replay token - forbidden when it is not set - the log names who asked",
           "[control]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -102,8 +102,8 @@ TEST_CASE("control: each state-changing request needs admin.control.token - refu
 }
 
 TEST_CASE("control: POST /restart in place - a new session and admin endpoint on the same port with the "
-          "configuration read again, the pause kept; a configuration that does not load is refused and changes "
-          "nothing",
+          "configuration read again and the pause kept - a configuration that does not load is refused and "
+          "changes nothing",
           "[control]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -144,7 +144,7 @@ TEST_CASE("control: POST /restart in place - a new session and admin endpoint on
 }
 
 TEST_CASE("control: POST /restart of a walrelay whose broker went away - a new session and producer while the broker "
-          "is down, and every event written meanwhile arrives once it is back, in order per key",
+          "is down - every event written meanwhile arrives once it is back and in order per key",
           "[control][fault][broker][solo]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
