@@ -205,7 +205,7 @@ int redrive_main(int argc, char** argv) {
 int ctl_main(int argc, char** argv) {
   po::options_description options("walrelay ctl: asks a running walrelay's admin endpoint for its status, or to pause, "
                                   "resume or restart\n\nUsage: walrelay ctl [--config FILE | --url URL] "
-                                  "status|pause|resume|restart\n\nThe token: $WALRELAY_ADMIN_TOKEN, else the "
+                                  "status|pause|resume|restart\n\nThe token: $WALRELAY_CTL_TOKEN, else the "
                                   "file's admin.control.token (pause, resume, restart) or admin.token (status)\n\n"
                                   "Options");
   CtlOptions o;
@@ -229,7 +229,7 @@ int ctl_main(int argc, char** argv) {
     std::cout << options << "\nExit codes: 0 done (a 2xx answer), 1 refused or no answer, 2 bad options\n";
     return vm.count("help") ? exit_ok : exit_config;
   }
-  if (const char* token = std::getenv("WALRELAY_ADMIN_TOKEN")) o.token = token;
+  if (const char* token = std::getenv("WALRELAY_CTL_TOKEN")) o.token = token;
   if (!path.empty() || (o.url.empty() && std::getenv("WALRELAY_CONFIG"))) {
     o.config = read_config(path, "walrelay ctl");
     if (!o.config) return exit_config;
@@ -345,14 +345,16 @@ class DaemonControl final : public RelayControl {
       : relay_(relay), replays_(replays), config_path_(std::move(config_path)), next_(next), restart_timer_(io) {}
 
   Answer pause(const std::string& who) override {
-    relay_.pause(who);
+    if (auto refused = relay_.pause(who)) return answer(409, *refused);
     return answer(202, "pausing: no WAL is read once the transaction being read ends (GET /status)");
   }
   Answer resume(const std::string& who) override {
-    relay_.resume(who);
+    if (auto refused = relay_.resume(who)) return answer(409, *refused);
     return answer(202, "resuming (GET /status)");
   }
-  Answer restart(const std::string& who) override {
+  Answer restart(const std::string& who, bool only_failed) override {
+    if (only_failed && !relay_.failed()) return answer(204, "");
+    if (auto refused = relay_.restart_refused()) return answer(409, "not restarted: " + *refused);
     try {
       next_ = load_config_from_environment(config_path_);
     } catch (const ConfigError& e) {
@@ -371,6 +373,7 @@ class DaemonControl final : public RelayControl {
 
  private:
   static Answer answer(unsigned status, const std::string& message) {
+    if (status == 204) return {status, ""};
     Json doc = Json::object();
     doc[status < 300 ? "message" : "error"] = message;
     return {status, to_json_text(doc) + "\n"};
@@ -391,6 +394,7 @@ struct GenerationEnd {
   Relay::PauseRequest pause;
   int listener = -1;      // the admin endpoint's socket, for the next generation
   std::string listen;     // the admin.listen it is bound for
+  bool started = false;   // the relay ran (false: the configuration could not be built into one)
 };
 
 GenerationEnd ended(int exit_code) {
@@ -437,7 +441,11 @@ GenerationEnd run_generation(const Config& config, const std::string& config_pat
     sink = make_sink(io, config);
   } catch (const ConfigError& e) {
     spdlog::critical("configuration error: {}", e.what());
-    return ended(exit_config);
+    GenerationEnd failed = ended(exit_config);
+    failed.pause = before.pause;        // what the generation before handed on, for the one after
+    failed.listener = before.listener;  // unused: the next generation takes it
+    failed.listen = before.listen;
+    return failed;
   }
   Relay relay(io, config, metrics, *sink);
   relay.carry_pause(before.pause);
@@ -454,31 +462,34 @@ GenerationEnd run_generation(const Config& config, const std::string& config_pat
     admin.start();
   } catch (const std::exception& e) {
     spdlog::critical("admin.listen: could not listen on {}: {}", config.admin_listen, e.what());
-    return ended(exit_failure);
+    GenerationEnd failed = ended(exit_failure);
+    failed.pause = before.pause;
+    return failed;
   }
   spdlog::info("admin endpoint on {} (port {})", config.admin_listen, admin.port());
 
   asio::signal_set signals(io, SIGINT, SIGTERM);
+  int signalled = 0;  // a signal ends the process, even during a restart's drain
   std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     spdlog::info("signal {} received", sig);
     relay.request_stop();
     replays.request_stop();
     signals.async_wait(on_signal);  // a second signal while draining: leave at once
-    static int count = 0;
-    if (++count > 1) {
+    if (++signalled > 1) {
       spdlog::warn("second signal: exiting without waiting for in-flight records");
       std::_Exit(exit_failure);
     }
   };
   signals.async_wait(on_signal);
   hold_stop_signals(false);
+  end.started = true;
   relay.start();
   io.run();
   hold_stop_signals(true);
   end.exit_code = relay.exit_code();
   end.pause = relay.pause_request();
-  if (relay.restart_requested()) {
+  if (relay.restart_requested() && signalled == 0) {
     end.listener = admin.release_listener();
     end.listen = config.admin_listen;
   } else {
@@ -493,10 +504,22 @@ GenerationEnd run_generation(const Config& config, const std::string& config_pat
 // ends the process.
 int run_daemon(const std::string& config_path, Config config) {
   GenerationEnd end;
+  std::optional<Config> last_good;  // the configuration of the generation before, for a restart that cannot start
   hold_stop_signals(true);
   while (true) {
+    const bool restarting = last_good.has_value();
     end = run_generation(config, config_path, end);
+    if (!end.started && restarting) {
+      // The file loaded, but its sink or endpoint could not be built: the
+      // configuration that ran goes on rather than leave nothing running.
+      spdlog::critical("the configuration read for the restart could not start (above); running the previous one "
+                       "again: fix the file, then restart again");
+      config = std::move(*last_good);
+      last_good.reset();
+      continue;
+    }
     if (!end.next) return end.exit_code;
+    last_good = config;
     config = std::move(*end.next);
     end.next.reset();
     setup_logging(config.log_level, config.log_format);

@@ -751,9 +751,11 @@ bool Core::refuse(const Request& request, const Route& route, Response& response
 // read-only endpoint.
 void Core::answer(const Request& request, const Route& route, const std::string& who, Response& response) {
   if (route.control != Control::none) {
+    const std::string_view target = to_std(request.target());
+    const bool only_failed = target.find("onlyFailed=true") != std::string_view::npos;
     auto answer = route.control == Control::pause    ? control_->pause(who)
                   : route.control == Control::resume ? control_->resume(who)
-                                                     : control_->restart(who);
+                                                     : control_->restart(who, only_failed);
     reply(response, static_cast<http::status>(answer.status), json_content_type, std::move(answer.body));
   } else if (route.post_replay) {
     auto answer = replay_->start(to_std(request.body()));

@@ -489,9 +489,11 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
 // relay, and the publication made what filtered mode wants.
 asio::awaitable<ServerFacts> Relay::check_source(PgConnection& conn, const std::string& system) {
   std::vector<std::string> problems, warnings;
+  const std::uint64_t pause_epoch = pause_.epoch;
   auto facts = co_await inspect_server(conn, config_, system, problems, warnings);
   for (auto& w : warnings) spdlog::warn("{}", w);
-  adopt_pause(facts.paused_since);
+  // Unless this process paused or resumed since the marker was read.
+  if (pause_.epoch == pause_epoch) adopt_pause(facts.paused_since);
   if (auto p = slot_problem(config_, facts)) {
     metrics_.slot_invalidated.Set(1);
     problems.push_back(*p);
@@ -523,9 +525,9 @@ asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts&
                            !mutation::active(mutation::Break::snapshot_resume_as_done);
   if (snapshot && (!facts.slot.exists || interrupted)) {
     // The rows already in the outbox first, then the stream from the
-    // snapshot's consistent point (relay_snapshot.cpp); paused, not yet.
-    co_await wait_while_paused();
-    if (stop_requested_ || halt_reason_) co_return false;
+    // snapshot's consistent point (relay_snapshot.cpp). A pause waits for
+    // its end: waiting before it would hold no slot, and the events that
+    // leave no row would be lost meanwhile.
     auto point = co_await initial_snapshot(conn, facts, source);
     if (!point) co_return false;  // stopped or halted: the next start takes it again
     if (!wal_reached || *wal_reached < *point) wal_reached = point;

@@ -31,8 +31,29 @@ std::string utc_now_iso() {
 
 }  // namespace
 
-void Relay::pause(const std::string& who) {
-  if (pause_.requested) return;  // the first request's time and author stand
+namespace {
+
+// The slot as a generation hands it on: its database and name.
+std::string slot_identity(const Config& config) { return config.database_dbname + "/" + config.slot_name; }
+
+// What the standby answers: the walrelay that holds the slot decides.
+std::string standby_refusal() {
+  return "this walrelay is a standby: pause and resume the one that holds the slot (GET /status there), which "
+         "records it for this one";
+}
+
+}  // namespace
+
+std::optional<std::string> Relay::pause(const std::string& who) {
+  if (state_ == RelayState::standby) return standby_refusal();
+  ++pause_.epoch;
+  if (pause_.requested) {
+    // The first request's time and author stand; the marker is written
+    // again all the same (it may have lost it).
+    pause_.unrecorded = true;
+    record_pause();
+    return std::nullopt;
+  }
   pause_.requested = true;
   pause_.since = utc_now_iso();
   pause_.by = who;
@@ -43,22 +64,36 @@ void Relay::pause(const std::string& who) {
   note_paused();
   record_pause();
   // The read loop, waiting on the socket or for room, looks again now.
-  wake_.cancel();
-  conn_.cancel_wait();
+  if (state_ == RelayState::streaming) {
+    wake_.cancel();
+    conn_.cancel_wait();
+  }
+  return std::nullopt;
 }
 
-void Relay::resume(const std::string& who) {
-  if (!pause_.requested) return;
+std::optional<std::string> Relay::resume(const std::string& who) {
+  if (state_ == RelayState::standby) return standby_refusal();
+  ++pause_.epoch;
+  pause_.unrecorded = true;  // written even when not paused here: the marker may hold a pause
+  record_pause();
+  if (!pause_.requested) return std::nullopt;
   pause_.requested = false;
-  pause_.unrecorded = true;
   spdlog::info("{} resumed by {} (paused since {} by {})", context(), who, pause_.since, pause_.by);
   note_paused();
-  record_pause();
-  wake_.cancel();
+  if (state_ == RelayState::streaming) wake_.cancel();
+  return std::nullopt;
+}
+
+std::optional<std::string> Relay::restart_refused() const {
+  if (state_ == RelayState::halted && halt_cause_ == "slot")
+    return "the replication slot is lost: a new session would create a new one and skip the events in between. "
+           "Recover them, then run walrelay --reset-slot and start walrelay again (docs/operations.md)";
+  return std::nullopt;
 }
 
 Relay::PauseRequest Relay::pause_request() const {
-  return {pause_.requested, pause_.since, pause_.by, pause_.unrecorded};
+  return {pause_.requested, pause_.since, pause_.by, pause_.unrecorded,
+          sessions_streamed_ > 0 ? slot_identity(config_) : std::string()};
 }
 
 // A restart keeps what the operator asked: paused stays paused, and a
@@ -68,6 +103,9 @@ void Relay::carry_pause(const PauseRequest& carried) {
   pause_.since = carried.since;
   pause_.by = carried.by;
   pause_.unrecorded = carried.unrecorded;
+  // The same slot streamed by the generation before: one found missing now
+  // was dropped, not never made (check_source halts rather than make it).
+  if (!carried.streamed_slot.empty() && carried.streamed_slot == slot_identity(config_)) sessions_streamed_ = 1;
   note_paused();
   if (pause_.unrecorded) record_pause();
 }
@@ -100,6 +138,15 @@ asio::awaitable<void> Relay::persist_pause() {
       pause_.record_error.clear();
       spdlog::info("slot={} {} recorded in the comment of publication {}", config_.slot_name, what,
                    config_.publication_name);
+    } catch (const PgError& e) {
+      pause_.record_error = e.what();
+      // Not the publication's owner, or a read-only standby: no retry helps.
+      if (e.sqlstate() == "42501" || e.sqlstate() == "25006") {
+        spdlog::warn("slot={} could not record the {} in the comment of publication {} ({}): it holds in this "
+                     "process only, and a restart would not know it",
+                     config_.slot_name, what, config_.publication_name, pause_.record_error);
+        break;
+      }
     } catch (const std::exception& e) {
       pause_.record_error = e.what();
     }
@@ -132,16 +179,6 @@ void Relay::adopt_pause(const std::string& marked_since) {
   else
     spdlog::info("slot={} the slot marker holds no pause any more: reading", config_.slot_name);
   note_paused();
-}
-
-// Paused before an initial snapshot: it waits (once begun, a snapshot runs
-// to its end, for its database and Kafka transactions have deadlines).
-asio::awaitable<void> Relay::wait_while_paused() {
-  while (pause_.requested && !stop_requested_ && !halt_reason_) {
-    pause_.reading_stopped = true;
-    co_await sleep(std::chrono::hours(1));
-  }
-  pause_.reading_stopped = false;
 }
 
 // walrelay_paused: 1 while a pause is asked for.

@@ -132,6 +132,7 @@ TEST_CASE("control: POST /restart in place - a new session and admin endpoint on
   CHECK(relay.admin_port() == port);
   REQUIRE(eventually([&] { return http_get(port, "/status", reader).status == 200 && state_of(relay) == "PAUSED"; },
                      30s, 100ms));
+  CHECK(status_json(relay)["walrelay"]["pause"]["by"].get<std::string>().find("127.0.0.1:") == 0);  // carried over
   f.db().exec(insert_event(f.table, "Restart", "k", "jsonb_build_object('seq', 1)"));
   std::this_thread::sleep_for(2s);
   CHECK(count_records(f.topic("v2.Restart")) == 0);  // still paused
@@ -174,4 +175,89 @@ TEST_CASE("control: POST /restart of a walrelay whose broker went away - a new s
   CHECK(seen.count.size() == 2200);
   check_order_per_key(recs);
   CHECK(state_of(relay) == "RUNNING");
+}
+
+TEST_CASE("control: POST /restart refused where a new session would lose events or not start - a lost slot is a 409 "
+          "naming --reset-slot - a sink the file's keys cannot build runs the previous configuration again - "
+          "onlyFailed restarts only a failed walrelay - a standby leaves pause to the walrelay that holds the slot",
+          "[control]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config(tokens() + "reconnect.backoff.max.ms=500\nhalt.action=stay\n"));
+  relay.start();
+  relay.wait_streaming();
+  const std::string streaming = "slot=" + f.slot + " streaming:";
+
+  // Kafka Connect's onlyFailed: nothing to restart.
+  CHECK(relay.request("POST", "/connectors/" + f.slot + "/restart?includeTasks=true&onlyFailed=true", controller)
+            .status == 204);
+
+  // A standby: 409, the active one decides.
+  Walrelay standby(f.config(tokens() + "reconnect.backoff.max.ms=500\n"));
+  standby.start();
+  REQUIRE(eventually([&] { return standby.log().find("standby:") != std::string::npos; }, 30s, 100ms));
+  auto refused = standby.request("POST", "/pause", controller);
+  CHECK(refused.status == 409);
+  CHECK(refused.body.find("standby") != std::string::npos);
+  standby.signal(SIGTERM);
+  CHECK(standby.wait_exit(60s) == 0);
+
+  // A Kafka key librdkafka refuses only when the producer is made: the
+  // restart's new session cannot start, the previous configuration runs on.
+  const std::string good = file_text(relay.config_path());
+  std::ofstream(relay.config_path()) << good << "kafka.no.such.property=1\n";
+  CHECK(relay.request("POST", "/restart", controller).status == 202);
+  REQUIRE(eventually([&] { return relay.log().find("running the previous one again") != std::string::npos; }, 60s,
+                     100ms));
+  REQUIRE(eventually([&] { return count_occurrences(relay.log(), streaming) >= 2; }, 60s, 100ms));
+  CHECK(relay.running());
+  f.db().exec(insert_event(f.table, "Restart", "k", "jsonb_build_object('seq', 0)"));
+  CHECK(read_topic(f.topic("Restart"), 1).size() == 1);
+  std::ofstream(relay.config_path()) << good;
+
+  // The slot dropped under it: halted (stays up); a restart would make a new
+  // slot and skip what was written since, so it is refused.
+  REQUIRE(eventually([&] {
+    f.db().exec("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" + f.slot +
+                "' AND active_pid IS NOT NULL");
+    try {
+      f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }, 30s, 50ms));
+  REQUIRE(eventually([&] { return state_of(relay) == "FAILED"; }, 60s, 100ms));
+  auto lost = relay.request("POST", "/restart", controller);
+  CHECK(lost.status == 409);
+  CHECK(lost.body.find("--reset-slot") != std::string::npos);
+  std::this_thread::sleep_for(2s);
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
+  CHECK(state_of(relay) == "FAILED");
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit(60s) == 3);
+}
+
+TEST_CASE("control: SIGTERM right after POST /restart ends the process (exit 0) - no new session after it", "[control]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config(tokens()));
+  relay.start();
+  relay.wait_streaming();
+  for (auto delay : {0ms, 150ms}) {
+    INFO("SIGTERM " << delay.count() << " ms after the restart");
+    if (delay == 150ms) {
+      relay.start();
+      relay.wait_streaming();
+    }
+    REQUIRE(relay.request("POST", "/restart", controller).status == 202);
+    std::this_thread::sleep_for(delay);
+    relay.signal(SIGTERM);
+    CHECK(relay.wait_exit(60s) == 0);
+    // After the signal, whenever it came, no new session began.
+    const std::string log = relay.this_run_log();
+    const auto signalled = log.find("signal 15 received");
+    REQUIRE(signalled != std::string::npos);
+    CHECK(log.find("slot=" + f.slot + " streaming:", signalled) == std::string::npos);
+  }
 }

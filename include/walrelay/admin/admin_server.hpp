@@ -58,7 +58,9 @@ class RelayControl {
   virtual ~RelayControl() = default;
   virtual Answer pause(const std::string& who) = 0;
   virtual Answer resume(const std::string& who) = 0;
-  virtual Answer restart(const std::string& who) = 0;
+  // only_failed: Kafka Connect's ?onlyFailed=true, a restart only of a
+  // failed relay (204 otherwise).
+  virtual Answer restart(const std::string& who, bool only_failed) = 0;
 };
 
 // Runs on the relay's io_context; never blocks it. Bad requests get a 4xx or

@@ -71,10 +71,16 @@ class Relay final : public StatusSource {
   // what is in flight settles and is confirmed, status updates go on (the
   // walsender keeps the slot held and does not time out). Recorded in the
   // slot marker, so that a restart or a standby taking over stays paused. A
-  // pause asked for in the initial snapshot waits for its end.
-  void pause(const std::string& who);
+  // pause asked for before or in the initial snapshot waits for its end.
+  // Both return why they are refused (a standby: the walrelay that holds
+  // the slot decides), or nullopt.
+  std::optional<std::string> pause(const std::string& who);
   // POST /resume: reading goes on from where it stopped.
-  void resume(const std::string& who);
+  std::optional<std::string> resume(const std::string& who);
+  // Why POST /restart is refused now (a lost slot: a new session would make
+  // a new one and skip events), or nullopt.
+  std::optional<std::string> restart_refused() const;
+  bool failed() const { return state_ == RelayState::halted; }
   // POST /restart: ends this session as a stop does (in-flight records
   // settle up to shutdown.timeout.ms); the daemon then builds the next one,
   // with new connections, from the slot's (or offsets topic's) position.
@@ -86,6 +92,9 @@ class Relay final : public StatusSource {
     std::string since;       // ISO 8601 UTC
     std::string by;          // who asked
     bool unrecorded = false; // not in the slot marker yet: the next generation writes it
+    // The slot this process streamed from ("database/slot"): a next
+    // generation that finds it missing knows it was dropped, not new.
+    std::string streamed_slot;
   };
   PauseRequest pause_request() const;
   void carry_pause(const PauseRequest& carried);
@@ -168,7 +177,6 @@ class Relay final : public StatusSource {
   void record_pause();
   boost::asio::awaitable<void> persist_pause();
   void adopt_pause(const std::string& marked_since);
-  boost::asio::awaitable<void> wait_while_paused();
   void note_paused();
   boost::asio::awaitable<void> wind_down();
   // A fatal producer error halts; a fence (another walrelay took over the
@@ -311,6 +319,7 @@ class Relay final : public StatusSource {
     std::string record_error;             // why the last write failed
     bool writer_running = false;          // persist_pause() is under way
     bool reading_stopped = false;         // the read loop holds at a transaction boundary
+    std::uint64_t epoch = 0;              // counts this process's requests: a marker read before one is stale
   } pause_;
   boost::asio::steady_timer pause_retry_; // persist_pause()'s wait between tries
   std::optional<std::string> replay_reason_;  // set until the replay has started
