@@ -363,7 +363,7 @@ class DaemonControl final : public RelayControl {
     // A moment first, so that this answer is written before the loop ends.
     restart_timer_.expires_after(std::chrono::milliseconds(100));
     restart_timer_.async_wait([this, who](const boost::system::error_code& ec) {
-      if (ec) return;
+      if (ec || relay_.restart_refused()) return;  // halted on a lost slot meanwhile
       replays_.request_stop();  // a POST /replay under way ends as at a stop
       relay_.request_restart(who);
     });
@@ -464,6 +464,8 @@ GenerationEnd run_generation(const Config& config, const std::string& config_pat
     spdlog::critical("admin.listen: could not listen on {}: {}", config.admin_listen, e.what());
     GenerationEnd failed = ended(exit_failure);
     failed.pause = before.pause;
+    failed.listener = before.listener;  // not taken: the generation after takes it
+    failed.listen = before.listen;
     return failed;
   }
   spdlog::info("admin endpoint on {} (port {})", config.admin_listen, admin.port());

@@ -136,6 +136,25 @@ bool bearer_matches(std::string_view header, std::string_view token) {
   return equal_constant_time(presented, token);
 }
 
+// Whether the target's query holds `name=true` (the value in any case, as
+// Kafka Connect reads its booleans).
+bool query_flag(std::string_view target, std::string_view name) {
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return false;
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    const auto amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    const auto eq = pair.find('=');
+    if (eq == std::string_view::npos || pair.substr(0, eq) != name) continue;
+    std::string value(pair.substr(eq + 1));
+    for (auto& c : value) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    return value == "true";
+  }
+  return false;
+}
+
 // Replaces CR and LF so that a reason stays on one line of a text response.
 std::string one_line(std::string_view text) {
   std::string line(text);
@@ -522,7 +541,6 @@ void Core::start() {
     acceptor_.assign(endpoint.protocol(), options_.inherited_listener, ec);
     if (ec) throw fail("take over the listening socket of", ec);
   } else {
-    if (options_.inherited_listener >= 0) ::close(options_.inherited_listener);  // admin.listen changed
     acceptor_.open(endpoint.protocol(), ec);
     if (ec) throw fail("open socket for", ec);
     acceptor_.set_option(net::socket_base::reuse_address(true), ec);
@@ -531,6 +549,9 @@ void Core::start() {
     if (ec) throw fail("bind", ec);
     acceptor_.listen(net::socket_base::max_listen_connections, ec);
     if (ec) throw fail("listen on", ec);
+    // admin.listen changed: the earlier socket goes once this one listens
+    // (on a failure above it stays the caller's, for the generation after).
+    if (options_.inherited_listener >= 0) ::close(options_.inherited_listener);
   }
   options_.inherited_listener = -1;
   const tcp::endpoint bound = acceptor_.local_endpoint(ec);
@@ -636,7 +657,11 @@ Response Core::handle(const Request& request, const std::string& peer) {
       spdlog::info("admin: {} {} from {} with the operator's token: {}", to_std(request.method_string()), r.path, who,
                    static_cast<unsigned>(response.result_int()));
   }
-  response.content_length(response.body().size());
+  if (response.result() == http::status::no_content) {
+    response.erase(http::field::content_type);  // a 204 has no body, nor headers for one
+  } else {
+    response.content_length(response.body().size());
+  }
   if (request.method() == http::verb::head) response.body().clear();
   spdlog::debug("admin: {} {} -> {}", to_std(request.method_string()), r.path,
                 static_cast<unsigned>(response.result_int()));
@@ -751,8 +776,7 @@ bool Core::refuse(const Request& request, const Route& route, Response& response
 // read-only endpoint.
 void Core::answer(const Request& request, const Route& route, const std::string& who, Response& response) {
   if (route.control != Control::none) {
-    const std::string_view target = to_std(request.target());
-    const bool only_failed = target.find("onlyFailed=true") != std::string_view::npos;
+    const bool only_failed = query_flag(to_std(request.target()), "onlyFailed");
     auto answer = route.control == Control::pause    ? control_->pause(who)
                   : route.control == Control::resume ? control_->resume(who)
                                                      : control_->restart(who, only_failed);

@@ -29,10 +29,10 @@ const char* connect_state(const StatusSnapshot& s) {
       return s.pause && s.pause->reading_stopped ? "PAUSED" : "RUNNING";
     case RelayState::starting:
     case RelayState::connecting:
-      return s.pause ? "PAUSED" : "STARTING";
+      return "STARTING";
     case RelayState::reconnecting:
     case RelayState::draining:
-      return s.pause ? "PAUSED" : "RUNNING";
+      return "RUNNING";
   }
   return "UNASSIGNED";
 }

@@ -298,6 +298,7 @@ asio::awaitable<void> Relay::run() {
       if (e.sqlstate() == sqlstate_object_in_use) {
         // Another walrelay holds the slot: wait as a standby, take over when it goes.
         set_state(RelayState::standby, e.what());
+        holds_slot_ = false;
         spdlog::info("slot={} standby: {}", config_.slot_name, e.what());
         standby = true;
       } else {
@@ -482,6 +483,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   const std::string cmd = co_await start_replication(conn);
   if (transactional_) co_await take_over_position(conn, source, facts, wal_reached, history);
   spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
+  holds_slot_ = true;
   set_state(RelayState::streaming);
 }
 

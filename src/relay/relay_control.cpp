@@ -36,16 +36,17 @@ namespace {
 // The slot as a generation hands it on: its database and name.
 std::string slot_identity(const Config& config) { return config.database_dbname + "/" + config.slot_name; }
 
-// What the standby answers: the walrelay that holds the slot decides.
+// What a walrelay that does not hold the slot answers: the one that does
+// decides (a standby between its tries is not always in the standby state).
 std::string standby_refusal() {
-  return "this walrelay is a standby: pause and resume the one that holds the slot (GET /status there), which "
-         "records it for this one";
+  return "this walrelay does not hold the slot (a standby, or not streaming yet): pause and resume the one that "
+         "streams it (GET /status there), which records it for the others";
 }
 
 }  // namespace
 
 std::optional<std::string> Relay::pause(const std::string& who) {
-  if (state_ == RelayState::standby) return standby_refusal();
+  if (!holds_slot_) return standby_refusal();
   ++pause_.epoch;
   if (pause_.requested) {
     // The first request's time and author stand; the marker is written
@@ -72,7 +73,7 @@ std::optional<std::string> Relay::pause(const std::string& who) {
 }
 
 std::optional<std::string> Relay::resume(const std::string& who) {
-  if (state_ == RelayState::standby) return standby_refusal();
+  if (!holds_slot_) return standby_refusal();
   ++pause_.epoch;
   pause_.unrecorded = true;  // written even when not paused here: the marker may hold a pause
   record_pause();
@@ -127,6 +128,7 @@ asio::awaitable<void> Relay::persist_pause() {
     // Named, not temporaries of the co_await expressions: g++ 12 destroyed
     // a conditional's temporary there twice.
     const bool paused = pause_.requested;
+    const std::uint64_t epoch = pause_.epoch;
     const std::string what = paused ? "pause" : "resume";
     const std::string since = paused ? pause_.since : std::string();
     const std::string conninfo = config_.conninfo(false);
@@ -134,14 +136,14 @@ asio::awaitable<void> Relay::persist_pause() {
       PgConnection conn(io_);
       co_await conn.connect(conninfo, std::chrono::milliseconds(config_.database_connect_timeout_ms));
       co_await write_pause(conn, config_, since);
-      if (pause_.requested == paused) pause_.unrecorded = false;
+      if (pause_.epoch == epoch) pause_.unrecorded = false;  // else a newer request is written next
       pause_.record_error.clear();
       spdlog::info("slot={} {} recorded in the comment of publication {}", config_.slot_name, what,
                    config_.publication_name);
     } catch (const PgError& e) {
       pause_.record_error = e.what();
-      // Not the publication's owner, or a read-only standby: no retry helps.
-      if (e.sqlstate() == "42501" || e.sqlstate() == "25006") {
+      // Not the publication's owner: no retry helps.
+      if (e.sqlstate() == "42501") {
         spdlog::warn("slot={} could not record the {} in the comment of publication {} ({}): it holds in this "
                      "process only, and a restart would not know it",
                      config_.slot_name, what, config_.publication_name, pause_.record_error);

@@ -310,6 +310,7 @@ class Relay final : public StatusSource {
   std::string halt_where_;                // context() when it halted
   int halt_exit_code_ = exit_halted;
   bool restart_requested_ = false;        // POST /restart: the stop ends in the next generation
+  bool holds_slot_ = false;               // streamed since the last standby wait: pause and resume are ours
   std::int64_t state_since_unix_ms_ = 0;  // when state_ last changed (/status)
   std::string worker_id_;                 // host:pid (/status)
   struct Pause {

@@ -82,7 +82,12 @@ KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, st
       waiting_retry_(io), position_retry_(io) {
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
   wake_.assign(wake_pipe_[0]);
-  create_producer();
+  try {
+    create_producer();
+  } catch (...) {
+    ::close(wake_pipe_[1]);  // no destructor runs for a constructor that throws (wake_ closes the other end)
+    throw;
+  }
   watch_queue();
 }
 
