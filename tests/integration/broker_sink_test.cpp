@@ -1227,3 +1227,63 @@ TEMPLATE_TEST_CASE("control: paused 60 s under load - nothing sent - the slot he
   check_delivered<TestType>(f, recs, static_cast<std::size_t>(writer.committed()));
   CHECK(ids_of(recs).duplicates() == 0);
 }
+
+TEST_CASE("control: RabbitMQ - an unroutable record halts and stays up FAILED with its trace - the queue bound then "
+          "POST /restart relays it and what came after - then a restart while the broker is down - every event "
+          "arrives once it is back and in order per key",
+          "[control][rabbitmq][fault][solo]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = RabbitMq::topics(f, f.topic("Order"));  // Stray has no queue: unroutable
+  Collected<RabbitMq, RabbitMq::Destination> orders(*to);
+  Walrelay relay(RabbitMq::config(f, "errors.tolerance=none\nhalt.action=stay\nadmin.control.token=" + control_token +
+                                         "\nmax.inflight.records=200\nshutdown.timeout.ms=2000\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 1)"));
+  f.db().exec(insert_event(f.table, "Stray", "a", "jsonb_build_object('seq', 2)"));
+  const auto after_stray = f.db().current_wal_lsn();
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 3)"));
+  REQUIRE(eventually([&] { return status_of(relay).state == "FAILED"; }, 60s, 100ms));
+  auto failed = json::parse(relay.get("/status").body);
+  CHECK(failed["walrelay"]["failure"]["cause"] == "record");
+  CHECK(failed["connector"]["trace"].get<std::string>().find("POST /restart") != std::string::npos);
+  CHECK(relay.metric("walrelay_halted") == std::optional<double>(1));
+  CHECK(f.db().confirmed_flush(f.slot) < after_stray);
+
+  // The fix: a queue for Stray. The restart relays it and what came after.
+  RabbitMq::Destination strays(RabbitMq::exchange(f), f.slot + "_stray", f.topic("Stray"));
+  CHECK(relay.request("POST", "/restart", control_token).status == 202);
+  REQUIRE(eventually([&] { return status_of(relay).state == "RUNNING"; }, 60s, 100ms));
+  CHECK(relay.metric("walrelay_halted") == std::optional<double>(0));
+  auto stray = strays.read(1);
+  REQUIRE(stray.size() == 1);
+  CHECK(stray[0].value->find("\"seq\": 2") != std::string::npos);
+
+  // The broker gone: a restart meanwhile, then every event once it is back.
+  {
+    Outage<RabbitMq> outage;
+    Writer writer(f.table, "Order", 400, 10, 5ms, 16, "", 10);
+    REQUIRE(eventually([&] { return relay.get("/readyz").body.find("broker unreachable") != std::string::npos; },
+                       60s, 200ms));
+    CHECK(relay.request("POST", "/restart", control_token).status == 202);
+    REQUIRE(eventually([&] { return count_of(relay.log(), "session ended for the restart") >= 2; }, 60s, 100ms));
+    CHECK(relay.running());
+    writer.join();
+    REQUIRE(writer.failures() == 0);
+    outage.restart();
+  }
+  const auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 180s, 200ms));
+  const auto order_recs = orders.read();
+  check_order_per_key(order_recs);  // per queue: Stray's own is another
+  auto recs = order_recs;
+  recs.insert(recs.end(), stray.begin(), stray.end());
+  auto seen = ids_of(recs);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  CHECK(seen.count.size() == 403);
+  // Each repeat within what a restart may send again (in flight, and what
+  // was acknowledged since the last status update).
+  CHECK(seen.duplicates() <= 600);
+  CHECK(relay.running());
+}
