@@ -221,8 +221,12 @@ TEST_CASE_METHOD(MockOutbox,
   REQUIRE(rd_kafka_mock_broker_set_rtt(cluster.mc, mock_broker, 0) == RD_KAFKA_RESP_ERR_NO_ERROR);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) >= written; }, 30s, 20ms));
   // The slow one, then everything that waited for it in one transaction
-  // (not one per source transaction).
-  CHECK(p.metrics.kafka_transactions("committed").Value() == committed_before + 2);
+  // (not one per source transaction: 49 would be 49). Beside those, a
+  // transaction of the position alone may commit, at most once a second,
+  // when other tests' WAL moves the server on (main-suite run 11 saw one).
+  const double commits = p.metrics.kafka_transactions("committed").Value() - committed_before;
+  CHECK(commits >= 2);
+  CHECK(commits <= 5);
   auto ids = cluster.ids(topic);
   std::set<std::string> distinct(ids.begin(), ids.end());
   CHECK(distinct.size() == 60);
