@@ -33,12 +33,6 @@ json status_json(Walrelay& relay) {
 
 std::string state_of(Walrelay& relay) { return status_json(relay)["connector"]["state"]; }
 
-std::size_t count_occurrences(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + what.size())) ++n;
-  return n;
-}
-
 std::string file_text(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -127,7 +121,7 @@ TEST_CASE("control: POST /restart in place - a new session and admin endpoint on
   // A new configuration (a new route) is read by the restart.
   std::ofstream(relay.config_path()) << with_key(good, "route.topic.replacement", f.topic_prefix + "v2.${routedByValue}");
   CHECK(relay.request("POST", "/restart", controller).status == 202);
-  REQUIRE(eventually([&] { return count_occurrences(relay.log(), "slot=" + f.slot + " streaming:") >= 2; }, 60s, 100ms));
+  REQUIRE(eventually([&] { return count_of(relay.log(), "slot=" + f.slot + " streaming:") >= 2; }, 60s, 100ms));
   CHECK(relay.running());
   CHECK(relay.admin_port() == port);
   REQUIRE(eventually([&] { return http_get(port, "/status", reader).status == 200 && state_of(relay) == "PAUSED"; },
@@ -162,7 +156,7 @@ TEST_CASE("control: POST /restart of a walrelay whose broker went away - a new s
   CHECK(relay.request("POST", "/restart", controller).status == 202);
   REQUIRE(eventually([&] { return relay.log().find("session ended for the restart") != std::string::npos; }, 60s,
                      100ms));
-  REQUIRE(eventually([&] { return count_occurrences(relay.log(), "slot=" + f.slot + " streaming:") >= 2; }, 60s, 100ms));
+  REQUIRE(eventually([&] { return count_of(relay.log(), "slot=" + f.slot + " streaming:") >= 2; }, 60s, 100ms));
   CHECK(relay.running());
   writer.join();
   REQUIRE(writer.failures() == 0);
@@ -209,7 +203,7 @@ TEST_CASE("control: POST /restart refused where a new session would lose events 
   CHECK(relay.request("POST", "/restart", controller).status == 202);
   REQUIRE(eventually([&] { return relay.log().find("running the previous one again") != std::string::npos; }, 60s,
                      100ms));
-  REQUIRE(eventually([&] { return count_occurrences(relay.log(), streaming) >= 2; }, 60s, 100ms));
+  REQUIRE(eventually([&] { return count_of(relay.log(), streaming) >= 2; }, 60s, 100ms));
   CHECK(relay.running());
   f.db().exec(insert_event(f.table, "Restart", "k", "jsonb_build_object('seq', 0)"));
   CHECK(read_topic(f.topic("Restart"), 1).size() == 1);
