@@ -37,12 +37,6 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return out;
 }
 
-// Milliseconds since the Unix epoch, for /status's "since".
-std::int64_t unix_ms_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // host:pid, as Kafka Connect names a worker in its status.
 std::string worker_id() {
   char host[256] = {};

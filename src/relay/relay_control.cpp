@@ -1,8 +1,6 @@
 // The operator's hold on the relay: pause and resume (kept in the slot
 // marker), the restart's hand-over of the pause (see relay.hpp for the
 // other files of Relay).
-#include <ctime>
-
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -16,20 +14,6 @@
 namespace walrelay {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
-
-namespace {
-
-// Now as the slot marker keeps times: ISO 8601, UTC, to the second.
-std::string utc_now_iso() {
-  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-}  // namespace
 
 namespace {
 

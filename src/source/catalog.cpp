@@ -26,10 +26,6 @@ namespace walrelay {
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
-namespace {
-
-constexpr std::string_view marker_key = "walrelay.slot=";
-
 std::string utc_now_iso() {
   auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm tm{};
@@ -38,6 +34,10 @@ std::string utc_now_iso() {
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
+
+namespace {
+
+constexpr std::string_view marker_key = "walrelay.slot=";
 
 std::string join(const std::vector<std::string>& items, std::string_view sep = ", ") {
   std::string out;

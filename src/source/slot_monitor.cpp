@@ -15,14 +15,10 @@ namespace asio = boost::asio;
 using namespace std::chrono_literals;
 using pgoutput::Lsn;
 
-namespace {
-
 std::int64_t unix_ms_now() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-}  // namespace
 
 SlotMonitor::SlotMonitor(asio::io_context& io, const Config& config) : io_(io), config_(config), timer_(io) {}
 

@@ -65,6 +65,9 @@ struct SlotMarker {
   bool records_slot() const { return created_lsn || !created_at.empty() || snapshot_pending; }
 };
 
+// Now as the slot marker keeps times: ISO 8601, UTC, to the second.
+std::string utc_now_iso();
+
 // Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
 // the only text a marker's snapshot_xids may hold.
 bool is_pg_snapshot_text(std::string_view text);

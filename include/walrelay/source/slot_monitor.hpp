@@ -4,6 +4,8 @@
 // is when lag matters. Catalog reads only, never the outbox.
 #pragma once
 
+#include <cstdint>
+
 #include <functional>
 #include <optional>
 #include <string>
@@ -17,6 +19,9 @@
 #include "walrelay/admin/status.hpp"
 
 namespace walrelay {
+
+// Milliseconds since the Unix epoch (observed_at_unix_ms, /status's since).
+std::int64_t unix_ms_now();
 
 class SlotMonitor {
  public:
