@@ -199,6 +199,24 @@ std::vector<std::pair<std::string, std::string>> with_host_addresses(
   return options;
 }
 
+std::optional<std::vector<std::pair<std::string, std::string>>> hosts_after(
+    std::vector<std::pair<std::string, std::string>> options, const std::string& host, const std::string& address,
+    const std::string& port) {
+  auto hosts = split_commas(option(options, "host"));
+  auto addrs = split_commas(option(options, "hostaddr"));
+  auto ports = split_commas(option(options, "port"));
+  if (hosts.size() < 2 || addrs.size() != hosts.size() || ports.size() != hosts.size()) return std::nullopt;
+  for (std::size_t i = 0; i + 1 < hosts.size(); ++i) {
+    if (hosts[i] != host || ports[i] != port || (!addrs[i].empty() && addrs[i] != address)) continue;
+    const auto from = static_cast<std::ptrdiff_t>(i + 1);
+    set_option(options, "host", join_commas({hosts.begin() + from, hosts.end()}));
+    set_option(options, "hostaddr", join_commas({addrs.begin() + from, addrs.end()}));
+    set_option(options, "port", join_commas({ports.begin() + from, ports.end()}));
+    return options;
+  }
+  return std::nullopt;
+}
+
 asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::chrono::milliseconds timeout) {
   close();
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -234,6 +252,28 @@ asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::ch
     options = with_host_addresses(std::move(options), addresses);
     if (option(options, "host").empty()) throw PgError(last_error.empty() ? "could not connect: no host" : last_error, "");
   }
+  // libpq moves to the next host when one refuses the connection, not when
+  // one accepts it and then fails (closes it at once, answers no protocol, or
+  // refuses the login): a port taken by another service, a proxy whose
+  // server is down. The hosts after the one that failed are tried here.
+  std::string failures;
+  for (;;) {
+    auto failed = co_await connect_once(options, deadline);
+    if (!failed) break;
+    failures += (failures.empty() ? "" : "; ") + failed->message;
+    auto rest = hosts_after(options, failed->host, failed->address, failed->port);
+    if (!rest) throw PgError("could not connect: " + failures, "");
+    options = std::move(*rest);
+  }
+  watch_socket(true);
+  if (PQsetnonblocking(conn_, 1) != 0) throw_conn_error("could not set the connection non-blocking");
+}
+
+// One attempt of libpq's over the hosts in `options`: nullopt once
+// connected, else where and why it failed.
+asio::awaitable<std::optional<PgConnection::ConnectFailure>> PgConnection::connect_once(
+    const std::vector<std::pair<std::string, std::string>>& options, std::chrono::steady_clock::time_point deadline) {
+  close();
   std::vector<const char*> keys, values;
   for (auto& [k, v] : options) {
     keys.push_back(k.c_str());
@@ -243,14 +283,16 @@ asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::ch
   values.push_back(nullptr);
   conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
   if (!conn_) throw PgError("could not connect: out of memory", "");
-  if (PQstatus(conn_) == CONNECTION_BAD) throw_conn_error("could not connect");
   for (;;) {
-    auto st = PQconnectPoll(conn_);
-    if (st == PGRES_POLLING_OK) break;
+    // libpq reports authentication and privilege failures here; keep the
+    // server's SQLSTATE-free text, it names the cause.
+    const auto st = PQstatus(conn_) == CONNECTION_BAD ? PGRES_POLLING_FAILED : PQconnectPoll(conn_);
+    if (st == PGRES_POLLING_OK) co_return std::nullopt;
     if (st == PGRES_POLLING_FAILED) {
-      // libpq reports authentication and privilege failures here; keep the
-      // server's SQLSTATE-free text, it names the cause.
-      throw_conn_error("could not connect");
+      const char* host = PQhost(conn_);
+      const char* address = PQhostaddr(conn_);
+      const char* port = PQport(conn_);
+      co_return ConnectFailure{pg_message(conn_), host ? host : "", address ? address : "", port ? port : ""};
     }
     // Each step may have closed the socket and opened another (the next
     // address, or a retry without TLS), possibly with the same number: watch
@@ -260,8 +302,6 @@ asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::ch
                                               : asio::posix::stream_descriptor::wait_write,
                   deadline, "connecting to the server");
   }
-  watch_socket(true);
-  if (PQsetnonblocking(conn_, 1) != 0) throw_conn_error("could not set the connection non-blocking");
 }
 
 asio::awaitable<PgResultPtr> PgConnection::last_result(std::chrono::steady_clock::time_point deadline) {

@@ -47,3 +47,26 @@ TEST_CASE("pg connection: a connection string that does not parse is an error na
     CHECK(std::string(e.what()).find("could not parse the connection string") != std::string::npos);
   }
 }
+
+TEST_CASE("pg connection: a host that accepted the connection and failed it is passed over for the ones after it "
+          "(libpq stops there) - the last one, or one not in the list, ends the tries",
+          "[pg]") {
+  auto options = with_host_addresses(parse_conninfo("host=db1,127.0.0.1,db2 port=5433,5434,5435 dbname=app"),
+                                     {{"db1", {"10.0.0.1", "10.0.0.2"}}, {"db2", {"10.0.0.3"}}});
+  auto after_first = hosts_after(options, "db1", "10.0.0.1", "5433");
+  REQUIRE(after_first);
+  CHECK(get(*after_first, "host") == "db1,127.0.0.1,db2");
+  CHECK(get(*after_first, "hostaddr") == "10.0.0.2,,10.0.0.3");
+  CHECK(get(*after_first, "port") == "5433,5434,5435");
+  CHECK(get(*after_first, "dbname") == "app");
+  auto after_literal = hosts_after(options, "127.0.0.1", "127.0.0.1", "5434");
+  REQUIRE(after_literal);
+  CHECK(get(*after_literal, "host") == "db2");
+  CHECK(get(*after_literal, "hostaddr") == "10.0.0.3");
+  CHECK(get(*after_literal, "port") == "5435");
+  CHECK_FALSE(hosts_after(options, "db2", "10.0.0.3", "5435"));        // the last
+  CHECK_FALSE(hosts_after(options, "db9", "10.0.0.9", "5433"));        // not in the list
+  CHECK_FALSE(hosts_after(options, "127.0.0.1", "127.0.0.1", "9999"));  // another port
+  CHECK_FALSE(hosts_after(with_host_addresses(parse_conninfo("host=127.0.0.1 port=5433"), {}), "127.0.0.1",
+                          "127.0.0.1", "5433"));  // one host
+}

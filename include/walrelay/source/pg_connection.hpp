@@ -109,6 +109,11 @@ class PgConnection {
                                     std::chrono::steady_clock::time_point deadline, const char* what);
   boost::asio::awaitable<PgResultPtr> last_result(std::chrono::steady_clock::time_point deadline);
   [[noreturn]] void throw_conn_error(const std::string& what);
+  struct ConnectFailure {
+    std::string message, host, address, port;  // libpq's, and the host it failed at
+  };
+  boost::asio::awaitable<std::optional<ConnectFailure>> connect_once(
+      const std::vector<std::pair<std::string, std::string>>& options, std::chrono::steady_clock::time_point deadline);
   void watch_socket(bool anew = false);
 
   boost::asio::io_context& io_;
@@ -130,5 +135,11 @@ bool needs_resolving(const std::string& host);
 std::vector<std::pair<std::string, std::string>> with_host_addresses(
     std::vector<std::pair<std::string, std::string>> options,
     const std::map<std::string, std::vector<std::string>>& addresses);
+// The connection options from the host after the one a connection failed at
+// (its name, the address libpq used, its port) on; nullopt when it was the
+// last, or cannot be told apart.
+std::optional<std::vector<std::pair<std::string, std::string>>> hosts_after(
+    std::vector<std::pair<std::string, std::string>> options, const std::string& host, const std::string& address,
+    const std::string& port);
 
 }  // namespace walrelay
