@@ -289,12 +289,14 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, const std::string& k, const std::string& v) {
          if (v == "none") c.retention_policy = RetentionPolicy::none;
          else if (v == "delete") c.retention_policy = RetentionPolicy::delete_rows;
-         else throw ConfigError(k, "expected none or delete, got \"" + v + "\"");
+         else if (v == "drop-partitions") c.retention_policy = RetentionPolicy::drop_partitions;
+         else throw ConfigError(k, "expected none, delete or drop-partitions, got \"" + v + "\"");
        }},
       {"table.retention.ms", int64_field(&Config::retention_ms, 0, 100LL * 365 * 24 * 3600 * 1000)},
       {"table.retention.interval.ms", int_field(&Config::retention_interval_ms, 100, 86400000)},
       {"table.retention.batch.size", int_field(&Config::retention_batch_size, 1, 100000)},
       {"table.retention.time.column", column_field(&Config::retention_time_column, true)},
+      {"table.retention.archive.schema", column_field(&Config::retention_archive_schema, true)},
       {"table.retention.user", string_field(&Config::retention_user)},
       {"table.retention.password", string_field(&Config::retention_password)},
       {"snapshot.select.statement.overrides",
@@ -876,12 +878,17 @@ void check_sink(Config& c) {
 void check_retention(Config& c) {
   if (c.retention_policy == RetentionPolicy::none) return;
   if (c.table_include_list.empty())
-    throw ConfigError("table.retention.policy", "delete needs outbox tables (table.include.list is empty: "
+    throw ConfigError("table.retention.policy", "it needs outbox tables (table.include.list is empty: "
                                                 "logical messages leave no rows to delete)");
   if (!c.retention_password.empty() && c.retention_user.empty())
     throw ConfigError("table.retention.password", "set without table.retention.user: the deletes would run as "
                                                   "database.user, and this password would be ignored");
-  if (c.retention_ms > 0 && c.retention_time_column.empty() && c.field_event_timestamp.empty())
+  if (!c.retention_archive_schema.empty() && c.retention_policy != RetentionPolicy::drop_partitions)
+    throw ConfigError("table.retention.archive.schema", "only table.retention.policy=drop-partitions archives (it "
+                                                        "moves whole partitions)");
+  // drop-partitions reads a partition's age from its range, not from rows.
+  if (c.retention_policy == RetentionPolicy::delete_rows && c.retention_ms > 0 && c.retention_time_column.empty() &&
+      c.field_event_timestamp.empty())
     throw ConfigError("table.retention.ms",
                       "a row's age is read from a column of its own: set table.retention.time.column (or "
                       "table.field.event.timestamp), or table.retention.ms=0 to delete rows once acknowledged");
@@ -1257,7 +1264,10 @@ void describe_tables(const Config& c, SettingLines& line) {
                                                                  : "initial_only");
   line("snapshot.fetch.size", std::to_string(c.snapshot_fetch_size));
   line("snapshot.order.column", c.snapshot_order_column.empty() ? c.field_event_id : c.snapshot_order_column);
-  line("table.retention.policy", c.retention_policy == RetentionPolicy::none ? "none" : "delete");
+  line("table.retention.policy", c.retention_policy == RetentionPolicy::none          ? "none"
+                                  : c.retention_policy == RetentionPolicy::delete_rows ? "delete"
+                                                                                       : "drop-partitions");
+  line("table.retention.archive.schema", c.retention_archive_schema);
   line("table.retention.ms", std::to_string(c.retention_ms));
   line("table.retention.interval.ms", std::to_string(c.retention_interval_ms));
   line("table.retention.batch.size", std::to_string(c.retention_batch_size));

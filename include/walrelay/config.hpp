@@ -40,7 +40,7 @@ enum class HaltAction { stay, exit };
 // slot exists; initial first sends the rows already in the outbox tables, read
 // in the slot's exported snapshot; initial_only does that and stops.
 enum class SnapshotMode { no_data, initial, initial_only };
-enum class RetentionPolicy { none, delete_rows };
+enum class RetentionPolicy { none, delete_rows, drop_partitions };
 
 // `column:placement[:alias]` of table.fields.additional.placement, as
 // Debezium's router defines them: a header, a member of the value's
@@ -155,6 +155,7 @@ struct Config {
   int retention_interval_ms = 60000;                         // table.retention.interval.ms
   int retention_batch_size = 1000;                           // table.retention.batch.size: rows per DELETE
   std::string retention_time_column;  // table.retention.time.column; empty: table.field.event.timestamp
+  std::string retention_archive_schema;  // table.retention.archive.schema: drop-partitions moves them there
   std::string retention_user;         // table.retention.user; empty: database.user
   std::string retention_password;     // table.retention.password
 

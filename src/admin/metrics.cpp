@@ -280,6 +280,9 @@ Metrics::Metrics(std::string_view slot)
                                     "Initial snapshots taken again from the start after one was interrupted.")),
       retention_last_run(add_gauge(*registry_, "walrelay_retention_last_run_timestamp_seconds",
                                    "When retention (table.retention.policy) last ended a run, as Unix time.")),
+      retention_partitions_removed(add_counter(*registry_, "walrelay_retention_partitions_removed_total",
+                                               "Partitions retention (table.retention.policy=drop-partitions) "
+                                               "dropped, or moved to table.retention.archive.schema.")),
       replay_job_running(add_gauge(*registry_, "walrelay_replay_job_running",
                                    "1 while a replay started by POST /replay runs.")),
       replay_job_rows(add_counter(*registry_, "walrelay_replay_job_rows_total",

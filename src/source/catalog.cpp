@@ -384,7 +384,7 @@ asio::awaitable<void> inspect_version(PgConnection& conn, const Config& config, 
 // run would fail on the server.
 void check_retention_column(const Config& config, const TableName& table, const PgRows& cols,
                             std::vector<std::string>& problems) {
-  if (config.retention_policy == RetentionPolicy::none || config.retention_ms == 0) return;
+  if (config.retention_policy != RetentionPolicy::delete_rows || config.retention_ms == 0) return;
   const bool own_key = !config.retention_time_column.empty();
   const std::string key = own_key ? "table.retention.time.column" : "table.retention.time.column (unset: "
                                                                     "table.field.event.timestamp)";
@@ -399,6 +399,30 @@ void check_retention_column(const Config& config, const TableName& table, const 
   if (type != "timestamp with time zone" && type != "timestamp without time zone" && type != "date")
     problems.push_back(key + ": column \"" + column + "\" of " + table.qualified() + " is " + type +
                        ", not a timestamp or a date: retention cannot tell a row's age by it");
+}
+
+// drop-partitions judges a partition by where its range ends: the table must
+// be partitioned by range on one time column.
+asio::awaitable<void> check_retention_partitioning(PgConnection& conn, const Config& config, const TableName& table,
+                                                   const std::string& oid, std::vector<std::string>& problems) {
+  if (config.retention_policy != RetentionPolicy::drop_partitions) co_return;
+  auto key = co_await conn.query(
+      "SELECT p.partstrat::text, p.partnatts::text, a.attname, a.atttypid::regtype::text FROM "
+      "pg_catalog.pg_partitioned_table p LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = p.partrelid AND "
+      "a.attnum = p.partattrs[0] WHERE p.partrelid = " + oid);
+  const std::string prefix = "table.retention.policy: drop-partitions needs tables partitioned by range on one time "
+                             "column; " + table.qualified();
+  if (key.rows.empty()) {
+    problems.push_back(prefix + " is not partitioned");
+    co_return;
+  }
+  const auto& row = key.rows[0];
+  const std::string type = row[3].value_or("");
+  if (row[0] != "r" || row[1] != "1" || !row[2])
+    problems.push_back(prefix + " is partitioned otherwise (strategy " + row[0].value_or("?") + ", " +
+                       row[1].value_or("?") + " key column(s) or an expression)");
+  else if (type != "timestamp with time zone" && type != "timestamp without time zone" && type != "date")
+    problems.push_back(prefix + " is partitioned by \"" + *row[2] + "\", a " + type + ", not a time");
 }
 
 asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
@@ -425,6 +449,7 @@ asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
                                     "a.atttypid)::regtype::text FROM pg_catalog.pg_attribute a WHERE a.attrelid = " +
                                     oid + " AND a.attnum > 0 AND NOT a.attisdropped");
     check_retention_column(config, t, cols, problems);
+    co_await check_retention_partitioning(conn, config, t, oid, problems);
     for (auto& [key, column] : mapped) {
       auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
       if (it == cols.rows.end()) {

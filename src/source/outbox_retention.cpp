@@ -96,10 +96,19 @@ asio::awaitable<void> OutboxRetention::run_loop() {
   const bool own_role = !config_.retention_user.empty();
   PgConnection& deleter = own_role ? own : conn;
   const auto interval = std::chrono::milliseconds(config_.retention_interval_ms);
-  spdlog::info("retention: table.retention.policy=delete: rows acknowledged and older than {} ms by {} go, {} at a "
-               "time, every {} ms, as {}",
-               config_.retention_ms, time_column(), config_.retention_batch_size, config_.retention_interval_ms,
-               own_role ? config_.retention_user : config_.database_user);
+  const std::string role = own_role ? config_.retention_user : config_.database_user;
+  if (config_.retention_policy == RetentionPolicy::drop_partitions)
+    spdlog::info("retention: table.retention.policy=drop-partitions: partitions whose range ended more than {} ms ago "
+                 "are detached, then {} once acknowledged, every {} ms, as {}",
+                 config_.retention_ms,
+                 config_.retention_archive_schema.empty() ? "dropped"
+                                                          : "moved to schema " + config_.retention_archive_schema,
+                 config_.retention_interval_ms, role);
+  else
+    spdlog::info("retention: table.retention.policy=delete: rows acknowledged and older than {} ms by {} go, {} at a "
+                 "time, every {} ms, as {}",
+                 config_.retention_ms, time_column(), config_.retention_batch_size, config_.retention_interval_ms,
+                 role);
   while (!stopped_) {
     // Until the floors are set, soon: rows begun before them are left in place.
     co_await pause(floors_settled_ ? interval : 100ms);
@@ -132,6 +141,10 @@ asio::awaitable<void> OutboxRetention::run_once(PgConnection& conn, PgConnection
   if (!fence) co_return;  // a standby server: its primary's walrelay cleans
   co_await settle_floors(conn);
   if (!may_delete(*fence)) co_return;
+  if (config_.retention_policy == RetentionPolicy::drop_partitions) {
+    co_await drop_partitions(deleter, *fence);
+    co_return;
+  }
   const bool passed = co_await wait_until_passed(*fence);
   if (passed) {
     for (const auto& table : config_.table_include_list) {
@@ -299,19 +312,277 @@ asio::awaitable<void> OutboxRetention::measure_table(PgConnection& conn, const T
                     ") + coalesce((SELECT sum(pg_catalog.pg_total_relation_size(relid)) FROM "
                     "pg_catalog.pg_partition_tree(" + regclass + ") WHERE relid <> " + regclass +
                     "), 0))::text AS bytes";
-  if (config_.retention_ms > 0)
-    sql += ", coalesce(extract(epoch FROM pg_catalog.now() - (SELECT min(" + conn.quote_identifier(time_column()) +
-           ") FROM " + name + " WHERE pg_catalog.isfinite(" + conn.quote_identifier(time_column()) + "))), 0)::text AS age";
+  // drop-partitions: the age by the partition key (a time).
+  const auto key = partition_keys_.find(table.qualified());
+  const std::string column = config_.retention_policy == RetentionPolicy::drop_partitions
+                                 ? (key == partition_keys_.end() ? std::string() : key->second)
+                                 : (config_.retention_ms > 0 ? time_column() : std::string());
+  if (!column.empty())
+    sql += ", coalesce(extract(epoch FROM pg_catalog.now() - (SELECT min(" + conn.quote_identifier(column) +
+           ")::timestamptz FROM " + name + " WHERE pg_catalog.isfinite(" + conn.quote_identifier(column) +
+           "))), 0)::text AS age";
   const std::vector<std::string> no_params;
   auto rows = co_await conn.query(sql, no_params, 60s);
   const std::string qualified = table.qualified();
   metrics_.retention_table_bytes(qualified).Set(std::stod(rows.at(0, "bytes").value_or("0")));
-  if (config_.retention_ms > 0)
+  if (!column.empty())
     metrics_.retention_oldest_row_age(qualified).Set(std::max(0.0, std::stod(rows.at(0, "age").value_or("0"))));
 }
 
 const std::string& OutboxRetention::time_column() const {
   return config_.retention_time_column.empty() ? config_.field_event_timestamp : config_.retention_time_column;
+}
+
+}  // namespace walrelay
+
+namespace walrelay {
+
+// drop-partitions. A leaf partition whose range ended more than
+// table.retention.ms ago goes in three steps:
+// - Frozen, in one transaction: a SHARE ROW EXCLUSIVE lock waits (a second
+//   at most: else the next run) for the transactions writing to it to end, a
+//   late one with an old time included, and keeps new ones out; every row in
+//   it then is committed, before the WAL position L read next. A constraint
+//   CHECK (false) NOT VALID refuses any row from then on (without a DEFAULT
+//   partition such a row has no partition to go to once it is detached
+//   anyway). The partition's comment records the slot, L and its floor.
+//   Rows from before the floor (perhaps never sent) keep it in place.
+// - Detached: CONCURRENTLY, blocking nobody, unless a DEFAULT partition
+//   forbids it (then in the freezing transaction, waiting a second at most
+//   for its lock); FINALIZE when an earlier one was interrupted.
+// - Dropped, or moved to table.retention.archive.schema, by a later run once
+//   the relay has confirmed past L under the same slot.
+// A crash between the steps leaves a frozen partition, attached or not, with
+// its comment, and the next run goes on from there: nothing is lost.
+namespace {
+
+constexpr std::string_view detached_word = "walrelay.retention.detached";
+constexpr std::string_view frozen_constraint = "walrelay_retention_frozen";
+
+// `key=value` from a frozen partition's comment.
+std::string comment_value(const std::string& comment, const std::string& key) {
+  const auto at = comment.find(" " + key + "=");
+  if (at == std::string::npos) return {};
+  const auto begin = at + key.size() + 2;
+  return comment.substr(begin, comment.find(' ', begin) - begin);
+}
+
+}  // namespace
+
+// The partitions of `table` whose range ended more than table.retention.ms
+// ago (by the partition key's own clock: now() for timestamptz, the local
+// time for timestamp and date), frozen and detached.
+asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const TableName& table, const Fence& fence) {
+  const std::string root = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
+  const std::vector<std::string> no_params;
+  auto key = co_await conn.query("SELECT a.attname, a.atttypid::regtype::text AS type FROM "
+                                 "pg_catalog.pg_partitioned_table p JOIN pg_catalog.pg_attribute a ON a.attrelid = "
+                                 "p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partstrat = 'r' AND p.partrelid = " +
+                                     conn.quote_literal(root) + "::regclass",
+                                 no_params, 30s);
+  if (key.rows.empty()) throw PgError("retention: " + table.qualified() + " is not partitioned by range", "");
+  partition_keys_[table.qualified()] = key.rows[0][0].value_or("");
+  const bool zoned = key.at(0, "type") == "timestamp with time zone";
+  const std::string type = zoned ? "timestamptz" : "timestamp", now = zoned ? "pg_catalog.now()" : "pg_catalog.localtimestamp";
+  const std::string sql =
+      "SELECT c.oid::text, format('%I.%I', n.nspname, c.relname) AS name, c.relkind::text AS kind, "
+      "i.inhdetachpending::text AS pending, (pg_catalog.pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT')::text AS "
+      "is_default, coalesce(substring(pg_catalog.pg_get_expr(c.relpartbound, c.oid) from 'TO \\(''([^'']*)''\\)$')::" +
+      type + " <= " + now + " - " + conn.quote_literal(std::to_string(config_.retention_ms) + " milliseconds") +
+      "::interval, false)::text AS expired, coalesce(pg_catalog.obj_description(c.oid, 'pg_class'), '') AS comment, "
+      "EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid AND k.conname = " +
+      conn.quote_literal(std::string(frozen_constraint)) + ")::text AS frozen FROM pg_catalog.pg_inherits i JOIN "
+      "pg_catalog.pg_class c ON c.oid = i.inhrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE "
+      "i.inhparent = " + conn.quote_literal(root) + "::regclass ORDER BY 2";
+  auto partitions = co_await conn.query(sql, no_params, 30s);
+  bool has_default = false;
+  for (const auto& row : partitions.rows) has_default = has_default || row[4] == "true";
+  for (const auto& row : partitions.rows) {
+    if (!may_delete(fence)) co_return;
+    const std::string name = row[1].value_or("?"), comment = " " + row[6].value_or("");
+    if (row[3] == "true") {  // a CONCURRENTLY interrupted (a time-out, a crash)
+      if (row[7] == "true" && comment_value(comment, "slot") == config_.slot_name) co_await finish_detach(conn, root, name);
+      continue;
+    }
+    if (row[5] != "true") continue;  // not ended long enough ago (or DEFAULT, or MAXVALUE)
+    if (row[2] != "r") {
+      warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                          " is itself partitioned: drop-partitions detaches leaf partitions only; it stays");
+      continue;
+    }
+    // Frozen by an earlier run that did not get to detach it.
+    if (row[7] == "true" && comment_value(comment, "slot") == config_.slot_name) {
+      co_await detach(conn, root, name, has_default);
+      continue;
+    }
+    const auto floor = floors_.floors.find(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
+    if (floor == floors_.floors.end()) continue;  // not published, or no floor yet
+    if (co_await freeze(conn, root, name, floor->second, has_default) && !has_default)
+      co_await detach(conn, root, name, has_default);
+  }
+}
+
+// The freezing transaction (above); with a DEFAULT partition, the detach
+// too. False when the partition stays for now: written to for longer than
+// the lock waits, or holding rows from before its floor.
+asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::string& root, const std::string& name,
+                                              std::uint64_t floor, bool has_default) {
+  const std::vector<std::string> no_params;
+  const std::string begin = "BEGIN", commit = "COMMIT", rollback = "ROLLBACK";
+  std::exception_ptr failure;
+  bool frozen = false;
+  co_await conn.query(begin);
+  try {
+    co_await conn.query("LOCK TABLE " + name + " IN SHARE ROW EXCLUSIVE MODE", no_params, 10s);
+    auto before = co_await conn.query("SELECT count(*)::text AS n FROM " + name + " WHERE " + row_xid8_sql() + " < " +
+                                          std::to_string(floor),
+                                      no_params, 70s);
+    if (before.at(0, "n") != "0") {
+      warn_once(name, "retention: partition " + name + " of " + root + " holds " + before.at(0, "n").value_or("?") +
+                          " rows written before walrelay relayed it (perhaps never sent): it stays; see that they are "
+                          "in the broker (walrelay replay sends them again), then drop it by hand");
+    } else {
+      co_await conn.query("ALTER TABLE " + name + " ADD CONSTRAINT " + std::string(frozen_constraint) +
+                              " CHECK (false) NOT VALID",
+                          no_params, 10s);
+      if (has_default) co_await conn.query("ALTER TABLE " + root + " DETACH PARTITION " + name, no_params, 10s);
+      auto lsn = co_await conn.query("SELECT pg_catalog.pg_current_wal_insert_lsn()::text AS lsn", no_params, 10s);
+      const std::string comment = std::string(detached_word) + " slot=" + config_.slot_name + " id=" +
+                                  floors_.slot_identity + " lsn=" + lsn.at(0, "lsn").value_or("") +
+                                  " floor=" + std::to_string(floor);
+      co_await conn.query("COMMENT ON TABLE " + name + " IS " + conn.quote_literal(comment), no_params, 10s);
+      frozen = true;
+    }
+    co_await conn.query(frozen ? commit : rollback);
+  } catch (const PgError&) {
+    failure = std::current_exception();
+  }
+  if (!failure) {
+    if (frozen)
+      spdlog::info("retention: {} frozen{}; it goes once the slot has passed the position recorded in its comment",
+                   name, has_default ? " and detached from " + root : "");
+    co_return frozen;
+  }
+  try {
+    co_await conn.query(rollback);
+  } catch (const PgError&) {
+  }
+  try {
+    std::rethrow_exception(failure);
+  } catch (const PgError& e) {
+    if (e.sqlstate() != "55P03") throw;  // lock_not_available: written to, or read, for now
+    spdlog::info("retention: {} is in use; the next run tries again ({})", name, e.primary());
+  }
+  co_return false;
+}
+
+// A frozen partition detached: CONCURRENTLY (the transactions that read the
+// table finish first; a minute at most, then the next run FINALIZEs it), or
+// in one step when a DEFAULT partition forbids that.
+asio::awaitable<void> OutboxRetention::detach(PgConnection& conn, const std::string& root, const std::string& name,
+                                              bool has_default) {
+  const std::vector<std::string> no_params;
+  const std::string detach = "ALTER TABLE " + root + " DETACH PARTITION " + name;
+  if (has_default) {
+    co_await conn.query(detach, no_params, 10s);  // lock_timeout: a second at most
+  } else {
+    // After a failure the connection is made again, with its one-second
+    // lock_timeout.
+    const std::string longer = "SET lock_timeout = '60s'", shorter = "SET lock_timeout = '1s'";
+    co_await conn.query(longer);
+    co_await conn.query(detach + " CONCURRENTLY", no_params, 70s);
+    co_await conn.query(shorter);
+  }
+  spdlog::info("retention: {} detached from {}", name, root);
+}
+
+asio::awaitable<void> OutboxRetention::finish_detach(PgConnection& conn, const std::string& root,
+                                                     const std::string& name) {
+  const std::vector<std::string> no_params;
+  co_await conn.query("ALTER TABLE " + root + " DETACH PARTITION " + name + " FINALIZE", no_params, 70s);
+  spdlog::info("retention: {} detached from {} (FINALIZE)", name, root);
+}
+
+// The frozen, detached partitions of this slot whose position the relay has
+// passed: dropped, or moved to the archive schema. Returns how many wait.
+asio::awaitable<int> OutboxRetention::drop_detached(PgConnection& conn, const Fence& fence) {
+  const std::vector<std::string> no_params;
+  auto tables = co_await conn.query(
+      "SELECT format('%I.%I', n.nspname, c.relname), d.description, EXISTS (SELECT FROM pg_catalog.pg_constraint k "
+      "WHERE k.conrelid = c.oid AND k.conname = " + conn.quote_literal(std::string(frozen_constraint)) +
+          ")::text FROM pg_catalog.pg_description d JOIN pg_catalog.pg_class c ON c.oid = d.objoid JOIN "
+          "pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE d.classoid = 'pg_catalog.pg_class'::regclass "
+          "AND d.objsubid = 0 AND c.relkind = 'r' AND NOT c.relispartition AND d.description LIKE " +
+          conn.quote_literal(std::string(detached_word) + " slot=%"),
+      no_params, 30s);
+  int waiting = 0;
+  for (const auto& row : tables.rows) {
+    if (!may_delete(fence)) co_return waiting;
+    const std::string name = row[0].value_or("?"), comment = " " + row[1].value_or("");
+    if (comment_value(comment, "slot") != config_.slot_name) continue;
+    const auto lsn = Lsn::parse(comment_value(comment, "lsn"));
+    if (!lsn) continue;
+    // Its constraint dropped by hand: rows may have come in since.
+    if (row[2] != "true") {
+      warn_once(name, "retention: " + name + " has lost its constraint " + std::string(frozen_constraint) +
+                          ": rows written since may not be in the broker, and it stays; drop it by hand");
+      continue;
+    }
+    // Frozen under another slot (made again since): this one vouches for
+    // nothing the other carried.
+    if (floors_.slot_identity.empty() || comment_value(comment, "id") != floors_.slot_identity) {
+      warn_once(name, "retention: " + name + " was frozen under an earlier slot " + config_.slot_name +
+                          " (made again since): it stays; drop it by hand once its rows are in the broker");
+      continue;
+    }
+    const auto acknowledged = acknowledged_();
+    if (!acknowledged || *acknowledged < *lsn) {
+      ++waiting;
+      continue;
+    }
+    if (!may_delete(fence)) co_return waiting;
+    if (config_.retention_archive_schema.empty()) {
+      co_await conn.query("DROP TABLE " + name, no_params, 70s);
+      spdlog::info("retention: {} dropped (the slot passed {})", name, lsn->to_string());
+    } else {
+      // In one transaction: an archived table keeps no comment a later run
+      // would drop it by. (A failure closes the connection, which rolls it
+      // back.)
+      const std::string begin = "BEGIN", commit = "COMMIT";
+      co_await conn.query(begin);
+      co_await conn.query("COMMENT ON TABLE " + name + " IS " +
+                              conn.quote_literal("walrelay.retention.archived slot=" + config_.slot_name +
+                                                 " lsn=" + lsn->to_string()),
+                          no_params, 10s);
+      co_await conn.query("ALTER TABLE " + name + " SET SCHEMA " +
+                              conn.quote_identifier(config_.retention_archive_schema),
+                          no_params, 70s);
+      co_await conn.query(commit);
+      spdlog::info("retention: {} moved to schema {} (the slot passed {})", name, config_.retention_archive_schema,
+                   lsn->to_string());
+    }
+    metrics_.retention_partitions_removed.Increment();
+  }
+  co_return waiting;
+}
+
+// One run of drop-partitions: the partitions detached earlier whose
+// position the relay has passed go, then those expired since are detached.
+asio::awaitable<void> OutboxRetention::drop_partitions(PgConnection& conn, const Fence& fence) {
+  const int waiting = co_await drop_detached(conn, fence);
+  for (const auto& table : config_.table_include_list) {
+    if (!may_delete(fence)) co_return;
+    co_await detach_expired(conn, table, fence);
+  }
+  for (const auto& table : config_.table_include_list) co_await measure_table(conn, table);
+  if (waiting == 0) last_passed_ = std::chrono::steady_clock::now();
+  metrics_.retention_runs(waiting == 0 ? "ok" : "behind").Increment();
+  if (waiting > 0) warn_if_lagging();
+}
+
+void OutboxRetention::warn_once(const std::string& what, const std::string& message) {
+  if (!warned_.insert(what).second) return;
+  spdlog::warn("{}", message);
 }
 
 }  // namespace walrelay

@@ -90,6 +90,7 @@ class Metrics {
   prometheus::Gauge& snapshot_running;        // walrelay_snapshot_running (1 while it runs)
   prometheus::Counter& snapshot_restarts;     // walrelay_snapshot_restarts_total
   prometheus::Gauge& retention_last_run;      // walrelay_retention_last_run_timestamp_seconds
+  prometheus::Counter& retention_partitions_removed;  // walrelay_retention_partitions_removed_total
   prometheus::Gauge& replay_job_running;      // walrelay_replay_job_running (POST /replay)
   prometheus::Counter& replay_job_rows;       // walrelay_replay_job_rows_total (sent again, acknowledged)
   prometheus::Gauge& inflight_records;        // walrelay_inflight_records

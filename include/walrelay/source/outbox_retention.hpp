@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
@@ -70,6 +71,16 @@ class OutboxRetention {
                                                                                      const TableName& table,
                                                                                      const std::string& name);
   boost::asio::awaitable<void> measure_table(PgConnection& conn, const TableName& table);
+  // drop-partitions (outbox_retention.cpp says how).
+  boost::asio::awaitable<void> drop_partitions(PgConnection& conn, const Fence& fence);
+  boost::asio::awaitable<void> detach_expired(PgConnection& conn, const TableName& table, const Fence& fence);
+  boost::asio::awaitable<bool> freeze(PgConnection& conn, const std::string& root, const std::string& name,
+                                      std::uint64_t floor, bool has_default);
+  boost::asio::awaitable<void> detach(PgConnection& conn, const std::string& root, const std::string& name,
+                                      bool has_default);
+  boost::asio::awaitable<void> finish_detach(PgConnection& conn, const std::string& root, const std::string& name);
+  boost::asio::awaitable<int> drop_detached(PgConnection& conn, const Fence& fence);
+  void warn_once(const std::string& what, const std::string& message);
   void warn_if_lagging();
   const std::string& time_column() const;
   boost::asio::awaitable<void> pause(std::chrono::milliseconds duration);
@@ -90,6 +101,8 @@ class OutboxRetention {
   std::chrono::steady_clock::time_point last_passed_ = std::chrono::steady_clock::now();  // a fence, last
   std::chrono::steady_clock::time_point last_lag_warning_{};
   std::map<std::string, std::chrono::steady_clock::time_point> held_warnings_;  // by table, the last one
+  std::set<std::string> warned_;  // partitions a warning was given for
+  std::map<std::string, std::string> partition_keys_;  // drop-partitions: each table's, by its name
 };
 
 // A row's xmin as an xid8 (SQL): the latest one with those 32 bits at or
