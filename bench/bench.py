@@ -1035,7 +1035,8 @@ def main():
                          "1 for options, sidecar and tableless; the full run stays under an hour on 2 cores)")
     ap.add_argument("--only", default="",
                     help="comma list of sections: librdkafka,throughput,options,latency,sidecar,tableless,snapshot, and "
-                         "txn-floor, eos-throughput (not in a full run); results then go to <sections>.json")
+                         "txn-floor, eos-throughput, retention (not in a full run); results then go to "
+                         "<sections>.json")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINARY",
                     help="librdkafka section: a walrelay build to measure (e.g. 'librdkafka 2.0.2=build-x/walrelay'); "
                          "every variant runs in each round, interleaved")
@@ -1088,7 +1089,7 @@ def main():
               "argv": sys.argv[1:],
               "versions": versions(env, args, variants),
               "runs": [], "option_runs": [], "latency": [], "sidecar": [], "tableless": [], "librdkafka": [],
-              "formats": [], "sinks": [], "snapshot": []}
+              "formats": [], "sinks": [], "snapshot": [], "retention": []}
     seq = 0
 
     def save():
@@ -1414,6 +1415,28 @@ def main():
                 result["tableless"].append(r)
                 save()
         write_csv(os.path.join(args.out, "tableless.csv"), result["tableless"])
+
+    if "retention" in sections:
+        # Explicit only (--only retention): the outbox kept small under load,
+        # walrelay's deletes beside the polling relay's.
+        import retention
+        rate = int(args.rates.split(",")[0]) if args.rates else 1000
+        seconds = args.events // rate if args.events else 120
+        series = []
+        for rep in range(reps("retention")):
+            for contender in [c for c in ("walrelay", "polling") if c in args.contenders.split(",")]:
+                r, samples = retention.run(env, contender, rate, seconds, log, psycopg, walrelay_props, polling_cmd,
+                                           free_port, proc_sched_s)
+                r["repeat"] = rep + 1
+                result["retention"].append(r)
+                series += [dict(s, repeat=rep + 1) for s in samples]
+                save()
+        tag = args.tag or "retention"
+        write_csv(os.path.join(args.out, f"{tag}.csv"),
+                  [{k: v for k, v in r.items() if k != "statements"} for r in result["retention"]])
+        write_csv(os.path.join(args.out, f"{tag}_series.csv"), series)
+        result["retention_series"] = series
+        save()
 
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     save()

@@ -60,6 +60,8 @@ def main():
         latency(data["latency"], out)
     if data.get("sidecar"):
         sidecar(data["sidecar"], out)
+    if data.get("retention_series"):
+        retention(data["retention_series"], out)
     if data.get("librdkafka"):
         eos_librdkafka([r for r in data["librdkafka"] if r["kind"] in ("floor", "eos_1000")], out)
 
@@ -221,6 +223,25 @@ def eos_librdkafka(runs, out):
     ax.set_title("walrelay's CPU per event")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "bench-eos-librdkafka.png"), dpi=110)
+
+def retention(series, out):
+    """The outbox's size and rows over time under a steady load: walrelay's
+    retention (delete) beside the polling relay (bench/retention.py)."""
+    fig, (size_ax, rows_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for contender in sorted({s["contender"] for s in series}):
+        for rep in sorted({s.get("repeat", 1) for s in series}):
+            pts = [s for s in series if s["contender"] == contender and s.get("repeat", 1) == rep]
+            label = contender if rep == 1 else None
+            style = "-" if contender == "walrelay" else "--"
+            size_ax.plot([p["t_s"] for p in pts], [p["table_bytes"] / 1e6 for p in pts], style, label=label)
+            rows_ax.plot([p["t_s"] for p in pts], [p["rows"] for p in pts], style, label=label)
+    size_ax.set_xlabel("seconds of writes at 1,000 events/s")
+    size_ax.set_ylabel("outbox size on disk (MB)")
+    rows_ax.set_xlabel("seconds of writes at 1,000 events/s")
+    rows_ax.set_ylabel("rows in the outbox")
+    size_ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench-retention.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -406,6 +406,14 @@ void check_retention_column(const Config& config, const TableName& table, const 
 asio::awaitable<void> check_retention_partitioning(PgConnection& conn, const Config& config, const TableName& table,
                                                    const std::string& oid, std::vector<std::string>& problems) {
   if (config.retention_policy != RetentionPolicy::drop_partitions) co_return;
+  if (!config.retention_archive_schema.empty()) {
+    // (A replication connection: no parameters.)
+    auto schema = co_await conn.query("SELECT count(*)::text AS n FROM pg_catalog.pg_namespace WHERE nspname = " +
+                                      conn.quote_literal(config.retention_archive_schema));
+    if (schema.at(0, "n") == "0")
+      problems.push_back("table.retention.archive.schema: schema \"" + config.retention_archive_schema +
+                         "\" does not exist (retention moves expired partitions there)");
+  }
   auto key = co_await conn.query(
       "SELECT p.partstrat::text, p.partnatts::text, a.attname, a.atttypid::regtype::text FROM "
       "pg_catalog.pg_partitioned_table p LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = p.partrelid AND "

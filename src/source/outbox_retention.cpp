@@ -97,6 +97,10 @@ asio::awaitable<void> OutboxRetention::run_loop() {
   PgConnection& deleter = own_role ? own : conn;
   const auto interval = std::chrono::milliseconds(config_.retention_interval_ms);
   const std::string role = own_role ? config_.retention_user : config_.database_user;
+  if (config_.retention_policy == RetentionPolicy::drop_partitions && config_.retention_ms < 3600000)
+    spdlog::warn("retention: table.retention.ms={} is shorter than an hour: a partition is frozen that long after "
+                 "its range ended, and a transaction still writing events with a time in that range then fails",
+                 config_.retention_ms);
   if (config_.retention_policy == RetentionPolicy::drop_partitions)
     spdlog::info("retention: table.retention.policy=drop-partitions: partitions whose range ended more than {} ms ago "
                  "are detached, then {} once acknowledged, every {} ms, as {}",
@@ -358,6 +362,7 @@ namespace {
 
 constexpr std::string_view detached_word = "walrelay.retention.detached";
 constexpr std::string_view frozen_constraint = "walrelay_retention_frozen";
+constexpr std::string_view held_word = "walrelay.retention.held";
 
 // `key=value` from a frozen partition's comment.
 std::string comment_value(const std::string& comment, const std::string& key) {
@@ -393,54 +398,129 @@ asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const 
       "EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid AND k.conname = " +
       conn.quote_literal(std::string(frozen_constraint)) + ")::text AS frozen FROM pg_catalog.pg_inherits i JOIN "
       "pg_catalog.pg_class c ON c.oid = i.inhrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE "
-      "i.inhparent = " + conn.quote_literal(root) + "::regclass ORDER BY 2";
+      "i.inhparent = " + conn.quote_literal(root) + "::regclass ORDER BY i.inhdetachpending DESC, 2";
   auto partitions = co_await conn.query(sql, no_params, 30s);
-  bool has_default = false;
-  for (const auto& row : partitions.rows) has_default = has_default || row[4] == "true";
+  bool has_default = false, pending = false;
+  for (const auto& row : partitions.rows) {
+    has_default = has_default || row[4] == "true";
+    pending = pending || row[3] == "true";
+  }
   for (const auto& row : partitions.rows) {
     if (!may_delete(fence)) co_return;
     const std::string name = row[1].value_or("?"), comment = " " + row[6].value_or("");
-    if (row[3] == "true") {  // a CONCURRENTLY interrupted (a time-out, a crash)
-      if (row[7] == "true" && comment_value(comment, "slot") == config_.slot_name) co_await finish_detach(conn, root, name);
-      continue;
+    const bool frozen = row[7] == "true";
+    const bool ours = comment_value(comment, "slot") == config_.slot_name;
+    // A partition can fail for a while (its lock not to be had, a time-out):
+    // the others go on, and the next run tries it again.
+    std::exception_ptr failure;
+    try {
+      if (row[3] == "true") {  // a CONCURRENTLY interrupted (a time-out, a crash)
+        if (frozen && ours) {
+          co_await finish_detach(conn, root, name);
+          pending = false;
+        } else {
+          warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                              " is being detached by someone else (DETACH ... CONCURRENTLY not finished): no other "
+                              "partition of it can be detached until it is finalized");
+        }
+        continue;
+      }
+      if (frozen) {
+        // Frozen by an earlier run that did not get to detach it (expired
+        // or not: it refuses new rows either way), or by another slot's
+        // walrelay, which detaches and drops it itself.
+        if (!ours)
+          warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                              " was frozen by the walrelay of another slot (" + comment_value(comment, "slot") +
+                              "): left to it");
+        else if (!pending || has_default)
+          co_await detach(conn, root, name, has_default);
+        continue;
+      }
+      if (row[5] != "true") continue;  // not ended long enough ago (or DEFAULT, or MAXVALUE)
+      if (row[2] != "r") {
+        warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                            " is not a plain table (partitioned itself, or foreign): drop-partitions detaches "
+                            "leaf partitions only; it stays");
+        continue;
+      }
+      // Held once (rows from before its floor): for good, since an xmin
+      // does not last (2^32 transactions later an old one reads as new).
+      if (comment.rfind(" " + std::string(held_word) + " ", 0) == 0) {
+        warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                            " is held (it had rows from before walrelay relayed it); once they are known to be in "
+                            "the broker, drop it by hand, or remove its comment to let retention take it");
+        continue;
+      }
+      const auto floor = floors_.floors.find(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
+      if (floor == floors_.floors.end()) continue;  // not published, or no floor yet
+      // One pending detach at a time per table (PostgreSQL's rule): a frozen
+      // partition waits for it.
+      if (co_await freeze(conn, root, name, floor->second, has_default) && !has_default && !pending)
+        co_await detach(conn, root, name, has_default);
+    } catch (const PgError& e) {
+      if (!retry_later(e)) throw;
+      failure = std::current_exception();
     }
-    if (row[5] != "true") continue;  // not ended long enough ago (or DEFAULT, or MAXVALUE)
-    if (row[2] != "r") {
-      warn_once(name, "retention: partition " + name + " of " + table.qualified() +
-                          " is itself partitioned: drop-partitions detaches leaf partitions only; it stays");
-      continue;
+    if (failure) {
+      co_await restore_lock_timeout(conn);
+      try {
+        std::rethrow_exception(failure);
+      } catch (const PgError& e) {
+        spdlog::warn("retention: partition {} of {}: {}; the next run tries again", name, table.qualified(),
+                     e.primary().empty() ? e.what() : e.primary());
+      }
     }
-    // Frozen by an earlier run that did not get to detach it.
-    if (row[7] == "true" && comment_value(comment, "slot") == config_.slot_name) {
-      co_await detach(conn, root, name, has_default);
-      continue;
-    }
-    const auto floor = floors_.floors.find(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
-    if (floor == floors_.floors.end()) continue;  // not published, or no floor yet
-    if (co_await freeze(conn, root, name, floor->second, has_default) && !has_default)
-      co_await detach(conn, root, name, has_default);
+  }
+}
+
+// Errors a partition can meet for a while, that leave the connection usable:
+// a lock not to be had, a statement cancelled by its time-out, a deadlock, a
+// detach already pending, a name taken in the archive schema, a dependent
+// view. The others (the connection lost) end the run.
+bool OutboxRetention::retry_later(const PgError& e) {
+  const auto& state = e.sqlstate();
+  return state.size() == 5 && state.rfind("08", 0) != 0 && state.rfind("57P", 0) != 0 && state != "53300";
+}
+
+asio::awaitable<void> OutboxRetention::restore_lock_timeout(PgConnection& conn) {
+  try {
+    const std::string sql = "SET lock_timeout = '1s'";
+    co_await conn.query(sql);
+  } catch (const PgError&) {
   }
 }
 
 // The freezing transaction (above); with a DEFAULT partition, the detach
-// too. False when the partition stays for now: written to for longer than
-// the lock waits, or holding rows from before its floor.
+// too. False when the partition stays for now: holding rows from before its
+// floor (then marked held in its comment, for good).
 asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::string& root, const std::string& name,
                                               std::uint64_t floor, bool has_default) {
   const std::vector<std::string> no_params;
   const std::string begin = "BEGIN", commit = "COMMIT", rollback = "ROLLBACK";
+  // Below PostgreSQL's default deadlock_timeout: should the locks taken here
+  // (the partition's, then the table's for a detach) meet a session that
+  // takes them the other way round, this one gives up first.
+  const std::string short_wait = "SET LOCAL lock_timeout = '500ms'";
   std::exception_ptr failure;
   bool frozen = false;
   co_await conn.query(begin);
   try {
+    co_await conn.query(short_wait);
     co_await conn.query("LOCK TABLE " + name + " IN SHARE ROW EXCLUSIVE MODE", no_params, 10s);
     auto before = co_await conn.query("SELECT count(*)::text AS n FROM " + name + " WHERE " + row_xid8_sql() + " < " +
                                           std::to_string(floor),
                                       no_params, 70s);
     if (before.at(0, "n") != "0") {
       warn_once(name, "retention: partition " + name + " of " + root + " holds " + before.at(0, "n").value_or("?") +
-                          " rows written before walrelay relayed it (perhaps never sent): it stays; see that they are "
-                          "in the broker (walrelay replay sends them again), then drop it by hand");
+                          " rows written before walrelay relayed it (perhaps never sent): it stays, held (its "
+                          "comment says so); see that they are in the broker (walrelay replay sends them again), "
+                          "then drop it by hand");
+      co_await conn.query("COMMENT ON TABLE " + name + " IS " +
+                              conn.quote_literal(std::string(held_word) + " slot=" + config_.slot_name +
+                                                 " rows=" + before.at(0, "n").value_or("?") +
+                                                 " floor=" + std::to_string(floor)),
+                          no_params, 10s);
     } else {
       co_await conn.query("ALTER TABLE " + name + " ADD CONSTRAINT " + std::string(frozen_constraint) +
                               " CHECK (false) NOT VALID",
@@ -453,7 +533,7 @@ asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::str
       co_await conn.query("COMMENT ON TABLE " + name + " IS " + conn.quote_literal(comment), no_params, 10s);
       frozen = true;
     }
-    co_await conn.query(frozen ? commit : rollback);
+    co_await conn.query(commit);
   } catch (const PgError&) {
     failure = std::current_exception();
   }
@@ -467,39 +547,39 @@ asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::str
     co_await conn.query(rollback);
   } catch (const PgError&) {
   }
-  try {
-    std::rethrow_exception(failure);
-  } catch (const PgError& e) {
-    if (e.sqlstate() != "55P03") throw;  // lock_not_available: written to, or read, for now
-    spdlog::info("retention: {} is in use; the next run tries again ({})", name, e.primary());
-  }
-  co_return false;
+  std::rethrow_exception(failure);
 }
 
 // A frozen partition detached: CONCURRENTLY (the transactions that read the
 // table finish first; a minute at most, then the next run FINALIZEs it), or
-// in one step when a DEFAULT partition forbids that.
+// in one step when a DEFAULT partition forbids that (half a second at most
+// for its lock).
 asio::awaitable<void> OutboxRetention::detach(PgConnection& conn, const std::string& root, const std::string& name,
                                               bool has_default) {
   const std::vector<std::string> no_params;
   const std::string detach = "ALTER TABLE " + root + " DETACH PARTITION " + name;
   if (has_default) {
-    co_await conn.query(detach, no_params, 10s);  // lock_timeout: a second at most
+    const std::string shorter = "SET lock_timeout = '500ms'";
+    co_await conn.query(shorter);
+    co_await conn.query(detach, no_params, 10s);
   } else {
-    // After a failure the connection is made again, with its one-second
-    // lock_timeout.
-    const std::string longer = "SET lock_timeout = '60s'", shorter = "SET lock_timeout = '1s'";
+    const std::string longer = "SET lock_timeout = '60s'";
     co_await conn.query(longer);
     co_await conn.query(detach + " CONCURRENTLY", no_params, 70s);
-    co_await conn.query(shorter);
   }
+  co_await restore_lock_timeout(conn);  // (after a failure, the caller does)
   spdlog::info("retention: {} detached from {}", name, root);
 }
 
+// FINALIZE waits for the snapshots that may still see the partition: as long
+// as CONCURRENTLY would.
 asio::awaitable<void> OutboxRetention::finish_detach(PgConnection& conn, const std::string& root,
                                                      const std::string& name) {
   const std::vector<std::string> no_params;
+  const std::string longer = "SET lock_timeout = '60s'";
+  co_await conn.query(longer);
   co_await conn.query("ALTER TABLE " + root + " DETACH PARTITION " + name + " FINALIZE", no_params, 70s);
+  co_await restore_lock_timeout(conn);
   spdlog::info("retention: {} detached from {} (FINALIZE)", name, root);
 }
 
@@ -541,29 +621,54 @@ asio::awaitable<int> OutboxRetention::drop_detached(PgConnection& conn, const Fe
       continue;
     }
     if (!may_delete(fence)) co_return waiting;
-    if (config_.retention_archive_schema.empty()) {
-      co_await conn.query("DROP TABLE " + name, no_params, 70s);
-      spdlog::info("retention: {} dropped (the slot passed {})", name, lsn->to_string());
-    } else {
-      // In one transaction: an archived table keeps no comment a later run
-      // would drop it by. (A failure closes the connection, which rolls it
-      // back.)
-      const std::string begin = "BEGIN", commit = "COMMIT";
-      co_await conn.query(begin);
-      co_await conn.query("COMMENT ON TABLE " + name + " IS " +
-                              conn.quote_literal("walrelay.retention.archived slot=" + config_.slot_name +
-                                                 " lsn=" + lsn->to_string()),
-                          no_params, 10s);
-      co_await conn.query("ALTER TABLE " + name + " SET SCHEMA " +
-                              conn.quote_identifier(config_.retention_archive_schema),
-                          no_params, 70s);
-      co_await conn.query(commit);
-      spdlog::info("retention: {} moved to schema {} (the slot passed {})", name, config_.retention_archive_schema,
-                   lsn->to_string());
+    std::exception_ptr failure;
+    try {
+      co_await remove_detached(conn, name, *lsn);
+    } catch (const PgError& e) {
+      if (!retry_later(e)) throw;
+      failure = std::current_exception();
+    }
+    if (failure) {
+      try {
+        const std::string rollback = "ROLLBACK";  // an archive's transaction; a warning outside one
+        co_await conn.query(rollback);
+      } catch (const PgError&) {
+      }
+      try {
+        std::rethrow_exception(failure);
+      } catch (const PgError& e) {
+        spdlog::warn("retention: {} could not be {}: {}; the next run tries again", name,
+                     config_.retention_archive_schema.empty() ? "dropped" : "archived",
+                     e.primary().empty() ? e.what() : e.primary());
+      }
+      continue;
     }
     metrics_.retention_partitions_removed.Increment();
   }
   co_return waiting;
+}
+
+// A detached partition the slot has passed: dropped, or moved to the
+// archive schema in one transaction with its new comment (an archived table
+// keeps no comment a later run would drop it by).
+asio::awaitable<void> OutboxRetention::remove_detached(PgConnection& conn, const std::string& name, const Lsn& lsn) {
+  const std::vector<std::string> no_params;
+  if (config_.retention_archive_schema.empty()) {
+    co_await conn.query("DROP TABLE " + name, no_params, 70s);
+    spdlog::info("retention: {} dropped (the slot passed {})", name, lsn.to_string());
+    co_return;
+  }
+  const std::string begin = "BEGIN", commit = "COMMIT";
+  co_await conn.query(begin);
+  co_await conn.query("COMMENT ON TABLE " + name + " IS " +
+                          conn.quote_literal("walrelay.retention.archived slot=" + config_.slot_name +
+                                             " lsn=" + lsn.to_string()),
+                      no_params, 10s);
+  co_await conn.query("ALTER TABLE " + name + " SET SCHEMA " + conn.quote_identifier(config_.retention_archive_schema),
+                      no_params, 70s);
+  co_await conn.query(commit);
+  spdlog::info("retention: {} moved to schema {} (the slot passed {})", name, config_.retention_archive_schema,
+               lsn.to_string());
 }
 
 // One run of drop-partitions: the partitions detached earlier whose

@@ -258,7 +258,13 @@ asio::awaitable<void> PgConnection::connect(const std::string& conninfo, std::ch
   // server is down. The hosts after the one that failed are tried here.
   std::string failures;
   for (;;) {
-    auto failed = co_await connect_once(options, deadline);
+    std::optional<ConnectFailure> failed;
+    try {
+      failed = co_await connect_once(options, deadline);
+    } catch (const PgError& e) {
+      if (failures.empty()) throw;
+      throw PgError("could not connect: " + failures + "; " + e.what(), e.sqlstate());
+    }
     if (!failed) break;
     failures += (failures.empty() ? "" : "; ") + failed->message;
     auto rest = hosts_after(options, failed->host, failed->address, failed->port);

@@ -743,8 +743,8 @@ TEST_CASE("retention: drop-partitions with table.retention.archive.schema - an e
 }
 
 TEST_CASE("retention: drop-partitions - a transaction writing into an expired partition, open across runs, keeps it "
-          "attached; once it commits, its event is sent before the partition goes - rows from before walrelay "
-          "relayed a partition keep it in place, with a warning",
+          "attached - once it commits, its event is sent before the partition goes - rows from before walrelay "
+          "relayed a partition keep it in place, held by its comment, with a warning",
           "[relay][retention]") {
   Fixture f;
   create_range_outbox(f, false);
@@ -757,8 +757,12 @@ TEST_CASE("retention: drop-partitions - a transaction writing into an expired pa
   Db late;
   late.exec("BEGIN; " + insert_at(f.table, "Late", 0, 1, hour_ago));  // _d2
   // _d2 expires meanwhile, and its lock is not to be had.
-  REQUIRE(eventually([&] { return relay.log().find("_d2 is in use; the next run tries again") != std::string::npos; },
-                     60s, 50ms));
+  REQUIRE(eventually(
+      [&] {
+        return relay.log().find("_d2 of " + f.table + ": canceling statement due to lock timeout; the next run tries "
+                                "again") != std::string::npos;
+      },
+      60s, 50ms));
   const double runs = ok_runs(relay);
   REQUIRE(eventually([&] { return ok_runs(relay) >= runs + 3; }, 30s, 50ms));
   CHECK(is_attached(f, f.table + "_d2"));
@@ -771,10 +775,13 @@ TEST_CASE("retention: drop-partitions - a transaction writing into an expired pa
   CHECK(is_attached(f, f.table + "_d3"));
   CHECK(rows_in(f, f.table + "_d3") == 3);
   CHECK(relay.log().find("holds 3 rows written before walrelay relayed it") != std::string::npos);
+  CHECK(f.db().scalar("SELECT obj_description('" + f.table + "_d3'::regclass, 'pg_class')")
+            .rfind("walrelay.retention.held slot=" + f.slot + " rows=3 ", 0) == 0);
   CHECK(relay.metric("walrelay_retention_partitions_removed_total").value_or(-1) == 1);
 }
 
-TEST_CASE("retention: drop-partitions needs an outbox partitioned by range on a time - --check names the table",
+TEST_CASE("retention: drop-partitions needs an outbox partitioned by range on a time, and an archive schema that "
+          "exists - --check names the table and the schema",
           "[relay][retention]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -784,4 +791,36 @@ TEST_CASE("retention: drop-partitions needs an outbox partitioned by range on a 
   CHECK(exit_code(check) != 0);
   CHECK(check.output.find("drop-partitions needs tables partitioned by range on one time column; " + f.table +
                           " is not partitioned") != std::string::npos);
+
+  Fixture g;
+  create_range_outbox(g, false);
+  Walrelay archiving(drop_config(g, "table.retention.archive.schema=" + g.slot + "_nowhere\n"));
+  auto missing = run_command(std::string(WALRELAY_BINARY) + " --check --config " + archiving.config_path() +
+                             " < /dev/null 2>&1");
+  INFO(missing.output);
+  CHECK(exit_code(missing) != 0);
+  CHECK(missing.output.find("table.retention.archive.schema: schema \"" + g.slot + "_nowhere\" does not exist") !=
+        std::string::npos);
+}
+
+TEST_CASE("retention: drop-partitions - a partition frozen by another slot's walrelay is left to it, with a warning, "
+          "and the other partitions go",
+          "[relay][retention]") {
+  Fixture f;
+  create_range_outbox(f, false);
+  // _d3 as another slot's walrelay leaves it when it stops between the
+  // freeze and the detach.
+  f.db().exec("ALTER TABLE " + f.table + "_d3 ADD CONSTRAINT walrelay_retention_frozen CHECK (false) NOT VALID; "
+              "COMMENT ON TABLE " + f.table + "_d3 IS 'walrelay.retention.detached slot=other_slot id=0/1@x "
+              "lsn=0/1 floor=1'");
+  Walrelay relay(drop_config(f));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  f.db().exec(insert_at(f.table, "Other", 0, 10, hour_ago));  // _d2
+  REQUIRE(eventually([&] { return !table_exists(f, f.table + "_d2"); }, 60s, 50ms));
+  CHECK(seqs_of(read_all(f, f.topic("Other"))).size() == 10);
+  CHECK(is_attached(f, f.table + "_d3"));
+  CHECK(relay.log().find("was frozen by the walrelay of another slot (other_slot): left to it") != std::string::npos);
+  CHECK(runs_of(relay, "error") == 0);
 }

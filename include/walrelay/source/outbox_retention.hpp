@@ -35,6 +35,7 @@
 namespace walrelay {
 
 class PgConnection;
+class PgError;
 
 class OutboxRetention {
  public:
@@ -80,6 +81,10 @@ class OutboxRetention {
                                       bool has_default);
   boost::asio::awaitable<void> finish_detach(PgConnection& conn, const std::string& root, const std::string& name);
   boost::asio::awaitable<int> drop_detached(PgConnection& conn, const Fence& fence);
+  boost::asio::awaitable<void> remove_detached(PgConnection& conn, const std::string& name,
+                                               const pgoutput::Lsn& lsn);
+  static bool retry_later(const PgError& e);
+  boost::asio::awaitable<void> restore_lock_timeout(PgConnection& conn);
   void warn_once(const std::string& what, const std::string& message);
   void warn_if_lagging();
   const std::string& time_column() const;
