@@ -433,8 +433,11 @@ asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const 
           warn_once(name, "retention: partition " + name + " of " + table.qualified() +
                               " was frozen by the walrelay of another slot (" + comment_value(comment, "slot") +
                               "): left to it");
-        else if (!pending || has_default)
+        else if (!pending || has_default) {
+          pending = !has_default;  // a CONCURRENTLY that fails stays pending
           co_await detach(conn, root, name, has_default);
+          pending = false;
+        }
         continue;
       }
       if (row[5] != "true") continue;  // not ended long enough ago (or DEFAULT, or MAXVALUE)
@@ -449,21 +452,33 @@ asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const 
       if (comment.rfind(" " + std::string(held_word) + " ", 0) == 0) {
         warn_once(name, "retention: partition " + name + " of " + table.qualified() +
                             " is held (it had rows from before walrelay relayed it); once they are known to be in "
-                            "the broker, drop it by hand, or remove its comment to let retention take it");
+                            "the broker, drop it by hand (or delete them and remove its comment)");
         continue;
       }
       const auto floor = floors_.floors.find(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
       if (floor == floors_.floors.end()) continue;  // not published, or no floor yet
+      // The drop needs to know the slot is the one that carried the rows.
+      if (floors_.slot_identity.empty()) {
+        warn_once(table.qualified(), "retention: drop-partitions needs the slot's marker in publication " +
+                                         config_.publication_name + "'s comment (walrelay's role must own the "
+                                         "publication to write it): no partition of " + table.qualified() +
+                                         " is frozen until it is there");
+        continue;
+      }
       // One pending detach at a time per table (PostgreSQL's rule): a frozen
       // partition waits for it.
-      if (co_await freeze(conn, root, name, floor->second, has_default) && !has_default && !pending)
+      if (co_await freeze(conn, root, name, floor->second, has_default) && !has_default && !pending) {
+        pending = true;  // a CONCURRENTLY that fails stays pending
         co_await detach(conn, root, name, has_default);
+        pending = false;
+      }
     } catch (const PgError& e) {
       if (!retry_later(e)) throw;
       failure = std::current_exception();
     }
     if (failure) {
       co_await restore_lock_timeout(conn);
+      partition_failed_ = true;
       try {
         std::rethrow_exception(failure);
       } catch (const PgError& e) {
@@ -502,16 +517,34 @@ asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::str
   // (the partition's, then the table's for a detach) meet a session that
   // takes them the other way round, this one gives up first.
   const std::string short_wait = "SET LOCAL lock_timeout = '500ms'";
+  const std::string long_scan = "SET LOCAL statement_timeout = '30min'";
   std::exception_ptr failure;
   bool frozen = false;
   co_await conn.query(begin);
   try {
     co_await conn.query(short_wait);
+    // The scan below reads the whole partition: a day's rows can take longer
+    // than the session's minute. Only late rows for its range wait on it.
+    co_await conn.query(long_scan);
     co_await conn.query("LOCK TABLE " + name + " IN SHARE ROW EXCLUSIVE MODE", no_params, 10s);
-    auto before = co_await conn.query("SELECT count(*)::text AS n FROM " + name + " WHERE " + row_xid8_sql() + " < " +
-                                          std::to_string(floor),
-                                      no_params, 70s);
-    if (before.at(0, "n") != "0") {
+    // Frozen, or marked, by another walrelay since the partitions were listed.
+    auto now = co_await conn.query("SELECT coalesce(pg_catalog.obj_description(" + conn.quote_literal(name) +
+                                       "::regclass, 'pg_class'), '') AS comment, EXISTS (SELECT FROM "
+                                       "pg_catalog.pg_constraint WHERE conrelid = " + conn.quote_literal(name) +
+                                       "::regclass AND conname = " + conn.quote_literal(std::string(frozen_constraint)) +
+                                       ")::text AS frozen",
+                                   no_params, 10s);
+    const std::string comment = now.at(0, "comment").value_or("");
+    const bool taken = now.at(0, "frozen") == "true" || comment.rfind(std::string(detached_word) + " ", 0) == 0 ||
+                       comment.rfind(std::string(held_word) + " ", 0) == 0;
+    PgRows before;
+    if (!taken)
+      before = co_await conn.query("SELECT count(*)::text AS n FROM " + name + " WHERE " + row_xid8_sql() + " < " +
+                                       std::to_string(floor),
+                                   no_params, 31min);
+    if (taken) {
+      // Left for the next run to see as it is.
+    } else if (before.at(0, "n") != "0") {
       warn_once(name, "retention: partition " + name + " of " + root + " holds " + before.at(0, "n").value_or("?") +
                           " rows written before walrelay relayed it (perhaps never sent): it stays, held (its "
                           "comment says so); see that they are in the broker (walrelay replay sends them again), "
@@ -629,10 +662,13 @@ asio::awaitable<int> OutboxRetention::drop_detached(PgConnection& conn, const Fe
       failure = std::current_exception();
     }
     if (failure) {
-      try {
-        const std::string rollback = "ROLLBACK";  // an archive's transaction; a warning outside one
-        co_await conn.query(rollback);
-      } catch (const PgError&) {
+      partition_failed_ = true;
+      if (!config_.retention_archive_schema.empty()) {
+        try {
+          const std::string rollback = "ROLLBACK";  // the archive's transaction
+          co_await conn.query(rollback);
+        } catch (const PgError&) {
+        }
       }
       try {
         std::rethrow_exception(failure);
@@ -674,6 +710,7 @@ asio::awaitable<void> OutboxRetention::remove_detached(PgConnection& conn, const
 // One run of drop-partitions: the partitions detached earlier whose
 // position the relay has passed go, then those expired since are detached.
 asio::awaitable<void> OutboxRetention::drop_partitions(PgConnection& conn, const Fence& fence) {
+  partition_failed_ = false;
   const int waiting = co_await drop_detached(conn, fence);
   for (const auto& table : config_.table_include_list) {
     if (!may_delete(fence)) co_return;
@@ -681,7 +718,9 @@ asio::awaitable<void> OutboxRetention::drop_partitions(PgConnection& conn, const
   }
   for (const auto& table : config_.table_include_list) co_await measure_table(conn, table);
   if (waiting == 0) last_passed_ = std::chrono::steady_clock::now();
-  metrics_.retention_runs(waiting == 0 ? "ok" : "behind").Increment();
+  // A partition that failed makes it an error run (logged above), even when
+  // the others went.
+  metrics_.retention_runs(partition_failed_ ? "error" : waiting == 0 ? "ok" : "behind").Increment();
   if (waiting > 0) warn_if_lagging();
 }
 

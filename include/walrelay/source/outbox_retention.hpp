@@ -107,6 +107,7 @@ class OutboxRetention {
   std::chrono::steady_clock::time_point last_lag_warning_{};
   std::map<std::string, std::chrono::steady_clock::time_point> held_warnings_;  // by table, the last one
   std::set<std::string> warned_;  // partitions a warning was given for
+  bool partition_failed_ = false;  // drop-partitions: in this run
   std::map<std::string, std::string> partition_keys_;  // drop-partitions: each table's, by its name
 };
 
