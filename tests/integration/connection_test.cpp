@@ -128,8 +128,7 @@ TEST_CASE("relay: database.hostname with a first host that accepts the connectio
   CHECK(replay.status == 0);
   CHECK(closing.accepted() > before);
   REQUIRE(eventually([&] { return count_records(f.topic("Closing")) == 2; }, 30s, 100ms));
-  auto check = run_command(std::string(WALRELAY_BINARY) + " --check --config " + relay.config_path() + " < /dev/null 2>&1");
-  check.status = exit_code(check);
+  auto check = walrelay_check(relay.config_path());
   INFO(check.output);
   CHECK(check.status == 0);
   relay.signal(SIGTERM);

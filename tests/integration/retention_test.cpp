@@ -787,19 +787,18 @@ TEST_CASE("retention: drop-partitions needs an outbox partitioned by range on a 
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Walrelay relay(drop_config(f));
-  auto check = run_command(std::string(WALRELAY_BINARY) + " --check --config " + relay.config_path() + " < /dev/null 2>&1");
+  auto check = walrelay_check(relay.config_path());
   INFO(check.output);
-  CHECK(exit_code(check) != 0);
+  CHECK(check.status != 0);
   CHECK(check.output.find("drop-partitions needs tables partitioned by range on one time column; " + f.table +
                           " is not partitioned") != std::string::npos);
 
   Fixture g;
   create_range_outbox(g, false);
   Walrelay archiving(drop_config(g, "table.retention.archive.schema=" + g.slot + "_nowhere\n"));
-  auto missing = run_command(std::string(WALRELAY_BINARY) + " --check --config " + archiving.config_path() +
-                             " < /dev/null 2>&1");
+  auto missing = walrelay_check(archiving.config_path());
   INFO(missing.output);
-  CHECK(exit_code(missing) != 0);
+  CHECK(missing.status != 0);
   CHECK(missing.output.find("table.retention.archive.schema: schema \"" + g.slot + "_nowhere\" does not exist") !=
         std::string::npos);
 }

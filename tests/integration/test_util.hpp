@@ -77,6 +77,14 @@ inline int exit_code(const CommandResult& r) {
   return r.status >= 0 && WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
 }
 
+// `walrelay --check` on a configuration file: its exit code (in status) and
+// what it printed.
+inline CommandResult walrelay_check(const std::string& config_path) {
+  auto r = run_command(std::string(WALRELAY_BINARY) + " --check --config " + config_path + " < /dev/null 2>&1");
+  r.status = exit_code(r);
+  return r;
+}
+
 // Per-test slot, publication, outbox table and topic prefix, all named after
 // the slot. The Db connection can be reopened after a server restart. At the
 // end the fixture drops what it made (the slot once it is released, the
