@@ -18,6 +18,10 @@ namespace asio = boost::asio;
 using namespace std::chrono_literals;
 using pgoutput::Lsn;
 
+// The retention connections' lock_timeout: a statement waits at most this
+// long for a lock, so the application's inserts never wait long behind one.
+constexpr std::string_view session_lock_timeout = "SET lock_timeout = '1s'";
+
 OutboxRetention::OutboxRetention(asio::io_context& io, const Config& config, Metrics& metrics)
     : io_(io), config_(config), metrics_(metrics), timer_(io) {}
 
@@ -83,7 +87,7 @@ asio::awaitable<void> OutboxRetention::pause(std::chrono::milliseconds duration)
 asio::awaitable<void> OutboxRetention::connect(PgConnection& conn, const std::string& conninfo) {
   if (conn.connected()) co_return;
   co_await conn.connect(conninfo, std::chrono::milliseconds(config_.database_connect_timeout_ms));
-  const std::string lock_timeout = "SET lock_timeout = '1s'", statement_timeout = "SET statement_timeout = '60s'";
+  const std::string lock_timeout(session_lock_timeout), statement_timeout = "SET statement_timeout = '60s'";
   co_await conn.query(lock_timeout);
   co_await conn.query(statement_timeout);
 }
@@ -343,8 +347,8 @@ namespace walrelay {
 
 // drop-partitions. A leaf partition whose range ended more than
 // table.retention.ms ago goes in three steps:
-// - Frozen, in one transaction: a SHARE ROW EXCLUSIVE lock waits (a second
-//   at most: else the next run) for the transactions writing to it to end, a
+// - Frozen, in one transaction: a SHARE ROW EXCLUSIVE lock waits (half a
+//   second at most: else the next run) for the transactions writing to it to end, a
 //   late one with an old time included, and keeps new ones out; every row in
 //   it then is committed, before the WAL position L read next. A constraint
 //   CHECK (false) NOT VALID refuses any row from then on (without a DEFAULT
@@ -352,8 +356,8 @@ namespace walrelay {
 //   anyway). The partition's comment records the slot, L and its floor.
 //   Rows from before the floor (perhaps never sent) keep it in place.
 // - Detached: CONCURRENTLY, blocking nobody, unless a DEFAULT partition
-//   forbids it (then in the freezing transaction, waiting a second at most
-//   for its lock); FINALIZE when an earlier one was interrupted.
+//   forbids it (then in the freezing transaction, waiting half a second at
+//   most for each lock); FINALIZE when an earlier one was interrupted.
 // - Dropped, or moved to table.retention.archive.schema, by a later run once
 //   the relay has confirmed past L under the same slot.
 // A crash between the steps leaves a frozen partition, attached or not, with
@@ -372,11 +376,18 @@ std::string comment_value(const std::string& comment, const std::string& key) {
   return comment.substr(begin, comment.find(' ', begin) - begin);
 }
 
+// SQL: whether the table whose oid `relation` (an SQL expression) gives has
+// the freezing constraint.
+std::string frozen_sql(PgConnection& conn, const std::string& relation) {
+  return "EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conrelid = " + relation + " AND k.conname = " +
+         conn.quote_literal(std::string(frozen_constraint)) + ")";
+}
+
 }  // namespace
 
 // The partitions of `table` whose range ended more than table.retention.ms
-// ago (by the partition key's own clock: now() for timestamptz, the local
-// time for timestamp and date), frozen and detached.
+// ago (by the partition key's own clock: now() for timestamptz, the
+// session's local time, UTC, for timestamp and date), frozen and detached.
 asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const TableName& table, const Fence& fence) {
   const std::string root = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
   const std::vector<std::string> no_params;
@@ -394,9 +405,8 @@ asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const 
       "i.inhdetachpending::text AS pending, (pg_catalog.pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT')::text AS "
       "is_default, coalesce(substring(pg_catalog.pg_get_expr(c.relpartbound, c.oid) from 'TO \\(''([^'']*)''\\)$')::" +
       type + " <= " + now + " - " + conn.quote_literal(std::to_string(config_.retention_ms) + " milliseconds") +
-      "::interval, false)::text AS expired, coalesce(pg_catalog.obj_description(c.oid, 'pg_class'), '') AS comment, "
-      "EXISTS (SELECT FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid AND k.conname = " +
-      conn.quote_literal(std::string(frozen_constraint)) + ")::text AS frozen FROM pg_catalog.pg_inherits i JOIN "
+      "::interval, false)::text AS expired, coalesce(pg_catalog.obj_description(c.oid, 'pg_class'), '') AS comment, " +
+      frozen_sql(conn, "c.oid") + "::text AS frozen FROM pg_catalog.pg_inherits i JOIN "
       "pg_catalog.pg_class c ON c.oid = i.inhrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE "
       "i.inhparent = " + conn.quote_literal(root) + "::regclass ORDER BY i.inhdetachpending DESC, 2";
   auto partitions = co_await conn.query(sql, no_params, 30s);
@@ -500,7 +510,7 @@ bool OutboxRetention::retry_later(const PgError& e) {
 
 asio::awaitable<void> OutboxRetention::restore_lock_timeout(PgConnection& conn) {
   try {
-    const std::string sql = "SET lock_timeout = '1s'";
+    const std::string sql(session_lock_timeout);
     co_await conn.query(sql);
   } catch (const PgError&) {
   }
@@ -529,10 +539,8 @@ asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::str
     co_await conn.query("LOCK TABLE " + name + " IN SHARE ROW EXCLUSIVE MODE", no_params, 10s);
     // Frozen, or marked, by another walrelay since the partitions were listed.
     auto now = co_await conn.query("SELECT coalesce(pg_catalog.obj_description(" + conn.quote_literal(name) +
-                                       "::regclass, 'pg_class'), '') AS comment, EXISTS (SELECT FROM "
-                                       "pg_catalog.pg_constraint WHERE conrelid = " + conn.quote_literal(name) +
-                                       "::regclass AND conname = " + conn.quote_literal(std::string(frozen_constraint)) +
-                                       ")::text AS frozen",
+                                       "::regclass, 'pg_class'), '') AS comment, " +
+                                       frozen_sql(conn, conn.quote_literal(name) + "::regclass") + "::text AS frozen",
                                    no_params, 10s);
     const std::string comment = now.at(0, "comment").value_or("");
     const bool taken = now.at(0, "frozen") == "true" || comment.rfind(std::string(detached_word) + " ", 0) == 0 ||
@@ -621,9 +629,8 @@ asio::awaitable<void> OutboxRetention::finish_detach(PgConnection& conn, const s
 asio::awaitable<int> OutboxRetention::drop_detached(PgConnection& conn, const Fence& fence) {
   const std::vector<std::string> no_params;
   auto tables = co_await conn.query(
-      "SELECT format('%I.%I', n.nspname, c.relname), d.description, EXISTS (SELECT FROM pg_catalog.pg_constraint k "
-      "WHERE k.conrelid = c.oid AND k.conname = " + conn.quote_literal(std::string(frozen_constraint)) +
-          ")::text FROM pg_catalog.pg_description d JOIN pg_catalog.pg_class c ON c.oid = d.objoid JOIN "
+      "SELECT format('%I.%I', n.nspname, c.relname), d.description, " + frozen_sql(conn, "c.oid") +
+          "::text FROM pg_catalog.pg_description d JOIN pg_catalog.pg_class c ON c.oid = d.objoid JOIN "
           "pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE d.classoid = 'pg_catalog.pg_class'::regclass "
           "AND d.objsubid = 0 AND c.relkind = 'r' AND NOT c.relispartition AND d.description LIKE " +
           conn.quote_literal(std::string(detached_word) + " slot=%"),
