@@ -90,11 +90,12 @@ def run(env, contender, rate, seconds, log, psycopg, walrelay_props, polling_cmd
     log_path = os.path.join(env.args.work, f"{name}.log")
     try:
         if contender == "walrelay":
-            # Rows committed before retention's floor (its first run) may never
-            # have been sent, and hold the table: write after it.
+            # Until retention has given the table its floor (the slot's own,
+            # or from its first run for a slot made without its view).
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and proc.poll() is None and \
-                    "retention: rows of transactions from xid" not in open(log_path).read():
+            while time.monotonic() < deadline and proc.poll() is None and not any(
+                    m in open(log_path).read() for m in ("retention: rows of transactions from xid",
+                                                         "retention: floors kept with slot")):
                 time.sleep(0.1)
         # Warm: each topic's metadata.
         env.q("CALL bench_paced(4, 1)")

@@ -543,9 +543,17 @@ asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts&
     spdlog::warn("slot={} does not exist and walrelay has not created it before: creating it; outbox rows committed "
                  "before its consistent point are not relayed{}",
                  config_.slot_name, snapshot ? "" : " (snapshot.mode=initial sends them first)");
-    auto created = co_await create_slot(conn, config_);
+    // An interrupted snapshot's marker: its view and floors are another
+    // slot's, and must not vouch for this one should walrelay stop before
+    // recording it.
+    if (facts.marker && (!facts.marker->slot_view.empty() || !facts.marker->retention_floors.empty())) {
+      const SlotMarker cleared = without_slot_view(*facts.marker);  // (named: g++ 12, as above)
+      co_await write_slot_marker(conn, config_, cleared);
+    }
+    SlotOrigin origin;
+    auto created = co_await create_slot_with_view(conn, config_, facts.in_recovery, origin);
     retention_.slot_created();
-    co_await record_slot(conn, facts, created);
+    co_await record_slot(conn, facts, created, origin);
   } else {
     if (interrupted)
       spdlog::warn("slot={} an initial snapshot begun on {} did not finish, and snapshot.mode=no_data: streaming from "
@@ -562,7 +570,8 @@ asio::awaitable<bool> Relay::prepare_slot(PgConnection& conn, const ServerFacts&
       snapshot_only_done_ = true;
       co_return false;
     }
-    if (!facts.marker || interrupted) co_await record_slot(conn, facts, std::nullopt);
+    const SlotOrigin kept;  // the marker's (named: g++ 12 frees a temporary argument of a coroutine twice)
+    if (!facts.marker || interrupted) co_await record_slot(conn, facts, std::nullopt, kept);
     co_await forget_floors(conn, facts);
   }
   co_return true;
@@ -724,10 +733,10 @@ void Relay::commit_position_if_behind(std::chrono::steady_clock::time_point now)
 // reason to stop. On a standby nothing can be written and the primary must
 // record it once: a halt that names the SQL.
 asio::awaitable<void> Relay::record_slot(PgConnection& conn, const ServerFacts& facts,
-                                         std::optional<Lsn> created_lsn) {
+                                         std::optional<Lsn> created_lsn, const SlotOrigin& origin) {
   std::optional<std::string> refused;
   try {
-    co_await mark_slot(conn, config_, facts, created_lsn);
+    co_await mark_slot(conn, config_, facts, created_lsn, origin);
   } catch (const PgError& e) {
     if (e.sqlstate() != "42501" || facts.in_recovery) {
       if (e.sqlstate().rfind("42", 0) == 0 || e.sqlstate() == "25006") throw Fatal(e.what());

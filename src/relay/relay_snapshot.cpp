@@ -101,6 +101,8 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
   if (facts.marker && facts.marker->snapshot_pending) metrics_.snapshot_restarts.Increment();
   if (retake) {
     point = *facts.slot.confirmed_flush_lsn;
+    snapshot_origin_ = {facts.marker->slot_view, false, facts.marker->retention_floors,
+                        facts.marker->retention_lineage};
     first_view = co_await begin_snapshot_retake(conn, facts, point);
   } else {
     point = co_await begin_snapshot_with_slot(conn, facts);
@@ -165,7 +167,10 @@ asio::awaitable<std::optional<Lsn>> Relay::snapshot_in_kafka(PgConnection& conn,
   spdlog::info("slot={} exactly once: the initial snapshot begun on {} is in Kafka (committed at its consistent "
                "point {}); only its record in the publication was missing: streaming from there",
                config_.slot_name, facts.marker->created_at, point.to_string());
-  co_await record_slot(conn, facts, point);
+  // (Named: g++ 12 frees a temporary argument of a coroutine twice.)
+  const SlotOrigin origin = snapshot_sent(
+      config_, {facts.marker->slot_view, false, facts.marker->retention_floors, facts.marker->retention_lineage});
+  co_await record_slot(conn, facts, point, origin);
   co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
   co_return point;
 }
@@ -247,6 +252,7 @@ asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const S
     if (e.sqlstate() == "42501") throw Fatal(e.what());
     throw;
   }
+  const std::string before = co_await snapshot_now(conn);
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   const Lsn point = co_await create_slot(conn, config_, true);
   retention_.slot_created();
@@ -269,7 +275,10 @@ asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const S
     try {
       PgConnection side(io_);
       co_await side.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
-      co_await record_snapshot_view(side, config_, facts, point, xids, table_files);
+      // The floors from the catalog as it is now: a table attached since the
+      // view was taken is new to `before` too, and gets none.
+      snapshot_origin_ = co_await slot_origin(side, config_, xids, before);
+      co_await record_snapshot_view(side, config_, facts, point, table_files, snapshot_origin_);
       side.close();
       break;
     } catch (const PgError& e) {
@@ -431,7 +440,8 @@ asio::awaitable<std::optional<Lsn>> Relay::finish_snapshot(PgConnection& conn, c
   co_await conn.query("COMMIT");
   snapshot_->done = true;
   snapshot_->finished = std::chrono::steady_clock::now();
-  co_await record_slot(conn, facts, point);
+  snapshot_origin_ = snapshot_sent(config_, std::move(snapshot_origin_));
+  co_await record_slot(conn, facts, point, snapshot_origin_);
   co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
   const double seconds = std::chrono::duration<double>(snapshot_->finished - snapshot_->started).count();
   spdlog::info("slot={} initial snapshot done: {} rows in {:.1f} s ({:.0f} rows/s), every one acknowledged",

@@ -181,6 +181,8 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
         m.snapshot_files = value;
       else if (key == "retention_floors")
         std::tie(m.retention_floors, m.retention_lineage) = parse_retention_floors(value);
+      else if (key == "slot_view" && is_pg_snapshot_text(value)) m.slot_view = value;
+      else if (key == "view_sent") m.view_sent = value == "true";
       else if (key == "paused" && value.size() <= 32 &&
                value.find_first_not_of("0123456789-:TZ") == std::string::npos)
         m.paused_since = value;
@@ -206,6 +208,10 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
       if (auto lineage = marker.retention_lineage.find(it->first); lineage != marker.retention_lineage.end())
         line += ":" + std::to_string(lineage->second);
     }
+  }
+  if (!marker.slot_view.empty()) {
+    line += " slot_view=" + marker.slot_view;
+    if (marker.view_sent) line += " view_sent=true";
   }
   if (!marker.paused_since.empty()) line += " paused=" + marker.paused_since;
   std::vector<std::string> kept;
@@ -848,6 +854,7 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
     if (marker)
       settled.slot_identity = (marker->created_lsn ? marker->created_lsn->to_string() : std::string("-")) + "@" +
                               marker->created_at;
+    if (marker && !marker->snapshot_pending) settled.slot_view = marker->slot_view;
     // (Named: g++ 12 frees a temporary of a coroutine twice.)
     const auto leaves = co_await outbox_leaves(conn, config);
     // Taken after the marker and the leaves were read: a slot made, or a
@@ -1003,9 +1010,124 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
   co_return *lsn;
 }
 
+namespace {
+
+// Whether a pg_snapshot's text (is_pg_snapshot_text) sees transaction `xid`
+// (an xid8) as ended: below its xmin, or below its xmax and not listed.
+bool snapshot_sees(const std::string& snapshot, std::uint64_t xid) {
+  std::vector<std::uint64_t> numbers;
+  std::string number;
+  for (const char ch : snapshot + ",") {
+    if (ch >= '0' && ch <= '9') {
+      number += ch;
+    } else if (!number.empty()) {
+      numbers.push_back(std::stoull(number));
+      number.clear();
+    }
+  }
+  if (numbers.size() < 2) return false;
+  if (xid < numbers[0]) return true;
+  if (xid >= numbers[1]) return false;
+  return std::find(numbers.begin() + 2, numbers.end(), xid) == numbers.end();
+}
+
+}  // namespace
+
+SlotMarker without_slot_view(SlotMarker marker) {
+  marker.retention_floors.clear();
+  marker.retention_lineage.clear();
+  marker.slot_view.clear();
+  marker.view_sent = false;
+  return marker;
+}
+
+asio::awaitable<std::string> snapshot_now(PgConnection& conn) {
+  auto rows = co_await conn.query("SELECT pg_catalog.pg_current_snapshot()::text");
+  std::string snapshot = rows.rows.empty() ? "" : rows.rows[0][0].value_or("");
+  if (!is_pg_snapshot_text(snapshot)) throw PgError("could not read a snapshot: '" + snapshot + "'", "");
+  co_return snapshot;
+}
+
+asio::awaitable<SlotOrigin> slot_origin(PgConnection& conn, const Config& config, const std::string& view,
+                                        const std::string& before) {
+  SlotOrigin origin;
+  if (!is_pg_snapshot_text(view) || !is_pg_snapshot_text(before)) co_return origin;
+  origin.view = view;
+  const std::uint64_t view_xmin = std::stoull(view.substr(0, view.find(':')));
+  // (Named: g++ 12 frees a temporary of a coroutine twice.)
+  const auto leaves = co_await outbox_leaves(conn, config);
+  for (const auto& leaf : leaves) {
+    // A table put in the publication (or attached) while the slot was being
+    // made: a transaction the slot streams may have written to it before.
+    if (!leaf.published || !snapshot_sees(before, leaf.member_since)) continue;
+    origin.floors[leaf.oid] = view_xmin;
+    origin.lineage[leaf.oid] = leaf.lineage;
+  }
+  co_return origin;
+}
+
+SlotOrigin snapshot_sent(const Config& config, SlotOrigin origin) {
+  if (origin.view.empty()) return origin;
+  origin.view_sent = true;
+  // An override's WHERE may have left rows out: those tables keep the
+  // view's floor, and a row the view saw stays (held) there.
+  if (config.snapshot_select_overrides.empty())
+    for (auto& [oid, floor] : origin.floors) floor = 0;
+  return origin;
+}
+
+asio::awaitable<pgoutput::Lsn> create_slot_with_view(PgConnection& conn, const Config& config, bool in_recovery,
+                                                     SlotOrigin& origin) {
+  origin = {};
+  if (in_recovery) co_return co_await create_slot(conn, config);
+  const std::string before = co_await snapshot_now(conn);
+  co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  std::exception_ptr failure;
+  std::optional<pgoutput::Lsn> point;
+  std::string view, too_large;
+  try {
+    point = co_await create_slot(conn, config, true);
+    auto rows = co_await conn.query("SELECT pg_catalog.pg_current_snapshot()::text");
+    view = rows.rows.empty() ? "" : rows.rows[0][0].value_or("");
+    co_await conn.query("COMMIT");
+  } catch (const PgError& e) {
+    // "initial slot snapshot too large": more unfinished transactions
+    // (aborted ones, subtransactions) between the view's bounds than a
+    // snapshot holds. The slot is not made; made without a view, it only
+    // keeps more rows from retention.
+    if (!point && e.sqlstate() == "40001") too_large = e.what();
+    failure = std::current_exception();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure && too_large.empty()) co_await roll_back_and_rethrow(conn, failure);
+  if (failure) {
+    try {
+      co_await conn.query("ROLLBACK");
+    } catch (const PgError&) {
+    }
+    spdlog::warn("slot={} could not export its view at the consistent point ({}): making it without one; retention "
+                 "then holds the rows committed before its first run",
+                 config.slot_name, too_large);
+    co_return co_await create_slot(conn, config);
+  }
+  if (!is_pg_snapshot_text(view)) {
+    spdlog::warn("slot={} could not read its view at the consistent point ('{}')", config.slot_name, view);
+    co_return *point;
+  }
+  origin = co_await slot_origin(conn, config, view, before);
+  co_return *point;
+}
+
 asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                std::optional<pgoutput::Lsn> created_lsn) {
-  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}, {}, {}};
+                                std::optional<pgoutput::Lsn> created_lsn, const SlotOrigin& origin) {
+  SlotMarker marker{config.slot_name, created_lsn, utc_now_iso(), facts.system, false, {}, {}, {}, {}, {}, {}, false};
+  if (created_lsn) {
+    marker.slot_view = origin.view;
+    marker.view_sent = origin.view_sent;
+    marker.retention_floors = origin.floors;
+    marker.retention_lineage = origin.lineage;
+  }
   if (!created_lsn && facts.marker) marker = *facts.marker;  // keep what the first start recorded
   marker.system = facts.system;
   marker.snapshot_pending = false;
@@ -1028,7 +1150,7 @@ asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const 
 }
 
 asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& config, const ServerFacts& facts) {
-  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}, {}, {}};
+  SlotMarker marker{config.slot_name, std::nullopt, utc_now_iso(), facts.system, true, {}, {}, {}, {}, {}, {}, false};
   try {
     co_await write_slot_marker(conn, config, marker);
   } catch (const PgError& e) {
@@ -1048,9 +1170,12 @@ asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Config& co
 }
 
 asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                           pgoutput::Lsn point, const std::string& xids,
-                                           const std::string& files) {
-  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, xids, files, {}, {}, {}};
+                                           pgoutput::Lsn point, const std::string& files,
+                                           const SlotOrigin& origin) {
+  SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, origin.view, files, {}, {}, {}, {}, false};
+  marker.slot_view = origin.view;
+  marker.retention_floors = origin.floors;
+  marker.retention_lineage = origin.lineage;
   co_await write_slot_marker(conn, config, marker);
   spdlog::info("slot={} the initial snapshot's view at {} recorded in the comment of publication {}", config.slot_name,
                point.to_string(), config.publication_name);
@@ -1120,15 +1245,15 @@ asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
     if (config.publication_autocreate == PublicationAutocreate::filtered) co_await ensure_publication(conn, config, facts);
     if (facts.slot.exists && facts.slot.invalid_reason.empty()) {
       spdlog::info("slot={} exists and can be streamed from: nothing to reset", config.slot_name);
-      if (!facts.marker) co_await mark_slot(conn, config, facts, std::nullopt);
+      const SlotOrigin unknown;  // (named: g++ 12 frees a temporary argument of a coroutine twice)
+      if (!facts.marker) co_await mark_slot(conn, config, facts, std::nullopt, unknown);
       co_return exit_ok;
     }
-    if (facts.marker && !facts.marker->retention_floors.empty()) {
+    if (facts.marker && (!facts.marker->retention_floors.empty() || !facts.marker->slot_view.empty())) {
       // Before the slot goes: should this stop half-way, the next try finds
-      // a slot and keeps the marker, whose floors must not vouch for it.
-      SlotMarker cleared = *facts.marker;
-      cleared.retention_floors.clear();
-      cleared.retention_lineage.clear();
+      // a slot and keeps the marker, whose floors and view must not vouch
+      // for it.
+      const SlotMarker cleared = without_slot_view(*facts.marker);  // (named: g++ 12 frees a temporary twice)
       co_await write_slot_marker(conn, config, cleared);
     }
     std::string from;
@@ -1153,8 +1278,9 @@ asio::awaitable<int> reset_slot(asio::io_context& io, const Config& config) {
                    config.slot_name, facts.marker->created_at, from);
       co_return exit_ok;
     }
-    auto created = co_await create_slot(conn, config);
-    co_await mark_slot(conn, config, facts, created);
+    SlotOrigin origin;
+    auto created = co_await create_slot_with_view(conn, config, facts.in_recovery, origin);
+    co_await mark_slot(conn, config, facts, created, origin);
     spdlog::warn("slot={} reset by the operator: events committed after {} and before {} were not relayed",
                  config.slot_name, from, created.to_string());
     co_return exit_ok;

@@ -55,19 +55,43 @@ std::string row_xid8_sql() {
 // The floor of the table (partition) holding a row, by its tableoid; a
 // table with none: NULL, and the row stays.
 static std::string floor_of_row_sql(const std::map<std::uint32_t, std::uint64_t>& floors) {
+  if (floors.empty()) return "NULL::bigint";
   std::string floor = "(CASE tableoid::bigint";
   for (const auto& [oid, xid] : floors) floor += " WHEN " + std::to_string(oid) + " THEN " + std::to_string(xid);
   return floor + " END)";
 }
 
+// A row the slot's view sees was committed before the slot's consistent
+// point: the slot did not stream it, and it was carried only where an
+// initial snapshot sent it (its table's floor is 0). (Subtransactions are
+// judged right: the view a slot exports lists every xid between its bounds
+// that it did not see commit, subtransactions' too.)
+static std::string seen_by_view_sql(const std::string& floor, const std::string& slot_view) {
+  if (slot_view.empty()) return "false";
+  if (!is_pg_snapshot_text(slot_view)) throw PgError("retention: not a snapshot: " + slot_view, "");
+  return "(" + floor + " > 0 AND pg_catalog.pg_visible_in_snapshot(" + row_xid8_sql() + "::text::xid8, '" +
+         slot_view + "'::pg_snapshot))";
+}
+
+static std::string not_carried_sql(const std::string& floor, const std::string& slot_view) {
+  return "(" + row_xid8_sql() + " < " + floor + " OR " + seen_by_view_sql(floor, slot_view) + ")";
+}
+
+std::string not_carried_condition(const std::map<std::uint32_t, std::uint64_t>& floors,
+                                  const std::string& slot_view) {
+  return not_carried_sql(floor_of_row_sql(floors), slot_view);
+}
+
 std::string acknowledged_rows_condition(const std::string& snapshot,
-                                        const std::map<std::uint32_t, std::uint64_t>& floors) {
+                                        const std::map<std::uint32_t, std::uint64_t>& floors,
+                                        const std::string& slot_view) {
   if (!is_pg_snapshot_text(snapshot)) throw PgError("retention: not a snapshot: " + snapshot, "");
   if (floors.empty()) return "false";
   const std::string xid8 = row_xid8_sql();
   const std::string floor = floor_of_row_sql(floors);
-  return "(" + xid8 + " >= " + floor + " AND " + xid8 + " < pg_catalog.pg_snapshot_xmin('" + snapshot +
-         "'::pg_snapshot)::text::bigint)";
+  // (NOT NULL is NULL: a row without a floor stays.)
+  return "(" + xid8 + " >= " + floor + " AND NOT " + seen_by_view_sql(floor, slot_view) + " AND " + xid8 +
+         " < pg_catalog.pg_snapshot_xmin('" + snapshot + "'::pg_snapshot)::text::bigint)";
 }
 
 void OutboxRetention::slot_created() {
@@ -207,8 +231,12 @@ asio::awaitable<void> OutboxRetention::settle_floors(PgConnection& conn) {
   // A slot made meanwhile: these may be the old one's.
   if (generation != generation_ || !acknowledged_()) co_return;
   if (!floors_settled_ && settled.added.size() < settled.floors.size())
-    spdlog::info("retention: floors kept with slot {} for {} of {} tables (rows earlier walrelays relayed may go)",
-                 config_.slot_name, settled.floors.size() - settled.added.size(), settled.floors.size());
+    spdlog::info("retention: floors kept with slot {} for {} of {} tables (rows earlier walrelays relayed may go{})",
+                 config_.slot_name, settled.floors.size() - settled.added.size(), settled.floors.size(),
+                 settled.slot_view.empty() ? ""
+                                           : "; those of the slot's view at its consistent point, where an initial "
+                                             "snapshot sent them");
+
   if (!settled.added.empty()) {
     std::string tables;
     for (const auto& t : settled.added) tables += (tables.empty() ? "" : ", ") + t;
@@ -252,7 +280,7 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
     old_enough = " AND " + conn.quote_identifier(time_column()) + " < pg_catalog.now() - " +
                  conn.quote_literal(std::to_string(config_.retention_ms) + " milliseconds") + "::interval";
   const auto floors = co_await floors_without_held(conn, table, name);
-  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floors);
+  const std::string acknowledged = acknowledged_rows_condition(fence.snapshot, floors, floors_.slot_view);
   // The condition again on the rows deleted: a ctid names a row within one
   // table only (a partitioned outbox's partitions share them), and a row
   // updated meanwhile is judged by its new version.
@@ -286,10 +314,10 @@ asio::awaitable<std::map<std::uint32_t, std::uint64_t>> OutboxRetention::floors_
                                                                                              const TableName& table,
                                                                                              const std::string& name) {
   auto floors = floors_.floors;
-  const std::string floor = floor_of_row_sql(floors);
   const std::vector<std::string> no_params;
   auto held = co_await conn.query("SELECT tableoid::bigint::text, tableoid::regclass::text, count(*)::text FROM " +
-                                      name + " WHERE " + row_xid8_sql() + " < " + floor + " GROUP BY 1, 2",
+                                      name + " WHERE " + not_carried_condition(floors, floors_.slot_view) +
+                                      " GROUP BY 1, 2",
                                   no_params, 70s);
   double total = 0;
   std::string where;
@@ -547,8 +575,8 @@ asio::awaitable<bool> OutboxRetention::freeze(PgConnection& conn, const std::str
                        comment.rfind(std::string(held_word) + " ", 0) == 0;
     PgRows before;
     if (!taken)
-      before = co_await conn.query("SELECT count(*)::text AS n FROM " + name + " WHERE " + row_xid8_sql() + " < " +
-                                       std::to_string(floor),
+      before = co_await conn.query("SELECT count(*)::text AS n FROM " + name + " WHERE " +
+                                       not_carried_sql(std::to_string(floor), floors_.slot_view),
                                    no_params, 31min);
     if (taken) {
       // Left for the next run to see as it is.

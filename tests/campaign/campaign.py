@@ -1132,11 +1132,12 @@ COMMIT;
 
     def delete_held_rows(self):
         """What docs/operations.md asks of the operator for rows written
-        before walrelay relayed a table (the initial snapshot's, and those
-        committed before the first retention run gave the table its floor):
-        once they are known to be in the broker (the checker reads every
-        committed event there), delete them by hand. Those below each table's
-        floor, as the slot's marker keeps it; the rest walrelay deletes. The
+        before walrelay relayed a table (those the slot's view at its
+        consistent point saw, unless an initial snapshot sent them, and those
+        below a floor given at the first retention run): once they are known
+        to be in the broker (the checker reads every committed event there),
+        delete them by hand. Those below each table's floor, or seen by the
+        view, as the slot's marker keeps them; the rest walrelay deletes. The
         rows deleted."""
         n = self.name
         code, out = self.pg.run(f"SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
@@ -1147,13 +1148,15 @@ COMMIT;
             return 0
         now = "(SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint)"
         xid8 = f"({now} - (({now} % 4294967296 - xmin::text::bigint + 4294967296) % 4294967296))"
+        view = re.search(r" slot_view=([0-9:,]+)", line)
+        seen = f"pg_visible_in_snapshot({xid8}::text::xid8, '{view.group(1)}'::pg_snapshot)" if view else "false"
         deleted = 0
         for entry in m.group(1).split(","):
             oid, floor = entry.split(":")[:2]
             code, table = self.pg.run(f"SELECT {oid}::regclass;", timeout=10)
             if code != 0 or not table.strip():
                 continue
-            code, out = self.pg.run(f"WITH gone AS (DELETE FROM {table.strip()} WHERE {xid8} < {floor} "
+            code, out = self.pg.run(f"WITH gone AS (DELETE FROM {table.strip()} WHERE {xid8} < {floor} OR ({floor} > 0 AND {seen}) "
                                     f"RETURNING 1) SELECT count(*) FROM gone;", timeout=60)
             if code == 0 and out.strip().isdigit():
                 deleted += int(out.strip())

@@ -22,11 +22,23 @@ std::string retention_config(const Fixture& f, const std::string& extra = "") {
                   "table.retention.batch.size=100\ntable.field.event.timestamp=created_at\n" + extra);
 }
 
-// Rows of transactions begun before walrelay's first retention run stay (it
-// cannot know they were sent): a test writes after it.
+// Until retention's first run has settled the tables' floors: kept with the
+// slot (given when walrelay made it, from its view), or new from that run
+// (rows of transactions begun before stay: it cannot know they were sent,
+// and a test writes after it).
 void wait_floor(Walrelay& relay) {
-  REQUIRE(eventually([&] { return relay.log().find("retention: rows of transactions from xid") != std::string::npos; },
-                     30s, 20ms));
+  REQUIRE(eventually([&] {
+    const auto log = relay.log();
+    return log.find("retention: rows of transactions from xid") != std::string::npos ||
+           log.find("retention: floors kept with slot") != std::string::npos;
+  }, 30s, 20ms));
+}
+
+// The slot's marker line, from the publication's comment.
+std::string marker_line(Fixture& f) {
+  return f.db().scalar("SELECT coalesce(substring(obj_description(oid, 'pg_publication') from "
+                       "'walrelay\\.slot=" + f.slot + " [^\n]*'), '') FROM pg_publication WHERE pubname = '" +
+                       f.slot + "'");
 }
 
 long rows_in(Fixture& f, const std::string& table) { return std::stol(f.db().scalar("SELECT count(*) FROM " + table)); }
@@ -157,6 +169,38 @@ TEST_CASE("retention: an unsent row is never deleted - a transaction opened befo
   CHECK(relay.metric("walrelay_retention_oldest_row_age_seconds").value_or(-1) == 0);
 }
 
+TEST_CASE("retention: exactly once - rows go only once their Kafka transaction committed: none while the broker is "
+          "frozen, every one after, each event once to a read_committed reader",
+          "[fault][eos][retention][solo]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(retention_config(f, "exactly.once.support=required\ntransaction.boundary.interval.ms=50\n"
+                                     "offsets.storage.topic=" + f.slot + ".offsets\n"));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  const long total = 1000;
+  Writer writer(f.table, "Eos", total, 10, 5ms);
+  writer.join();
+  REQUIRE(writer.failures() == 0);
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 60s, 100ms));
+  {
+    BrokerFreeze frozen;
+    for (int seq = 0; seq < 20; ++seq) insert_old(f.db(), f.table, "Eos", "k" + std::to_string(seq % 3), seq);
+    // Runs that find the committed position behind their fence: nothing goes.
+    const double behind = relay.metric("walrelay_retention_runs_total{outcome=\"behind\"}").value_or(0);
+    REQUIRE(eventually([&] {
+      return relay.metric("walrelay_retention_runs_total{outcome=\"behind\"}").value_or(0) >= behind + 2;
+    }, 30s, 50ms));
+    CHECK(rows_in(f, f.table) == 20);
+  }
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 90s, 100ms));
+  auto seen = ids_of(read_all(f, f.topic("Eos")));
+  CHECK(seen.records == static_cast<std::size_t>(total + 20));
+  CHECK(seen.duplicates() == 0);
+  CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(-1) == total + 20);
+}
+
 TEST_CASE("retention: the standby deletes nothing, and the walrelay that takes over deletes what it relays",
           "[relay][retention]") {
   Fixture f;
@@ -213,16 +257,67 @@ TEST_CASE("retention: the fence's condition - a row inserted after a SAVEPOINT o
   Db running;
   running.exec("BEGIN; SAVEPOINT s; SELECT 1");
   insert(running, "running");
-  const std::string snapshot = f.db().scalar("SELECT pg_current_snapshot()::text");
+  // A snapshot whose xmin is past the ended row's transaction (another
+  // test's transaction, running meanwhile, can hold it back for a moment).
+  const auto xid_of = [&](const std::string& key) {
+    return std::stoull(f.db().scalar("SELECT xmin::text FROM " + f.table + " WHERE aggregateid = '" + key + "'"));
+  };
+  const auto snapshot_past = [&](std::uint64_t xid) {
+    std::string taken;
+    REQUIRE(eventually([&] {
+      taken = f.db().scalar("SELECT pg_current_snapshot()::text");
+      return std::stoull(taken.substr(0, taken.find(':'))) > xid;
+    }, 30s, 10ms));
+    return taken;
+  };
+  const std::string snapshot = snapshot_past(xid_of("ended"));
   running.exec("COMMIT");
   auto rows = f.db().exec("SELECT aggregateid FROM " + f.table + " WHERE " +
-                          walrelay::acknowledged_rows_condition(snapshot, {{oid, floor}}) + " ORDER BY 1");
+                          walrelay::acknowledged_rows_condition(snapshot, {{oid, floor}}, "") + " ORDER BY 1");
   REQUIRE(rows.size() == 1);
   CHECK(rows[0][0] == std::optional<std::string>("ended"));
   // A table without a floor: none of its rows.
   CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " +
-                    walrelay::acknowledged_rows_condition(snapshot, {{oid + 1, 1}})).empty());
-  CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " + walrelay::acknowledged_rows_condition(snapshot, {}))
+                    walrelay::acknowledged_rows_condition(snapshot, {{oid + 1, 1}}, "")).empty());
+  CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " + walrelay::acknowledged_rows_condition(snapshot, {}, ""))
+            .empty());
+  // A slot's view, as a slot exports it at its consistent point: every xid
+  // between its bounds it did not see commit is listed, the running
+  // transaction's subtransaction too (pg_current_snapshot() lists only
+  // top-level ones, so the test adds it).
+  const std::uint64_t sub = xid_of("running");
+  std::vector<std::uint64_t> xip;
+  std::uint64_t xmin = 0, xmax = 0;
+  {
+    std::string text = snapshot;
+    std::replace(text.begin(), text.end(), ':', ' ');
+    std::replace(text.begin(), text.end(), ',', ' ');
+    std::istringstream in(text);
+    in >> xmin >> xmax;
+    for (std::uint64_t x; in >> x;) xip.push_back(x);
+  }
+  xip.push_back(sub);
+  std::sort(xip.begin(), xip.end());
+  xip.erase(std::unique(xip.begin(), xip.end()), xip.end());
+  std::string view = std::to_string(xmin) + ":" + std::to_string(std::max(xmax, xip.back() + 1)) + ":";
+  for (std::size_t i = 0; i < xip.size(); ++i) view += (i ? "," : "") + std::to_string(xip[i]);
+  INFO("view: " << view);
+  const std::string later = snapshot_past(sub);
+  // A floor above 0: a row the view saw commit was not streamed; one it saw
+  // running was.
+  rows = f.db().exec("SELECT aggregateid FROM " + f.table + " WHERE " +
+                     walrelay::acknowledged_rows_condition(later, {{oid, 1}}, view) + " ORDER BY 1");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0][0] == std::optional<std::string>("running"));
+  rows = f.db().exec("SELECT aggregateid FROM " + f.table + " WHERE " +
+                     walrelay::not_carried_condition({{oid, floor}}, view) + " ORDER BY 1");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0][0] == std::optional<std::string>("before-floor"));
+  CHECK(rows[1][0] == std::optional<std::string>("ended"));
+  // A floor of 0 (an initial snapshot sent what the view saw): every row.
+  CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " +
+                    walrelay::acknowledged_rows_condition(later, {{oid, 0}}, view)).size() == 3);
+  CHECK(f.db().exec("SELECT 1 FROM " + f.table + " WHERE " + walrelay::not_carried_condition({{oid, 0}}, view))
             .empty());
 }
 
@@ -253,6 +348,186 @@ TEST_CASE("retention: rows committed before walrelay first streamed the slot (a 
   REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 1; }, 30s, 50ms));
   CHECK(rows_in(f, f.table) == 0);
   CHECK(relay.metric("walrelay_retention_rows_held").value_or(-1) == 0);
+}
+
+TEST_CASE("retention: turned on for a slot walrelay made earlier - the rows it relayed before go, told from a "
+          "backlog committed before the slot by the slot's view at its consistent point, which stays",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  for (int seq = 0; seq < 3; ++seq) insert_old(f.db(), f.table, "Later", "k", seq);  // never sent
+  {
+    Walrelay first(f.config());
+    first.start();
+    first.wait_streaming();
+    for (int seq = 3; seq < 13; ++seq) insert_old(f.db(), f.table, "Later", "k" + std::to_string(seq % 3), seq);
+    REQUIRE(seqs_of(read_all(f, f.topic("Later"))).size() == 10);
+    first.signal(SIGTERM);
+    REQUIRE(first.wait_exit(30s) == 0);
+  }
+  const std::string marker = marker_line(f);
+  INFO("marker: " << marker);
+  REQUIRE(marker.find(" slot_view=") != std::string::npos);
+  CHECK(marker.find("view_sent") == std::string::npos);
+  Walrelay relay(retention_config(f));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  // The backlog is held, and holds the table's deletes; the rows relayed
+  // before retention was on are not held.
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_held").value_or(0) == 3; }, 30s, 50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(rows_in(f, f.table) == 13);
+  CHECK(relay.metric("walrelay_retention_rows_held").value_or(-1) == 3);
+  f.db().exec("DELETE FROM " + f.table + " WHERE (payload->>'seq')::int < 3");
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 10; }, 30s,
+                     50ms));
+  CHECK(rows_in(f, f.table) == 0);
+  CHECK(relay.metric("walrelay_retention_rows_held").value_or(-1) == 0);
+  CHECK(seqs_of(read_all(f, f.topic("Later"))).size() == 10);
+}
+
+TEST_CASE("retention: a first start while writers run - the rows committed after the slot's consistent point go, "
+          "also those committed before retention's first run, and with snapshot.mode=initial the rows its snapshot "
+          "sent go too",
+          "[relay][retention]") {
+  for (const bool snapshot : {false, true}) {
+    DYNAMIC_SECTION((snapshot ? "snapshot.mode=initial" : "snapshot.mode=no_data")) {
+      Fixture f;
+      create_outbox(f.db(), f.table, "bigint");
+      for (int seq = 0; seq < 5; ++seq) insert_old(f.db(), f.table, "Busy", "k", seq);  // before the slot
+      const long total = 1500;
+      Writer writer(f.table, "Busy", total, 5, 10ms, 16, "", 5);
+      REQUIRE(eventually([&] { return writer.committed() >= 100; }, 30s, 10ms));
+      Walrelay relay(retention_config(f, snapshot ? "snapshot.mode=initial\n" : ""));
+      relay.start();
+      relay.wait_streaming();
+      const long at_start = writer.committed();
+      writer.join();
+      REQUIRE(writer.failures() == 0);
+      // The writer ran across the slot's creation and retention's first run.
+      REQUIRE(at_start < total);
+      const std::string marker = marker_line(f);
+      INFO("marker: " << marker);
+      CHECK(marker.find(" slot_view=") != std::string::npos);
+      CHECK((marker.find(" view_sent=true") != std::string::npos) == snapshot);
+      if (snapshot) {
+        // Every row: the snapshot's and the stream's.
+        REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 60s, 100ms));
+        auto seen = seqs_of(read_all(f, f.topic("Busy")));
+        CHECK(seen.size() == static_cast<std::size_t>(total + 5));
+        CHECK(relay.metric("walrelay_retention_rows_held").value_or(-1) == 0);
+      } else {
+        // The rows from before the slot, and those committed while it was
+        // made, were never sent: they stay (and hold the table), and only
+        // they. Then everything the slot carried goes.
+        const std::string never_sent = "SELECT count(*) FROM " + f.table +
+                                       " WHERE pg_visible_in_snapshot(xmin::text::xid8, (SELECT substring("
+                                       "obj_description(p.oid, 'pg_publication') from 'slot_view=([0-9:,]+)') "
+                                       "FROM pg_publication p WHERE pubname = '" + f.slot + "')::pg_snapshot)";
+        const long unsent = std::stol(f.db().scalar(never_sent));
+        REQUIRE(unsent >= 5);
+        REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_held").value_or(0) == unsent; }, 30s,
+                           50ms));
+        auto seen = seqs_of(read_all(f, f.topic("Busy")));
+        CHECK(seen.size() == static_cast<std::size_t>(total + 5 - unsent));
+        f.db().exec("DELETE FROM " + f.table + " WHERE pg_visible_in_snapshot(xmin::text::xid8, (SELECT "
+                    "substring(obj_description(p.oid, 'pg_publication') from 'slot_view=([0-9:,]+)') FROM "
+                    "pg_publication p WHERE pubname = '" + f.slot + "')::pg_snapshot)");
+        REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 60s, 100ms));
+        CHECK(relay.metric("walrelay_retention_rows_held").value_or(-1) == 0);
+        CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == total + 5 - unsent);
+      }
+    }
+  }
+}
+
+TEST_CASE("retention: an initial snapshot whose snapshot.select.statement.overrides leaves rows out - those rows "
+          "were never sent and stay, held; the rows it sent and those streamed go once the operator removed them",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  for (int seq = 0; seq < 6; ++seq) insert_old(f.db(), f.table, "Override", "k", seq);
+  Walrelay relay(retention_config(f, "snapshot.mode=initial\nsnapshot.select.statement.overrides=" + f.table +
+                                         "\nsnapshot.select.statement.overrides." + f.table + "=SELECT * FROM " +
+                                         f.table + " WHERE (payload->>'seq')::int >= 2\n"));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  insert_old(f.db(), f.table, "Override", "k", 6);
+  auto seen = seqs_of(read_all(f, f.topic("Override")));
+  REQUIRE(seen.size() == 5);  // 2 to 6
+  CHECK(seen.count(0) == 0);
+  CHECK(seen.count(1) == 0);
+  // Every row the view saw is held (walrelay cannot tell which the override
+  // left out), so nothing of the table goes until those two are removed.
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_held").value_or(0) == 6; }, 30s, 50ms));
+  wait_ok_runs(relay, 3);
+  CHECK(rows_in(f, f.table) == 7);
+  CHECK(marker_line(f).find(" view_sent=true") != std::string::npos);
+  // The operator checks the snapshot's rows are in the broker and removes
+  // them with the two left out.
+  f.db().exec("DELETE FROM " + f.table + " WHERE (payload->>'seq')::int < 6");
+  REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 1; }, 30s,
+                     50ms));
+  CHECK(rows_in(f, f.table) == 0);
+}
+
+TEST_CASE("retention: a slot whose view the server cannot export (more unfinished transactions than a snapshot "
+          "holds: initial slot snapshot too large) is made without it - walrelay streams, and retention gives the "
+          "table its floor at its first run",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  // The walsender making the slot waits on this transaction's lock.
+  const auto waited_on = [&](const std::string& xid) {
+    return eventually([&] {
+      return f.db().scalar("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE "
+                           "a.backend_type = 'walsender' AND NOT l.granted AND l.locktype = 'transactionid' AND "
+                           "l.transactionid::text = '" + xid + "'") == "1";
+    }, 60s, 20ms);
+  };
+  // More xids than a snapshot holds (PostgreSQL's MaxBackends and prepared
+  // transactions), with room.
+  const long room = std::stol(f.db().scalar(
+      "SELECT current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + "
+      "current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int + "
+      "current_setting('max_prepared_transactions')::int + 2"));
+  // The slot is consistent two running-transaction records after its start:
+  // the transactions running at the first (t0) ended, then those running at
+  // the second (t1). A transaction begun between them (t2) still runs at the
+  // consistent point, so the view's xmin is below every xid aborted after
+  // it, and one committed after those puts the view's xmax above them.
+  Db t0, t1, t2, aborter;
+  const std::string x0 = t0.scalar("BEGIN; SELECT txid_current()::text");
+  Walrelay relay(retention_config(f));
+  relay.start();
+  REQUIRE(waited_on(x0));
+  const std::string x1 = t1.scalar("BEGIN; SELECT txid_current()::text");
+  t0.exec("COMMIT");
+  REQUIRE(waited_on(x1));
+  const std::string x2 = t2.scalar("BEGIN; SELECT txid_current()::text");
+  std::string aborts;
+  for (long i = 0; i < room + 20; ++i) aborts += "BEGIN; SELECT txid_current(); ROLLBACK; ";
+  aborter.exec(aborts + "BEGIN; SELECT txid_current(); COMMIT;");
+  t1.exec("COMMIT");
+  REQUIRE(eventually([&] { return relay.log().find("could not export its view at the consistent point") !=
+                                  std::string::npos; }, 60s, 20ms));
+  REQUIRE(relay.log().find("initial slot snapshot too large") != std::string::npos);
+  // Made again without it, it waits for t2 as any slot does.
+  REQUIRE(waited_on(x2));
+  t2.exec("COMMIT");
+  relay.wait_streaming();
+  const std::string marker = marker_line(f);
+  INFO("marker: " << marker);
+  CHECK(marker.find("created_lsn=") != std::string::npos);
+  CHECK(marker.find("slot_view") == std::string::npos);
+  wait_floor(relay);
+  CHECK(relay.log().find("retention: rows of transactions from xid") != std::string::npos);
+  insert_old(f.db(), f.table, "Large", "k", 0);
+  REQUIRE(seqs_of(read_all(f, f.topic("Large"))).size() == 1);
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+  CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 1);
 }
 
 TEST_CASE("retention: the floors are kept with the slot - after a restart the rows an earlier walrelay relayed go, "
@@ -297,7 +572,7 @@ TEST_CASE("retention: the floors are kept with the slot - after a restart the ro
   CHECK(rows_in(f, second) == 0);
 }
 
-TEST_CASE("retention: a slot made again starts without floors - rows committed while there was none are never "
+TEST_CASE("retention: a slot made again starts from its own view - rows committed while there was none are never "
           "deleted, nor those relayed before, and what the new slot relays goes",
           "[relay][retention]") {
   Fixture f;
@@ -318,8 +593,19 @@ TEST_CASE("retention: a slot made again starts without floors - rows committed w
   f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
   for (int seq = 3; seq < 6; ++seq) insert_old(f.db(), f.table, "Reset", "k", seq);  // the gap: never sent
   Walrelay reset(retention_config(f));
+  const std::string old_marker = marker_line(f);
   REQUIRE(reset.run({"--reset-slot", "--config", reset.config_path()}) == 0);
-  CHECK(kept_floors(f).empty());
+  // The new slot's floors and view, nothing of the old one's.
+  const std::string new_marker = marker_line(f);
+  INFO("before: " << old_marker << "\nafter: " << new_marker);
+  CHECK(!kept_floors(f).empty());
+  CHECK(kept_floors(f) != before);
+  const auto view_of = [](const std::string& line) {
+    const auto at = line.find(" slot_view=");
+    return at == std::string::npos ? std::string() : line.substr(at, line.find(' ', at + 1) - at);
+  };
+  CHECK(!view_of(new_marker).empty());
+  CHECK(view_of(new_marker) != view_of(old_marker));
   Walrelay relay(retention_config(f));
   relay.start();
   relay.wait_streaming();

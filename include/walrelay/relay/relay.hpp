@@ -153,7 +153,7 @@ class Relay final : public StatusSource {
   void slot_ahead_of(const ServerFacts& facts, const CommittedPosition& committed);
   void commit_position_if_behind(std::chrono::steady_clock::time_point now);
   boost::asio::awaitable<void> record_slot(PgConnection& conn, const ServerFacts& facts,
-                                           std::optional<pgoutput::Lsn> created_lsn);
+                                           std::optional<pgoutput::Lsn> created_lsn, const SlotOrigin& origin);
   boost::asio::awaitable<void> forget_floors(PgConnection& conn, const ServerFacts& facts);
   boost::asio::awaitable<void> keep_alive(PgConnection& conn);
   int read_buffered(PgConnection& conn, HeldMessage& held);
@@ -346,6 +346,7 @@ class Relay final : public StatusSource {
   };
   std::optional<SnapshotProgress> snapshot_;
   bool snapshot_only_done_ = false;       // initial_only: taken, so the session ends
+  SlotOrigin snapshot_origin_;            // the snapshot's slot: its view, for the marker once sent
   std::uint64_t snapshot_polls_ = 0;      // snapshot rows handled, to serve reports between batches
   std::uint64_t delivered_ = 0;           // records the broker acknowledged, ever
   std::uint64_t delivered_at_replay_ = 0; // delivered_ at the last replay

@@ -59,6 +59,22 @@ struct SlotMarker {
   // 8601 UTC; kept here so that a restarted walrelay, or the standby that
   // takes the slot over, stays paused. Written only by write_pause.
   std::string paused_since;
+  // `slot_view=<xmin>:<xmax>:<xip,...>`: the slot's view of the database at
+  // its consistent point (pg_current_snapshot() in the transaction that
+  // created it with USE_SNAPSHOT, kept for the slot's life). The slot streams
+  // exactly the transactions that view does not see; the rows it sees were
+  // committed before and were not streamed (the initial snapshot sends them,
+  // if one is taken). The tables relayed when the slot was made get their
+  // retention floors then (the view's xmin; 0 where an initial snapshot sent
+  // every row the view saw), and a row the view sees is carried only in a
+  // table whose floor is 0. Empty: not recorded (a slot made on a standby,
+  // by an earlier version, or when the server could not export the view);
+  // retention then gives tables floors from the time it first sees them.
+  std::string slot_view;
+  // `view_sent=true`: an initial snapshot sent the rows slot_view sees, and
+  // each was acknowledged (written when the snapshot finishes). Said for the
+  // operator; the floors of 0 are what retention reads.
+  bool view_sent = false;
 
   // Whether the line records a slot (made, used or being snapshotted), not
   // just a pause asked for before walrelay ever recorded the slot.
@@ -84,15 +100,19 @@ struct RetentionFloors {
   std::map<std::uint32_t, std::uint64_t> floors;  // per table, or per partition of a partitioned one
   std::map<std::uint32_t, std::uint32_t> lineage;  // SlotMarker::retention_lineage
   std::string slot_identity;  // the marker's created_lsn and created_at ("": no marker)
+  // The slot's view (SlotMarker::slot_view): a row it sees is carried only
+  // in a table whose floor is 0. "": none.
+  std::string slot_view;
   std::vector<std::string> added;       // the tables given a floor by this call,
   std::uint64_t candidate = 0;          // which is this xid
   std::optional<std::string> refused;   // why they could not be kept in the marker
 };
 
 // In one transaction under the marker's lock: each outbox table (each leaf
-// partition) keeps the marker's floor, else `known`'s when it belongs to the
-// same slot, else gets the xmax of a snapshot taken now (transactions from
-// there on begin while the slot exists and is streamed by the caller); the
+// partition) keeps the marker's floor (given when the slot was made, or by an
+// earlier call), else `known`'s when it belongs to the same slot, else gets
+// the xmax of a snapshot taken now (transactions from there on begin while
+// the slot exists and is streamed by the caller); the
 // marker is rewritten when that differs from what it holds. A role that may
 // not write it gets the floors all the same, with `refused` set.
 boost::asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, const Config& config,
@@ -180,6 +200,47 @@ boost::asio::awaitable<void> forget_other_floors(PgConnection& conn, const Confi
 // transaction, which then sees the database as of that point (USE_SNAPSHOT).
 boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& config, bool use_snapshot = false);
 
+// Where a slot began, for its marker: its view (SlotMarker::slot_view) and
+// the floors it gives the tables relayed when it was made.
+struct SlotOrigin {
+  std::string view;
+  bool view_sent = false;  // an initial snapshot sent the rows the view sees
+  std::map<std::uint32_t, std::uint64_t> floors;   // SlotMarker::retention_floors
+  std::map<std::uint32_t, std::uint32_t> lineage;  // SlotMarker::retention_lineage
+};
+
+// The marker without what vouches for a slot's rows (its view and the
+// floors): written before a slot is made again, so that a stop half-way
+// leaves nothing of the old slot's to judge the new one's rows by.
+SlotMarker without_slot_view(SlotMarker marker);
+
+// pg_current_snapshot() now, on a connection outside a transaction: taken
+// before a slot is made, it tells the catalog changes (a table put in the
+// publication) committed before the slot's creation began.
+boost::asio::awaitable<std::string> snapshot_now(PgConnection& conn);
+
+// The floors of a slot whose view is `view`, made after `before` was taken:
+// each table (leaf partition) walrelay relays whose place in the publication
+// `before` sees gets the view's xmin (the slot streamed every transaction of
+// it the view does not see). Others get none here (retention gives them one
+// when it first sees them).
+boost::asio::awaitable<SlotOrigin> slot_origin(PgConnection& conn, const Config& config, const std::string& view,
+                                               const std::string& before);
+
+// origin once an initial snapshot sent the rows its view sees: floors of 0
+// (every row of those tables carried), unless a
+// snapshot.select.statement.overrides may have left rows out.
+SlotOrigin snapshot_sent(const Config& config, SlotOrigin origin);
+
+// create_slot on a primary, in a REPEATABLE READ READ ONLY transaction of its
+// own with USE_SNAPSHOT, to read the slot's view at its consistent point
+// (committed at once: no row is read). On a standby (in_recovery), or when
+// the server cannot export the view (more unfinished transactions than a
+// snapshot holds), the slot without it. Returns the consistent point;
+// `origin` gets the view and the floors.
+boost::asio::awaitable<pgoutput::Lsn> create_slot_with_view(PgConnection& conn, const Config& config, bool in_recovery,
+                                                             SlotOrigin& origin);
+
 // slot.failover on an existing slot made without it (17+):
 // ALTER_REPLICATION_SLOT ... (FAILOVER true).
 boost::asio::awaitable<void> make_failover_slot(PgConnection& conn, const Config& config);
@@ -205,16 +266,18 @@ boost::asio::awaitable<void> mark_snapshot_pending(PgConnection& conn, const Con
 // Records, once the pending snapshot's slot exists, its consistent point and
 // its view (pg_current_snapshot() in the snapshot's transaction).
 boost::asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                                  pgoutput::Lsn point, const std::string& xids,
-                                                  const std::string& files);
+                                                  pgoutput::Lsn point, const std::string& files,
+                                                  const SlotOrigin& origin);
 // The SQL whose one value is the outbox tables' files now (a digest of
 // pg_relation_filenode over each configured table and its partitions).
 std::string table_files_sql(PgConnection& conn, const Config& config);
 
 // Records this slot in the publication's comment; a missing privilege becomes
-// an error that says how the owner can add the marker by hand.
+// an error that says how the owner can add the marker by hand. created_lsn:
+// a slot just made (or whose snapshot just finished), where it began in
+// `origin`; nullopt: the marker as facts hold it, or a new one.
 boost::asio::awaitable<void> mark_slot(PgConnection& conn, const Config& config, const ServerFacts& facts,
-                                       std::optional<pgoutput::Lsn> created_lsn);
+                                       std::optional<pgoutput::Lsn> created_lsn, const SlotOrigin& origin);
 
 // What --check found: problems prevent a start; notes say what a start would do.
 struct CheckReport {

@@ -115,11 +115,20 @@ class OutboxRetention {
 // before the current snapshot's xmax.
 std::string row_xid8_sql();
 
+// The SQL condition on an outbox row (its xmin) that the slot did not carry
+// it: its inserting transaction began before its table's floor (an xid8;
+// `floors` by the oid of the table holding the row; none: NULL, unknown), or
+// `slot_view` (RetentionFloors::slot_view, "": none) sees it and the floor is
+// not 0 (0: an initial snapshot sent what the view saw).
+std::string not_carried_condition(const std::map<std::uint32_t, std::uint64_t>& floors,
+                                  const std::string& slot_view);
+
 // The SQL condition on an outbox row (its xmin) that its inserting
-// transaction had ended before `snapshot` was taken and began at or after its
-// table's floor (an xid8; `floors` by the oid of the table holding the row,
-// none: never). Throws PgError when `snapshot` is not a pg_snapshot.
+// transaction had ended before `snapshot` was taken, and that the slot carried
+// it (not not_carried_condition; a table with no floor: never). Throws
+// PgError when `snapshot` or `slot_view` is not a pg_snapshot.
 std::string acknowledged_rows_condition(const std::string& snapshot,
-                                        const std::map<std::uint32_t, std::uint64_t>& floors);
+                                        const std::map<std::uint32_t, std::uint64_t>& floors,
+                                        const std::string& slot_view);
 
 }  // namespace walrelay
