@@ -211,6 +211,26 @@ std::string slot_json(const StatusSnapshot& s) {
     snapshot["seconds_left"] = or_null(sn.seconds_left);
     snapshot["seconds"] = sn.seconds;
   }
+  Json& retention = doc["retention"];  // null without table.retention.policy
+  if (s.retention) {
+    const auto& r = *s.retention;
+    retention["policy"] = r.policy;
+    retention["retention_ms"] = r.retention_ms;
+    retention["last_run_unix_ms"] = r.last_run_unix_ms ? Json(r.last_run_unix_ms) : Json(nullptr);
+    retention["last_outcome"] = r.last_outcome.empty() ? Json(nullptr) : Json(r.last_outcome);
+    retention["last_error"] = r.last_error.empty() ? Json(nullptr) : Json(r.last_error);
+    retention["partitions_removed"] = r.partitions_removed;
+    Json& tables = retention["tables"] = Json::array();
+    for (const auto& t : r.tables) {
+      Json table = Json::object();
+      table["table"] = t.name;
+      table["bytes"] = or_null(t.bytes);
+      table["rows_held"] = or_null(t.rows_held);
+      table["rows_deleted"] = t.rows_deleted;
+      table["oldest_row_age_seconds"] = or_null(t.oldest_row_age_seconds);
+      tables.push_back(std::move(table));
+    }
+  }
   Json& eos = doc["exactly_once"];  // null in at-least-once mode
   if (s.exactly_once) {
     eos["transactional_id"] = s.exactly_once->transactional_id;

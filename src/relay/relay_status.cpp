@@ -97,6 +97,7 @@ StatusSnapshot Relay::status() const {
   s.producer_healthy = sink_.healthy() && !sink_.fatal_error();
   s.producer_error = sink_.fatal_error().value_or(sink_.health_reason());
   s.server = slot_monitor_.last();
+  s.retention = retention_.status();
   if (schema_encoder_) s.schema_registry_error = schema_encoder_->problem();
   if (transactional_) s.exactly_once = StatusSnapshot::ExactlyOnce{config_.transactional_id(), committed_lsn_};
   if (snapshot_) {

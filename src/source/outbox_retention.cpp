@@ -23,7 +23,11 @@ using pgoutput::Lsn;
 constexpr std::string_view session_lock_timeout = "SET lock_timeout = '1s'";
 
 OutboxRetention::OutboxRetention(asio::io_context& io, const Config& config, Metrics& metrics)
-    : io_(io), config_(config), metrics_(metrics), timer_(io) {}
+    : io_(io), config_(config), metrics_(metrics), timer_(io) {
+  status_.policy = config.retention_policy == RetentionPolicy::drop_partitions ? "drop-partitions" : "delete";
+  status_.retention_ms = config.retention_ms;
+  for (const auto& table : config.table_include_list) table_status(table);
+}
 
 void OutboxRetention::start(Acknowledged acknowledged) {
   if (config_.retention_policy == RetentionPolicy::none) return;
@@ -94,6 +98,27 @@ std::string acknowledged_rows_condition(const std::string& snapshot,
          " < pg_catalog.pg_snapshot_xmin('" + snapshot + "'::pg_snapshot)::text::bigint)";
 }
 
+std::optional<RetentionStatus> OutboxRetention::status() const {
+  if (config_.retention_policy == RetentionPolicy::none) return std::nullopt;
+  return status_;
+}
+
+RetentionStatus::Table& OutboxRetention::table_status(const TableName& table) {
+  const std::string name = table.qualified();
+  for (auto& t : status_.tables)
+    if (t.name == name) return t;
+  return status_.tables.emplace_back(RetentionStatus::Table{name, {}, {}, 0, {}});
+}
+
+void OutboxRetention::run_ended(const std::string& outcome, const std::string& error) {
+  metrics_.retention_runs(outcome).Increment();
+  status_.last_outcome = outcome;
+  status_.last_error = error;
+  status_.last_run_unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+}
+
 void OutboxRetention::slot_created() {
   ++generation_;
   floors_ = {};
@@ -156,7 +181,7 @@ asio::awaitable<void> OutboxRetention::run_loop() {
       if (own_role) co_await connect(own, config_.retention_conninfo());
       co_await run_once(conn, deleter);
     } catch (const PgError& e) {
-      metrics_.retention_runs("error").Increment();
+      run_ended("error", e.what());
       spdlog::warn("retention: {}; trying again in {} ms", e.what(), config_.retention_interval_ms);
       conn.close();
       own.close();
@@ -186,7 +211,7 @@ asio::awaitable<void> OutboxRetention::run_once(PgConnection& conn, PgConnection
     last_passed_ = std::chrono::steady_clock::now();
   }
   for (const auto& table : config_.table_include_list) co_await measure_table(deleter, table);
-  metrics_.retention_runs(passed ? "ok" : "behind").Increment();
+  run_ended(passed ? "ok" : "behind", "");
   if (!passed) warn_if_lagging();
 }
 
@@ -296,6 +321,7 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
     const auto n = std::stoll(rows.at(0, "count").value_or("0"));
     deleted += n;
     metrics_.retention_rows_deleted(qualified).Increment(static_cast<double>(n));
+    table_status(table).rows_deleted += static_cast<std::uint64_t>(n);
     if (n < config_.retention_batch_size) break;
     co_await pause(10ms);  // room for the application between batches
   }
@@ -327,6 +353,7 @@ asio::awaitable<std::map<std::uint32_t, std::uint64_t>> OutboxRetention::floors_
     where += (where.empty() ? "" : ", ") + row[2].value_or("?") + " in " + row[1].value_or("?");
   }
   metrics_.retention_rows_held(table.qualified()).Set(total);
+  table_status(table).rows_held = total;
   const auto now = std::chrono::steady_clock::now();
   auto& warned = held_warnings_[table.qualified()];
   if (total > 0 && (warned == std::chrono::steady_clock::time_point{} || now - warned > 10min)) {
@@ -360,9 +387,13 @@ asio::awaitable<void> OutboxRetention::measure_table(PgConnection& conn, const T
   const std::vector<std::string> no_params;
   auto rows = co_await conn.query(sql, no_params, 60s);
   const std::string qualified = table.qualified();
-  metrics_.retention_table_bytes(qualified).Set(std::stod(rows.at(0, "bytes").value_or("0")));
-  if (!column.empty())
-    metrics_.retention_oldest_row_age(qualified).Set(std::max(0.0, std::stod(rows.at(0, "age").value_or("0"))));
+  auto& shown = table_status(table);
+  shown.bytes = std::stod(rows.at(0, "bytes").value_or("0"));
+  metrics_.retention_table_bytes(qualified).Set(*shown.bytes);
+  if (!column.empty()) {
+    shown.oldest_row_age_seconds = std::max(0.0, std::stod(rows.at(0, "age").value_or("0")));
+    metrics_.retention_oldest_row_age(qualified).Set(*shown.oldest_row_age_seconds);
+  }
 }
 
 const std::string& OutboxRetention::time_column() const {
@@ -715,6 +746,7 @@ asio::awaitable<int> OutboxRetention::drop_detached(PgConnection& conn, const Fe
       continue;
     }
     metrics_.retention_partitions_removed.Increment();
+    ++status_.partitions_removed;
   }
   co_return waiting;
 }
@@ -755,7 +787,8 @@ asio::awaitable<void> OutboxRetention::drop_partitions(PgConnection& conn, const
   if (waiting == 0) last_passed_ = std::chrono::steady_clock::now();
   // A partition that failed makes it an error run (logged above), even when
   // the others went.
-  metrics_.retention_runs(partition_failed_ ? "error" : waiting == 0 ? "ok" : "behind").Increment();
+  run_ended(partition_failed_ ? "error" : waiting == 0 ? "ok" : "behind",
+            partition_failed_ ? "a partition could not be removed (the log says which and why)" : "");
   if (waiting > 0) warn_if_lagging();
 }
 

@@ -119,6 +119,26 @@ TEST_CASE("retention: rows acknowledged and older than table.retention.ms are de
       CHECK(relay.metric("walrelay_retention_runs_total{outcome=\"ok\"}").value_or(0) > 0);
       CHECK(relay.metric("walrelay_retention_table_bytes").value_or(0) > 0);
       CHECK(relay.metric("walrelay_retention_runs_total{outcome=\"error\"}").value_or(0) == 0);
+      // The same in /slot, after a run that measured the emptied table.
+      wait_ok_runs(relay, 1);
+      const auto slot = relay.get("/slot");
+      REQUIRE(slot.status == 200);
+      const auto doc = json::parse(slot.body);
+      INFO(slot.body);
+      REQUIRE(doc["retention"].is_object());
+      const auto& retention = doc["retention"];
+      CHECK(retention["policy"] == "delete");
+      CHECK(retention["retention_ms"] == 1000);
+      CHECK(retention["last_outcome"] == "ok");
+      CHECK(retention["last_error"].is_null());
+      CHECK(retention["last_run_unix_ms"].get<std::int64_t>() > 0);
+      REQUIRE(retention["tables"].size() == 1);
+      const auto& table = retention["tables"][0];
+      CHECK(table["table"] == f.table);
+      CHECK(table["rows_deleted"] == total);
+      CHECK(table["rows_held"] == 0);
+      CHECK(table["bytes"].get<double>() > 0);
+      CHECK(table["oldest_row_age_seconds"] == 0);
     }
   }
 }

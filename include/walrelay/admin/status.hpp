@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <pgoutput/pgoutput.hpp>
 
@@ -40,6 +41,24 @@ struct ServerSlotInfo {
   // pg_current_wal_lsn(), or on a standby pg_last_wal_receive_lsn()
   std::optional<pgoutput::Lsn> current_wal_lsn;
   std::int64_t observed_at_unix_ms = 0;
+};
+
+// Retention's view for /slot (table.retention.policy other than none).
+struct RetentionStatus {
+  std::string policy;                    // delete, drop-partitions
+  std::int64_t retention_ms = 0;         // table.retention.ms
+  std::int64_t last_run_unix_ms = 0;     // the last run's end (0: none yet)
+  std::string last_outcome;              // ok, behind (the slot short of the fence), error
+  std::string last_error;                // the last run's error, when it failed
+  std::uint64_t partitions_removed = 0;  // drop-partitions: dropped or archived
+  struct Table {
+    std::string name;                    // schema.table, as configured
+    std::optional<double> bytes;         // with its partitions and indexes
+    std::optional<double> rows_held;     // written before walrelay relayed it (delete)
+    std::uint64_t rows_deleted = 0;      // by this process
+    std::optional<double> oldest_row_age_seconds;
+  };
+  std::vector<Table> tables;             // in table.include.list's order
 };
 
 // A snapshot of the relay for /slot and /readyz. Built on the loop thread.
@@ -100,6 +119,7 @@ struct StatusSnapshot {
   };
   std::optional<Snapshot> snapshot;
   std::optional<ServerSlotInfo> server;
+  std::optional<RetentionStatus> retention;  // none without table.retention.policy
 };
 
 // Implemented by the relay; the admin server asks it on every request.

@@ -29,6 +29,7 @@
 
 #include "pgoutput/pgoutput.hpp"
 #include "walrelay/admin/metrics.hpp"
+#include "walrelay/admin/status.hpp"
 #include "walrelay/config.hpp"
 #include "walrelay/source/catalog.hpp"
 
@@ -51,6 +52,8 @@ class OutboxRetention {
   void stop();
   // The relay made a new slot: what the old one carried says nothing of it.
   void slot_created();
+  // For /slot: nullopt without a retention policy.
+  std::optional<RetentionStatus> status() const;
 
  private:
   struct Fence {
@@ -109,6 +112,9 @@ class OutboxRetention {
   std::set<std::string> warned_;  // partitions a warning was given for
   bool partition_failed_ = false;  // drop-partitions: in this run
   std::map<std::string, std::string> partition_keys_;  // drop-partitions: each table's, by its name
+  RetentionStatus status_;  // what /slot shows; its tables by table.include.list's order
+  RetentionStatus::Table& table_status(const TableName& table);
+  void run_ended(const std::string& outcome, const std::string& error);
 };
 
 // A row's xmin as an xid8 (SQL): the latest one with those 32 bits at or
