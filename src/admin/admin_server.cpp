@@ -211,6 +211,11 @@ std::string slot_json(const StatusSnapshot& s) {
     snapshot["seconds_left"] = or_null(sn.seconds_left);
     snapshot["seconds"] = sn.seconds;
   }
+  Json& eos = doc["exactly_once"];  // null in at-least-once mode
+  if (s.exactly_once) {
+    eos["transactional_id"] = s.exactly_once->transactional_id;
+    eos["committed_lsn"] = lsn_or_null(s.exactly_once->committed_lsn);
+  }
   Json& retention = doc["retention"];  // null without table.retention.policy
   if (s.retention) {
     const auto& r = *s.retention;
@@ -230,11 +235,6 @@ std::string slot_json(const StatusSnapshot& s) {
       table["oldest_row_age_seconds"] = or_null(t.oldest_row_age_seconds);
       tables.push_back(std::move(table));
     }
-  }
-  Json& eos = doc["exactly_once"];  // null in at-least-once mode
-  if (s.exactly_once) {
-    eos["transactional_id"] = s.exactly_once->transactional_id;
-    eos["committed_lsn"] = lsn_or_null(s.exactly_once->committed_lsn);
   }
   return to_json_text(doc) + '\n';
 }

@@ -101,8 +101,14 @@ asio::awaitable<std::optional<Lsn>> Relay::initial_snapshot(PgConnection& conn, 
   if (facts.marker && facts.marker->snapshot_pending) metrics_.snapshot_restarts.Increment();
   if (retake) {
     point = *facts.slot.confirmed_flush_lsn;
-    snapshot_origin_ = {facts.marker->slot_view, false, facts.marker->retention_floors,
-                        facts.marker->retention_lineage};
+    // The first snapshot's view and floors, when the slot is the one it
+    // made (one made again by hand under its name streams from later: the
+    // rows in between were neither in the view nor streamed). The rows are
+    // read through this start's overrides.
+    snapshot_origin_ = {};
+    if (facts.marker->created_lsn && *facts.marker->created_lsn == point)
+      snapshot_origin_ = {facts.marker->slot_view, false, !config_.snapshot_select_overrides.empty(),
+                          facts.marker->retention_floors, facts.marker->retention_lineage};
     first_view = co_await begin_snapshot_retake(conn, facts, point);
   } else {
     point = co_await begin_snapshot_with_slot(conn, facts);
@@ -167,9 +173,10 @@ asio::awaitable<std::optional<Lsn>> Relay::snapshot_in_kafka(PgConnection& conn,
   spdlog::info("slot={} exactly once: the initial snapshot begun on {} is in Kafka (committed at its consistent "
                "point {}); only its record in the publication was missing: streaming from there",
                config_.slot_name, facts.marker->created_at, point.to_string());
-  // (Named: g++ 12 frees a temporary argument of a coroutine twice.)
-  const SlotOrigin origin = snapshot_sent(
-      config_, {facts.marker->slot_view, false, facts.marker->retention_floors, facts.marker->retention_lineage});
+  SlotOrigin origin;  // (named: g++ 12 frees a temporary argument of a coroutine twice)
+  if (facts.marker->created_lsn && *facts.marker->created_lsn == point)
+    origin = snapshot_sent({facts.marker->slot_view, false, facts.marker->snapshot_filtered,
+                            facts.marker->retention_floors, facts.marker->retention_lineage});
   co_await record_slot(conn, facts, point, origin);
   co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
   co_return point;
@@ -253,6 +260,7 @@ asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const S
     throw;
   }
   const std::string before = co_await snapshot_now(conn);
+  co_await allow_long_transaction(conn);
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   const Lsn point = co_await create_slot(conn, config_, true);
   retention_.slot_created();
@@ -278,6 +286,7 @@ asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const S
       // The floors from the catalog as it is now: a table attached since the
       // view was taken is new to `before` too, and gets none.
       snapshot_origin_ = co_await slot_origin(side, config_, xids, before);
+      snapshot_origin_.filtered = !config_.snapshot_select_overrides.empty();
       co_await record_snapshot_view(side, config_, facts, point, table_files, snapshot_origin_);
       side.close();
       break;
@@ -440,7 +449,7 @@ asio::awaitable<std::optional<Lsn>> Relay::finish_snapshot(PgConnection& conn, c
   co_await conn.query("COMMIT");
   snapshot_->done = true;
   snapshot_->finished = std::chrono::steady_clock::now();
-  snapshot_origin_ = snapshot_sent(config_, std::move(snapshot_origin_));
+  snapshot_origin_ = snapshot_sent(std::move(snapshot_origin_));
   co_await record_slot(conn, facts, point, snapshot_origin_);
   co_await conn.query("SELECT pg_catalog.pg_advisory_unlock(" + lock_key + ")");
   const double seconds = std::chrono::duration<double>(snapshot_->finished - snapshot_->started).count();

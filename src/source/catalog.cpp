@@ -183,6 +183,7 @@ std::vector<SlotMarker> parse_slot_markers(const std::string& comment) {
         std::tie(m.retention_floors, m.retention_lineage) = parse_retention_floors(value);
       else if (key == "slot_view" && is_pg_snapshot_text(value)) m.slot_view = value;
       else if (key == "view_sent") m.view_sent = value == "true";
+      else if (key == "snapshot_filtered") m.snapshot_filtered = value == "true";
       else if (key == "paused" && value.size() <= 32 &&
                value.find_first_not_of("0123456789-:TZ") == std::string::npos)
         m.paused_since = value;
@@ -200,6 +201,7 @@ std::string with_slot_marker(const std::string& comment, const SlotMarker& marke
   if (marker.snapshot_pending) line += " snapshot=pending";
   if (marker.snapshot_pending && !marker.snapshot_xids.empty()) line += " snapshot_xids=" + marker.snapshot_xids;
   if (marker.snapshot_pending && !marker.snapshot_files.empty()) line += " snapshot_files=" + marker.snapshot_files;
+  if (marker.snapshot_pending && marker.snapshot_filtered) line += " snapshot_filtered=true";
   if (!marker.retention_floors.empty()) {
     line += " retention_floors=";
     for (auto it = marker.retention_floors.begin(); it != marker.retention_floors.end(); ++it) {
@@ -854,7 +856,11 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
     if (marker)
       settled.slot_identity = (marker->created_lsn ? marker->created_lsn->to_string() : std::string("-")) + "@" +
                               marker->created_at;
-    if (marker && !marker->snapshot_pending) settled.slot_view = marker->slot_view;
+    // A pending snapshot's marker vouches for nothing yet: its floors are
+    // the view's, and the rows the view saw are not all sent (a walrelay that
+    // could not record the snapshot's end, or that gave it up, streams on).
+    const bool vouches = marker && !marker->snapshot_pending;
+    if (vouches) settled.slot_view = marker->slot_view;
     // (Named: g++ 12 frees a temporary of a coroutine twice.)
     const auto leaves = co_await outbox_leaves(conn, config);
     // Taken after the marker and the leaves were read: a slot made, or a
@@ -873,7 +879,7 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
         if (lineages.count(leaf.oid)) lineage = lineages.at(leaf.oid);
         return true;
       };
-      if (!(marker && kept(marker->retention_floors, marker->retention_lineage)) &&
+      if (!(vouches && kept(marker->retention_floors, marker->retention_lineage)) &&
           known.slot_identity == settled.slot_identity)
         kept(known.floors, known.lineage);
       if (!floor) {
@@ -882,16 +888,18 @@ asio::awaitable<RetentionFloors> settle_retention_floors(PgConnection& conn, con
         settled.candidate = candidate;
       } else if (lineage != leaf.lineage) {
         // Attached again, or published again, since the floor was given:
-        // rows from before that were not published. (Such a row is new, so
-        // its xmin reads right.)
-        floor = std::max(*floor, leaf.member_since + 1);
+        // rows from before that were not published. From now on, not from
+        // the change's xid: a transaction with a higher xid may have written
+        // a row and committed before the change did.
+        floor = std::max(*floor, candidate);
       }
       settled.floors[leaf.oid] = *floor;
       settled.lineage[leaf.oid] = leaf.lineage;
     }
     if (!marker) {
       settled.refused = "publication " + config.publication_name + " holds no marker for slot " + config.slot_name;
-    } else if (marker->retention_floors != settled.floors || marker->retention_lineage != settled.lineage) {
+    } else if (vouches &&
+               (marker->retention_floors != settled.floors || marker->retention_lineage != settled.lineage)) {
       marker->retention_floors = settled.floors;
       marker->retention_lineage = settled.lineage;
       co_await conn.query("SAVEPOINT floors");
@@ -1033,6 +1041,10 @@ bool snapshot_sees(const std::string& snapshot, std::uint64_t xid) {
 
 }  // namespace
 
+asio::awaitable<void> allow_long_transaction(PgConnection& conn) {
+  if (conn.server_version() >= 170000) co_await conn.query("SET transaction_timeout = 0");
+}
+
 SlotMarker without_slot_view(SlotMarker marker) {
   marker.retention_floors.clear();
   marker.retention_lineage.clear();
@@ -1066,13 +1078,12 @@ asio::awaitable<SlotOrigin> slot_origin(PgConnection& conn, const Config& config
   co_return origin;
 }
 
-SlotOrigin snapshot_sent(const Config& config, SlotOrigin origin) {
-  if (origin.view.empty()) return origin;
-  origin.view_sent = true;
+SlotOrigin snapshot_sent(SlotOrigin origin) {
   // An override's WHERE may have left rows out: those tables keep the
   // view's floor, and a row the view saw stays (held) there.
-  if (config.snapshot_select_overrides.empty())
-    for (auto& [oid, floor] : origin.floors) floor = 0;
+  if (origin.view.empty() || origin.filtered) return origin;
+  origin.view_sent = true;
+  for (auto& [oid, floor] : origin.floors) floor = 0;
   return origin;
 }
 
@@ -1081,6 +1092,7 @@ asio::awaitable<pgoutput::Lsn> create_slot_with_view(PgConnection& conn, const C
   origin = {};
   if (in_recovery) co_return co_await create_slot(conn, config);
   const std::string before = co_await snapshot_now(conn);
+  co_await allow_long_transaction(conn);
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   std::exception_ptr failure;
   std::optional<pgoutput::Lsn> point;
@@ -1174,6 +1186,7 @@ asio::awaitable<void> record_snapshot_view(PgConnection& conn, const Config& con
                                            const SlotOrigin& origin) {
   SlotMarker marker{config.slot_name, point, utc_now_iso(), facts.system, true, origin.view, files, {}, {}, {}, {}, false};
   marker.slot_view = origin.view;
+  marker.snapshot_filtered = origin.filtered;
   marker.retention_floors = origin.floors;
   marker.retention_lineage = origin.lineage;
   co_await write_slot_marker(conn, config, marker);

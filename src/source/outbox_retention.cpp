@@ -113,7 +113,9 @@ RetentionStatus::Table& OutboxRetention::table_status(const TableName& table) {
 void OutboxRetention::run_ended(const std::string& outcome, const std::string& error) {
   metrics_.retention_runs(outcome).Increment();
   status_.last_outcome = outcome;
-  status_.last_error = error;
+  // A server's message can carry a DETAIL or a trigger's text: the start is
+  // enough for /slot (the log has it whole).
+  status_.last_error = error.size() > 500 ? error.substr(0, 500) + "..." : error;
   status_.last_run_unix_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();

@@ -463,7 +463,7 @@ TEST_CASE("retention: a first start while writers run - the rows committed after
 }
 
 TEST_CASE("retention: an initial snapshot whose snapshot.select.statement.overrides leaves rows out - those rows "
-          "were never sent and stay, held; the rows it sent and those streamed go once the operator removed them",
+          "were never sent and stay, held, and the rows it sent and those streamed go once the operator removed them",
           "[relay][retention]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -484,7 +484,9 @@ TEST_CASE("retention: an initial snapshot whose snapshot.select.statement.overri
   REQUIRE(eventually([&] { return relay.metric("walrelay_retention_rows_held").value_or(0) == 6; }, 30s, 50ms));
   wait_ok_runs(relay, 3);
   CHECK(rows_in(f, f.table) == 7);
-  CHECK(marker_line(f).find(" view_sent=true") != std::string::npos);
+  // Not said sent: the override may have left rows out.
+  CHECK(marker_line(f).find("view_sent") == std::string::npos);
+  CHECK(marker_line(f).find(" slot_view=") != std::string::npos);
   // The operator checks the snapshot's rows are in the broker and removes
   // them with the two left out.
   f.db().exec("DELETE FROM " + f.table + " WHERE (payload->>'seq')::int < 6");
@@ -707,6 +709,8 @@ TEST_CASE("retention: a partition detached, written to by name, and attached aga
   Walrelay again(retention_config(f));
   again.start();
   again.wait_streaming();
+  // After the run that saw the new attachment: rows before that stay.
+  wait_floor(again);
   insert_old(f.db(), f.table, "Again", "a", 2);
   REQUIRE(eventually([&] { return again.metric("walrelay_retention_rows_held").value_or(0) == 2; }, 30s, 50ms));
   wait_ok_runs(again, 3);

@@ -797,6 +797,47 @@ TEST_CASE("snapshot: the interrupted snapshot's slot lost (a failover before it 
   CHECK(seqs.size() == static_cast<std::size_t>(before));
 }
 
+TEST_CASE("snapshot: the interrupted snapshot's slot made again by hand under its name - the snapshot taken again "
+          "keeps none of the first slot's view or retention floors in the marker (they would vouch for rows the new "
+          "slot never carried)",
+          "[fault][snapshot][retention]") {
+  const long before = 40000;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, "Again", before);
+  const std::string cfg = with_key(f.config("snapshot.mode=initial\nmax.inflight.records=2000\n"
+                                            "snapshot.fetch.size=1000\n"),
+                                   "log.level", "info");
+  kill_mid_snapshot(cfg, before);
+  const auto marker = [&] {
+    return f.db().scalar("SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = '" +
+                         f.slot + "'");
+  };
+  // The premise: the first snapshot recorded its view and floors.
+  REQUIRE(marker().find(" slot_view=") != std::string::npos);
+  REQUIRE(marker().find(" retention_floors=") != std::string::npos);
+  REQUIRE(eventually(
+      [&] {
+        return f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot +
+                             "' AND active") == "0";
+      },
+      10s, 50ms));
+  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+  f.db().exec("SELECT pg_create_logical_replication_slot('" + f.slot + "', 'pgoutput')");
+  Walrelay relay(cfg);
+  relay.start();
+  REQUIRE(eventually([&] { return relay.this_run_log().find("streaming:") != std::string::npos || !relay.running(); },
+                     300s, 100ms));
+  REQUIRE(relay.running());
+  CHECK(relay.this_run_log().find("is not the snapshot's consistent point") != std::string::npos);
+  INFO("marker: " << marker());
+  CHECK(marker().find("snapshot=pending") == std::string::npos);
+  CHECK(marker().find("slot_view") == std::string::npos);
+  CHECK(marker().find("view_sent") == std::string::npos);
+  CHECK(marker().find("retention_floors") == std::string::npos);
+  CHECK(numbers_of(read_all(f, f.topic("Again"), 300s), "seq").size() == static_cast<std::size_t>(before));
+}
+
 TEST_CASE("snapshot: rows committed while the slot is made are in the snapshot or in the stream, never both",
           "[snapshot]") {
   // The small, fast form of the first test's "no overlap" (its million rows

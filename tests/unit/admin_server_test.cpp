@@ -432,8 +432,29 @@ TEST_CASE("slot endpoint returns the snapshot as JSON", "[admin]") {
           R"("retained_wal_bytes":1048576,"lag_seconds":null,"inflight_records":7,"inflight_bytes":2048,)"
           R"("sink":"kafka","producer_healthy":true,"server":{"wal_status":"reserved","safe_wal_size":4096,"active_pid":4242,)"
           R"("confirmed_flush_lsn":"16/B3740000","restart_lsn":"16/B3700000","current_wal_lsn":"16/B3750000",)"
-          R"("observed_at_unix_ms":1700000000123},"snapshot":null,"exactly_once":null})"
+          R"("observed_at_unix_ms":1700000000123},"snapshot":null,"exactly_once":null,"retention":null})"
           "\n");
+  }
+
+  SECTION("retention: its policy, last run and tables; what no run measured yet is null") {
+    auto s = streaming();
+    walrelay::RetentionStatus r;
+    r.policy = "delete";
+    r.retention_ms = 604800000;
+    r.last_run_unix_ms = 1700000000123;
+    r.last_outcome = "behind";
+    r.tables.push_back({"public.outbox", 8192.0, 3.0, 120, 42.5});
+    r.tables.push_back({"public.outbox2", std::nullopt, std::nullopt, 0, std::nullopt});
+    s.retention = r;
+    server.status.set(s);
+    auto reply = fetch(server.port(), "/slot");
+    REQUIRE_FALSE(reply.ec);
+    CHECK(reply.response.body().find(
+              R"("retention":{"policy":"delete","retention_ms":604800000,"last_run_unix_ms":1700000000123,)"
+              R"("last_outcome":"behind","last_error":null,"partitions_removed":0,"tables":[{"table":"public.outbox",)"
+              R"("bytes":8192.0,"rows_held":3.0,"rows_deleted":120,"oldest_row_age_seconds":42.5},)"
+              R"({"table":"public.outbox2","bytes":null,"rows_held":null,"rows_deleted":0,)"
+              R"("oldest_row_age_seconds":null}]})") != std::string::npos);
   }
 
   SECTION("the initial snapshot's progress; seconds_left null until there is a rate") {

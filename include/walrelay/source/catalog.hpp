@@ -71,10 +71,16 @@ struct SlotMarker {
   // by an earlier version, or when the server could not export the view);
   // retention then gives tables floors from the time it first sees them.
   std::string slot_view;
-  // `view_sent=true`: an initial snapshot sent the rows slot_view sees, and
-  // each was acknowledged (written when the snapshot finishes). Said for the
-  // operator; the floors of 0 are what retention reads.
+  // `view_sent=true`: an initial snapshot sent every row slot_view sees, and
+  // each was acknowledged (written when the snapshot finishes, unless a
+  // snapshot.select.statement.overrides may have left rows out). Said for
+  // the operator; the floors of 0 are what retention reads.
   bool view_sent = false;
+  // `snapshot_filtered=true`, while pending: the snapshot reads its tables
+  // through snapshot.select.statement.overrides, whose WHERE may leave rows
+  // out. A start that finds it committed in Kafka knows so from here, not
+  // from its own configuration.
+  bool snapshot_filtered = false;
 
   // Whether the line records a slot (made, used or being snapshotted), not
   // just a pause asked for before walrelay ever recorded the slot.
@@ -205,6 +211,7 @@ boost::asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Conf
 struct SlotOrigin {
   std::string view;
   bool view_sent = false;  // an initial snapshot sent the rows the view sees
+  bool filtered = false;   // the snapshot read through an override's WHERE
   std::map<std::uint32_t, std::uint64_t> floors;   // SlotMarker::retention_floors
   std::map<std::uint32_t, std::uint32_t> lineage;  // SlotMarker::retention_lineage
 };
@@ -213,6 +220,12 @@ struct SlotOrigin {
 // floors): written before a slot is made again, so that a stop half-way
 // leaves nothing of the old slot's to judge the new one's rows by.
 SlotMarker without_slot_view(SlotMarker marker);
+
+// transaction_timeout (17+) off for this session: a slot's creation waits, in
+// a transaction, for every transaction running when it began to end, and an
+// initial snapshot reads in one transaction; cut by a time-out, the next try
+// would only wait again.
+boost::asio::awaitable<void> allow_long_transaction(PgConnection& conn);
 
 // pg_current_snapshot() now, on a connection outside a transaction: taken
 // before a slot is made, it tells the catalog changes (a table put in the
@@ -228,9 +241,10 @@ boost::asio::awaitable<SlotOrigin> slot_origin(PgConnection& conn, const Config&
                                                const std::string& before);
 
 // origin once an initial snapshot sent the rows its view sees: floors of 0
-// (every row of those tables carried), unless a
-// snapshot.select.statement.overrides may have left rows out.
-SlotOrigin snapshot_sent(const Config& config, SlotOrigin origin);
+// (every row of those tables carried), unless it read through a
+// snapshot.select.statement.overrides (origin.filtered), which may have left
+// rows out.
+SlotOrigin snapshot_sent(SlotOrigin origin);
 
 // create_slot on a primary, in a REPEATABLE READ READ ONLY transaction of its
 // own with USE_SNAPSHOT, to read the slot's view at its consistent point
