@@ -1028,6 +1028,45 @@ TEST_CASE("retention: drop-partitions - partitions whose range ended more than t
   }
 }
 
+TEST_CASE("retention: drop-partitions, exactly once - an expired partition is frozen and detached, dropped only once "
+          "its Kafka transaction committed (none while the broker is frozen), each event once to a read_committed "
+          "reader",
+          "[fault][eos][retention][solo]") {
+  Fixture f;
+  create_range_outbox(f, false);
+  Walrelay relay(drop_config(f, "exactly.once.support=required\ntransaction.boundary.interval.ms=50\n"
+                                "offsets.storage.topic=" + f.slot + ".offsets\n"));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  // Before _d2 expires (20 s after it was made): events in it, and in _now.
+  f.db().exec(insert_at(f.table, "DropEos", 0, 30, hour_ahead));
+  f.db().exec(insert_at(f.table, "DropEos", 100, 30, hour_ago));
+  REQUIRE(seqs_of(read_all(f, f.topic("DropEos"))).size() == 60);
+  REQUIRE(is_attached(f, f.table + "_d2"));
+  {
+    BrokerFreeze frozen;
+    f.db().exec(insert_at(f.table, "DropEos", 200, 30, hour_ahead));
+    // Expired, frozen and detached; not dropped while the committed position
+    // is short of the position recorded when it was frozen (past the events
+    // just written, which wait for the broker).
+    REQUIRE(eventually([&] { return !is_attached(f, f.table + "_d2"); }, 60s, 50ms));
+    const double behind = runs_of(relay, "behind");
+    REQUIRE(eventually([&] { return runs_of(relay, "behind") >= behind + 3; }, 30s, 50ms));
+    CHECK(table_exists(f, f.table + "_d2"));
+    CHECK(rows_in(f, f.table + "_d2") == 30);
+  }
+  REQUIRE(eventually([&] { return !table_exists(f, f.table + "_d2") && !table_exists(f, f.table + "_d3"); }, 90s,
+                     50ms));
+  auto recs = read_all(f, f.topic("DropEos"));
+  auto seen = ids_of(recs);
+  CHECK(seen.records == 90);
+  CHECK(seen.duplicates() == 0);
+  CHECK(seqs_of(recs).size() == 90);
+  CHECK(relay.metric("walrelay_retention_partitions_removed_total").value_or(-1) == 2);
+  CHECK(runs_of(relay, "error") == 0);
+}
+
 TEST_CASE("retention: drop-partitions with table.retention.archive.schema - an expired partition moves there with "
           "its rows once sent, and refuses new ones",
           "[relay][retention]") {
