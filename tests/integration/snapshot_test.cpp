@@ -720,6 +720,26 @@ std::unique_ptr<Walrelay> kill_mid_snapshot(const std::string& cfg, long before)
   return relay;
 }
 
+// An outbox of `before` rows of `type`, a snapshot of it killed part-way,
+// and its slot dropped once the killed walrelay let go of it (a failover
+// before it was synchronized, an operator's drop). The configuration.
+std::string snapshot_killed_and_slot_dropped(Fixture& f, const std::string& type, long before) {
+  create_outbox(f.db(), f.table, "bigint");
+  prefill(f.db(), f.table, type, before);
+  const std::string cfg = with_key(f.config("snapshot.mode=initial\nmax.inflight.records=2000\n"
+                                            "snapshot.fetch.size=1000\n"),
+                                   "log.level", "info");
+  kill_mid_snapshot(cfg, before);
+  REQUIRE(eventually(
+      [&] {
+        return f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot +
+                             "' AND active") == "0";
+      },
+      10s, 50ms));
+  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+  return cfg;
+}
+
 }  // namespace
 
 TEST_CASE("snapshot: the outbox rewritten between the interruption and the restart (new xmins) - at least once "
@@ -764,19 +784,7 @@ TEST_CASE("snapshot: the interrupted snapshot's slot lost (a failover before it 
           "[fault][snapshot]") {
   const long before = 40000;
   Fixture f;
-  create_outbox(f.db(), f.table, "bigint");
-  prefill(f.db(), f.table, "Lost", before);
-  const std::string cfg = with_key(f.config("snapshot.mode=initial\nmax.inflight.records=2000\n"
-                                            "snapshot.fetch.size=1000\n"),
-                                   "log.level", "info");
-  kill_mid_snapshot(cfg, before);
-  REQUIRE(eventually(
-      [&] {
-        return f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot +
-                             "' AND active") == "0";
-      },
-      10s, 50ms));
-  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+  const std::string cfg = snapshot_killed_and_slot_dropped(f, "Lost", before);
   Walrelay relay(cfg);
   relay.start();
   CHECK(relay.wait_exit(60s) == 3);
@@ -803,12 +811,7 @@ TEST_CASE("snapshot: the interrupted snapshot's slot made again by hand under it
           "[fault][snapshot][retention]") {
   const long before = 40000;
   Fixture f;
-  create_outbox(f.db(), f.table, "bigint");
-  prefill(f.db(), f.table, "Again", before);
-  const std::string cfg = with_key(f.config("snapshot.mode=initial\nmax.inflight.records=2000\n"
-                                            "snapshot.fetch.size=1000\n"),
-                                   "log.level", "info");
-  kill_mid_snapshot(cfg, before);
+  const std::string cfg = snapshot_killed_and_slot_dropped(f, "Again", before);
   const auto marker = [&] {
     return f.db().scalar("SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = '" +
                          f.slot + "'");
@@ -816,13 +819,6 @@ TEST_CASE("snapshot: the interrupted snapshot's slot made again by hand under it
   // The premise: the first snapshot recorded its view and floors.
   REQUIRE(marker().find(" slot_view=") != std::string::npos);
   REQUIRE(marker().find(" retention_floors=") != std::string::npos);
-  REQUIRE(eventually(
-      [&] {
-        return f.db().scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot +
-                             "' AND active") == "0";
-      },
-      10s, 50ms));
-  f.db().exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
   f.db().exec("SELECT pg_create_logical_replication_slot('" + f.slot + "', 'pgoutput')");
   Walrelay relay(cfg);
   relay.start();
