@@ -110,7 +110,7 @@ std::optional<pgoutput::Lsn> parse_lsn(const std::optional<std::string>& text) {
 
 }  // namespace
 
-bool is_pg_snapshot_text(std::string_view text) {
+std::optional<std::vector<std::uint64_t>> parse_pg_snapshot(std::string_view text) {
   // xmin:xmax:xip,... with xmin <= xip < xmax, the xips ascending: what
   // pg_snapshot's input accepts, so that a marker edited by hand is ignored
   // here rather than failing every snapshot's query.
@@ -121,25 +121,28 @@ bool is_pg_snapshot_text(std::string_view text) {
   for (std::size_t i = 0; i <= text.size(); ++i) {
     const char ch = i < text.size() ? text[i] : ',';
     if (ch >= '0' && ch <= '9') {
-      if (n > (UINT64_MAX - 9) / 10) return false;
+      if (n > (UINT64_MAX - 9) / 10) return std::nullopt;
       n = n * 10 + static_cast<std::uint64_t>(ch - '0');
       digits = true;
       continue;
     }
-    if (ch != ':' && ch != ',') return false;
-    if (ch == ':' && ++colons > 2) return false;
+    if (ch != ':' && ch != ',') return std::nullopt;
+    if (ch == ':' && ++colons > 2) return std::nullopt;
     const bool empty_xip_list = colons == 2 && numbers.size() == 2 && i == text.size();
-    if (!digits && !empty_xip_list) return false;
+    if (!digits && !empty_xip_list) return std::nullopt;
     if (digits) numbers.push_back(n);
     n = 0;
     digits = false;
-    if (ch == ',' && colons < 2) return false;
+    if (ch == ',' && colons < 2) return std::nullopt;
   }
-  if (colons != 2 || numbers.size() < 2 || numbers[0] > numbers[1] || numbers[0] == 0) return false;
+  if (colons != 2 || numbers.size() < 2 || numbers[0] > numbers[1] || numbers[0] == 0) return std::nullopt;
   for (std::size_t i = 2; i < numbers.size(); ++i)
-    if (numbers[i] < numbers[0] || numbers[i] >= numbers[1] || (i > 2 && numbers[i] <= numbers[i - 1])) return false;
-  return true;
+    if (numbers[i] < numbers[0] || numbers[i] >= numbers[1] || (i > 2 && numbers[i] <= numbers[i - 1]))
+      return std::nullopt;
+  return numbers;
 }
+
+bool is_pg_snapshot_text(std::string_view text) { return parse_pg_snapshot(text).has_value(); }
 
 std::string table_files_sql(PgConnection& conn, const Config& config) {
   std::string trees;
@@ -1020,20 +1023,12 @@ asio::awaitable<pgoutput::Lsn> create_slot(PgConnection& conn, const Config& con
 
 namespace {
 
-// Whether a pg_snapshot's text (is_pg_snapshot_text) sees transaction `xid`
-// (an xid8) as ended: below its xmin, or below its xmax and not listed.
+// Whether a pg_snapshot's text sees transaction `xid` (an xid8) as ended:
+// below its xmin, or below its xmax and not listed.
 bool snapshot_sees(const std::string& snapshot, std::uint64_t xid) {
-  std::vector<std::uint64_t> numbers;
-  std::string number;
-  for (const char ch : snapshot + ",") {
-    if (ch >= '0' && ch <= '9') {
-      number += ch;
-    } else if (!number.empty()) {
-      numbers.push_back(std::stoull(number));
-      number.clear();
-    }
-  }
-  if (numbers.size() < 2) return false;
+  const auto parsed = parse_pg_snapshot(snapshot);
+  if (!parsed) return false;
+  const auto& numbers = *parsed;
   if (xid < numbers[0]) return true;
   if (xid >= numbers[1]) return false;
   return std::find(numbers.begin() + 2, numbers.end(), xid) == numbers.end();
@@ -1063,9 +1058,10 @@ asio::awaitable<std::string> snapshot_now(PgConnection& conn) {
 asio::awaitable<SlotOrigin> slot_origin(PgConnection& conn, const Config& config, const std::string& view,
                                         const std::string& before) {
   SlotOrigin origin;
-  if (!is_pg_snapshot_text(view) || !is_pg_snapshot_text(before)) co_return origin;
+  const auto view_numbers = parse_pg_snapshot(view);
+  if (!view_numbers || !is_pg_snapshot_text(before)) co_return origin;
   origin.view = view;
-  const std::uint64_t view_xmin = std::stoull(view.substr(0, view.find(':')));
+  const std::uint64_t view_xmin = view_numbers->front();
   // (Named: g++ 12 frees a temporary of a coroutine twice.)
   const auto leaves = co_await outbox_leaves(conn, config);
   for (const auto& leaf : leaves) {

@@ -90,8 +90,11 @@ struct SlotMarker {
 // Now as the slot marker keeps times: ISO 8601, UTC, to the second.
 std::string utc_now_iso();
 
-// Whether `text` is a pg_snapshot's text form (digits, two colons, commas),
-// the only text a marker's snapshot_xids may hold.
+// A pg_snapshot's text form (digits, two colons, commas) as its numbers:
+// xmin, xmax, then the listed xids; nullopt when it is not one.
+std::optional<std::vector<std::uint64_t>> parse_pg_snapshot(std::string_view text);
+// Whether `text` is a pg_snapshot's text form, the only text a marker's
+// snapshot_xids may hold.
 bool is_pg_snapshot_text(std::string_view text);
 
 // Parses the markers in a publication comment; other lines are the owner's.
