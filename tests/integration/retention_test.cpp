@@ -922,19 +922,38 @@ std::string drop_config(const Fixture& f, const std::string& extra = "") {
                   "table.retention.interval.ms=200\nadmin.control.token=" + drop_controller + "\n" + extra);
 }
 
-// Partitions _d3 (from 3 to 2 days ago, expired at once), _d2 (from 2 days
-// ago to 20 s from now: it expires while the test runs; an event an hour old
-// goes there until then), _now (from then to a day ahead) and a DEFAULT one
-// when asked. The tests' retention is a second.
+// Partitions _d3 (from 3 to 2 days ago, expired at once), _now (from half an
+// hour to a day ahead) and a DEFAULT one when asked; _d2 comes later, from
+// add_expiring_partition. The tests' retention is a second.
 void create_range_outbox(Fixture& f, bool with_default) {
   f.db().exec("CREATE TABLE " + f.table + " (id bigint GENERATED ALWAYS AS IDENTITY, aggregatetype text NOT NULL, "
               "aggregateid text NOT NULL, type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT "
               "now(), PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at); CREATE TABLE " + f.table +
               "_d3 PARTITION OF " + f.table + " FOR VALUES FROM (now() - interval '3 days') TO (now() - interval "
-              "'2 days'); CREATE TABLE " + f.table + "_d2 PARTITION OF " + f.table + " FOR VALUES FROM (now() - "
-              "interval '2 days') TO (now() + interval '20 seconds'); CREATE TABLE " + f.table + "_now PARTITION OF " +
-              f.table + " FOR VALUES FROM (now() + interval '20 seconds') TO (now() + interval '1 day')");
+              "'2 days'); CREATE TABLE " + f.table + "_now PARTITION OF " + f.table + " FOR VALUES FROM (now() + "
+              "interval '30 minutes') TO (now() + interval '1 day')");
   if (with_default) f.db().exec("CREATE TABLE " + f.table + "_def PARTITION OF " + f.table + " DEFAULT");
+}
+
+// _d2, from 2 days ago to 15 s from now (an event an hour old goes there until
+// it expires), made while walrelay streams, as pg_partman makes them, and
+// given its floor by retention's next run. Made now rather than with the
+// table: the time to write into it starts here, not before walrelay's start,
+// which has no bound the test can count on (a new slot waits for every
+// transaction open on the server, other tests' too).
+void add_expiring_partition(Fixture& f, Walrelay& relay) {
+  f.db().exec("CREATE TABLE " + f.table + "_d2 PARTITION OF " + f.table + " FOR VALUES FROM (now() - interval "
+              "'2 days') TO (now() + interval '15 seconds')");
+  const std::string name = f.table.substr(f.table.find('.') + 1) + "_d2";
+  REQUIRE(eventually([&] {
+    const auto log = relay.log();
+    for (auto at = log.find("may go once acknowledged, in "); at != std::string::npos;
+         at = log.find("may go once acknowledged, in ", at + 1)) {
+      const auto line = log.substr(at, log.find('\n', at) - at);
+      if (line.find(name) != std::string::npos) return true;
+    }
+    return false;
+  }, 30s, 20ms));
 }
 
 const std::string hour_ago = "now() - interval '1 hour'";     // _d2
@@ -981,6 +1000,7 @@ TEST_CASE("retention: drop-partitions - partitions whose range ended more than t
       relay.start();
       relay.wait_streaming();
       wait_floor(relay);
+      add_expiring_partition(f, relay);
       REQUIRE(relay.request("POST", "/pause", drop_controller).status == 202);
       REQUIRE(eventually([&] { return connector_state(relay) == "PAUSED"; }, 30s, 50ms));
       f.db().exec(insert_at(f.table, "Drop", 0, 30, hour_ago));
@@ -1039,7 +1059,8 @@ TEST_CASE("retention: drop-partitions, exactly once - an expired partition is fr
   relay.start();
   relay.wait_streaming();
   wait_floor(relay);
-  // Before _d2 expires (20 s after it was made): events in it, and in _now.
+  add_expiring_partition(f, relay);
+  // Before _d2 expires: events in it, and in _now.
   f.db().exec(insert_at(f.table, "DropEos", 0, 30, hour_ahead));
   f.db().exec(insert_at(f.table, "DropEos", 100, 30, hour_ago));
   REQUIRE(seqs_of(read_all(f, f.topic("DropEos"))).size() == 60);
@@ -1078,6 +1099,7 @@ TEST_CASE("retention: drop-partitions with table.retention.archive.schema - an e
   relay.start();
   relay.wait_streaming();
   wait_floor(relay);
+  add_expiring_partition(f, relay);
   f.db().exec(insert_at(f.table, "Archive", 0, 25, hour_ago));
   const std::string name = f.table.substr(f.table.find('.') + 1);
   REQUIRE(eventually([&] { return table_exists(f, archive + "." + name + "_d2"); }, 60s, 50ms));
@@ -1103,6 +1125,7 @@ TEST_CASE("retention: drop-partitions - a transaction writing into an expired pa
   relay.start();
   relay.wait_streaming();
   wait_floor(relay);
+  add_expiring_partition(f, relay);
   Db late;
   late.exec("BEGIN; " + insert_at(f.table, "Late", 0, 1, hour_ago));  // _d2
   // _d2 expires meanwhile, and its lock is not to be had.
@@ -1166,6 +1189,7 @@ TEST_CASE("retention: drop-partitions - a partition frozen by another slot's wal
   relay.start();
   relay.wait_streaming();
   wait_floor(relay);
+  add_expiring_partition(f, relay);
   f.db().exec(insert_at(f.table, "Other", 0, 10, hour_ago));  // _d2
   REQUIRE(eventually([&] { return !table_exists(f, f.table + "_d2"); }, 60s, 50ms));
   CHECK(seqs_of(read_all(f, f.topic("Other"))).size() == 10);
