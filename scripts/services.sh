@@ -4,7 +4,7 @@
 # only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|all]   stop what start started (idempotent; pg: the
+#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|redis|all]   stop what start started (idempotent; pg: the
 #                                              standby too; all: the registry, NATS and RabbitMQ too)
 #   scripts/services.sh start registry         an Apicurio Registry (not part of `all`), below
 #   scripts/services.sh start nats             a nats-server with JetStream (not part of `all`), below
@@ -12,6 +12,9 @@
 #                                              (kept on disk: a broker restart or outage)
 #   scripts/services.sh start rabbitmq         a RabbitMQ node (not part of `all`), below
 #   scripts/services.sh rabbitmqctl ARGS...   rabbitmqctl against that node (users, permissions)
+#   scripts/services.sh start redis            a redis-server with AOF (not part of `all`), below
+#   scripts/services.sh redis-stop|redis-start   Redis only, back on its port with its data
+#                                              (the AOF: a server restart or outage)
 #   scripts/services.sh rabbitmq-stop|rabbitmq-start   RabbitMQ only, back on its port with its
 #                                              durable exchanges and queues
 #   scripts/services.sh env                    print the env file (source it)
@@ -46,6 +49,11 @@
 # there as HOME), AMQP on loopback and a free port, epmd on loopback; `env`
 # then adds WALRELAY_TEST_RABBITMQ (host:port; user guest, password guest,
 # allowed beyond localhost by loopback_users = none only on 127.0.0.1).
+#
+# `start redis` runs Debian's redis-server (7.0) with its append-only file on
+# (appendfsync always: what walrelay was told is stored survives a crash of
+# the server), its data in $RUN_DIR/redis, on loopback and a free port; `env`
+# then adds WALRELAY_TEST_REDIS (127.0.0.1:<port>). Log: $RUN_DIR/redis/redis.log.
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
 # that the postgres user can reach it even when the checkout is under /root.
@@ -522,6 +530,50 @@ nats_stop() {
   fi
 }
 
+redis_running() { [[ -f "$RUN_DIR/redis/pid" ]] && alive "$(cat "$RUN_DIR/redis/pid")"; }
+
+# redis_start [keep-port]: keep-port comes back on the port of the server
+# stopped by `redis-stop`, with its data (the AOF).
+redis_start() {
+  local d="$RUN_DIR/redis" port kept=""
+  redis_running && return 0
+  command -v redis-server >/dev/null || { echo "services: no redis-server (scripts/setup.sh installs it)" >&2; return 1; }
+  [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
+  mkdir -p "$d/data"
+  port=${kept:-$(free_port)}
+  redis-server --bind 127.0.0.1 --port "$port" --dir "$d/data" --appendonly yes --appendfsync always \
+    --save "" --daemonize no --logfile "$d/redis.log" </dev/null >/dev/null 2>&1 &
+  echo $! > "$d/pid"
+  echo "$port" > "$d/port"
+  for _ in $(seq 1 100); do
+    if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then return 0; fi
+    redis_running || { tail -20 "$d/redis.log" >&2; echo "services: redis-server died; see $d/redis.log" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "services: redis-server did not start in 10 s; see $d/redis.log" >&2
+  return 1
+}
+
+# redis_stop [keep-port]: SIGTERM (a clean shutdown), then SIGKILL.
+redis_stop() {
+  local d="$RUN_DIR/redis" pid
+  if [[ -f "$d/pid" ]]; then
+    pid=$(cat "$d/pid")
+    if alive "$pid"; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$d/pid"
+  [[ ${1:-} == keep-port ]] && return 0
+  rm -rf "$d"
+  if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_REDIS=' "$RUN_DIR/env"; then
+    grep -v '^export WALRELAY_TEST_REDIS=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
+    mv "$RUN_DIR/env.tmp.$$" "$RUN_DIR/env"
+  fi
+}
+
 RABBIT_BIN=/usr/lib/rabbitmq/bin
 rabbit_env() {
   local d="$RUN_DIR/rabbitmq" port; port=$(cat "$d/port")
@@ -619,6 +671,9 @@ write_env() {
     if [[ -f "$RUN_DIR/rabbitmq/port" ]]; then
       echo "export WALRELAY_TEST_RABBITMQ=127.0.0.1:$(cat "$RUN_DIR/rabbitmq/port")"
     fi
+    if [[ -f "$RUN_DIR/redis/port" ]]; then
+      echo "export WALRELAY_TEST_REDIS=127.0.0.1:$(cat "$RUN_DIR/redis/port")"
+    fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
   } > "$env.tmp.$$"
   mv "$env.tmp.$$" "$env"
@@ -637,8 +692,8 @@ case "${1:-}" in
 esac
 
 what="${2:-all}"
-if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq)$ ]]; then
-  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|all]" >&2; exit 2
+if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq|redis)$ ]]; then
+  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|redis|all]" >&2; exit 2
 fi
 case "${1:-}" in
   start)
@@ -648,12 +703,14 @@ case "${1:-}" in
     [[ $what == registry ]] && registry_start
     [[ $what == nats ]] && nats_start
     [[ $what == rabbitmq ]] && rabbit_start
+    [[ $what == redis ]] && redis_start
     write_env
     sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
     [[ $what == all || $what == registry ]] && registry_stop
     [[ $what == all || $what == nats ]] && nats_stop
     [[ $what == all || $what == rabbitmq ]] && rabbit_stop
+    [[ $what == all || $what == redis ]] && redis_stop
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
@@ -665,6 +722,8 @@ case "${1:-}" in
   nats-start) nats_start keep-port && write_env ;;
   rabbitmq-stop) rabbit_stop keep-port ;;
   rabbitmq-start) rabbit_start keep-port && write_env ;;
+  redis-stop) redis_stop keep-port ;;
+  redis-start) redis_start keep-port && write_env ;;
   rabbitmqctl) shift; (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" "$@") ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
@@ -683,6 +742,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && alive "$(cat "$RUN_DIR/kafka/pid")" ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;  # the lock file stays: a waiter may hold it open
-  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | redis-stop | redis-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

@@ -21,7 +21,7 @@ packages=(
   libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev libboost-regex-dev
   libsimdjson-dev nlohmann-json3-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
   libavro-dev libprotobuf-dev libprotoc-dev libcurl4-openssl-dev rapidjson-dev libvalijson-dev
-  libnats-dev librabbitmq-dev nats-server rabbitmq-server
+  libnats-dev librabbitmq-dev nats-server rabbitmq-server libhiredis-dev redis-server
   clang-14 libclang-rt-14-dev
   postgresql-15 postgresql-client-15
   kcat default-jre-headless maven curl procps openssl iproute2

@@ -66,6 +66,8 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           txn_ = ledger_.open(m.commit_time, m.final_lsn);
           xid_ = m.xid;
           commit_time_ = m.commit_time;
+          position_lsn_ = m.final_lsn.value;
+          position_index_ = 0;
         } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
           const bool had_records = txn_ && ledger_.had_records(*txn_);
           if (had_records) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
@@ -80,10 +82,13 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           spdlog::debug("{} relation {} oid={} outbox={}", context(), mapper_.table_name(m.oid), m.oid, outbox);
         } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
           if (skipping_txn_) return;
-          step = mapper_.is_outbox(m.relation_oid) ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
+          const bool outbox = mapper_.is_outbox(m.relation_oid);
+          step = outbox ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
+          if (outbox && step != Step::retry) ++position_index_;  // offered again: the same place
         } else if constexpr (std::is_same_v<T, pgoutput::LogicalMessage>) {
           if (!message_prefixes_.empty() && !m.xid) {
             step = on_logical_message(m);
+            if (step != Step::retry) ++position_index_;
           } else {
             metrics_.decode_errors.Increment();
             halt("unexpected logical message at " + xlog.wal_start.to_string() +
@@ -132,6 +137,7 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
     return dead_letter_row(insert, *error, lsn);
   }
   if (pending == Step::retry) return pending;
+  record_.position = OutboxRecord::Position{position_lsn_, position_index_};
   return submit_record();
 }
 
@@ -333,6 +339,7 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
     return dead_letter_message(message, *error);
   }
   if (pending == Step::retry) return pending;
+  record_.position = OutboxRecord::Position{position_lsn_, position_index_};
   return submit_record();
 }
 

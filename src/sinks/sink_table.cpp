@@ -6,6 +6,7 @@
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/sinks/nats/nats_sink.hpp"
 #include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
+#include "walrelay/sinks/redis/redis_sink.hpp"
 
 namespace walrelay {
 
@@ -33,10 +34,17 @@ std::unique_ptr<Sink> make_rabbitmq(boost::asio::io_context& io, const Config& c
 
 void validate_rabbitmq(const Config& config) { (void)rabbitmq_config(config); }
 
+std::unique_ptr<Sink> make_redis(boost::asio::io_context& io, const Config& config) {
+  return std::make_unique<RedisStreamsSink>(io, redis_config(config));
+}
+
+void validate_redis(const Config& config) { (void)redis_config(config); }
+
 const SinkKind kinds[] = {
     {"kafka", {}, validate_kafka, make_kafka},
     {"nats-jetstream", nats_jetstream_keys(), validate_nats, make_nats},
     {"rabbitmq", rabbitmq_keys(), validate_rabbitmq, make_rabbitmq},
+    {"redis", redis_keys(), validate_redis, make_redis},
 };
 
 }  // namespace

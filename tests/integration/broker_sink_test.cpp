@@ -67,6 +67,8 @@ struct Nats {
   static constexpr bool deduplicates = true;
   static constexpr bool reads_consume = false;  // a stream: every read sees everything
   static constexpr const char* sink = "nats-jetstream";
+  static constexpr const char* message_id_header = "Nats-Msg-Id";
+  static constexpr const char* ack_timeout_key = "ack.timeout.ms";
   static std::string url() {
     static const bool started = [] {
       Services::control("start nats");
@@ -123,6 +125,8 @@ struct RabbitMq {
   static constexpr bool deduplicates = false;
   static constexpr bool reads_consume = true;  // a queue: a read takes what it read
   static constexpr const char* sink = "rabbitmq";
+  static constexpr const char* message_id_header = "message_id";
+  static constexpr const char* ack_timeout_key = "ackTimeout";
   static std::string address() {
     static const bool started = [] {
       Services::control("start rabbitmq");
@@ -177,6 +181,55 @@ struct RabbitMq {
   static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/rabbitmq/pid"; }
   static void stop() { Services::control("rabbitmq-stop"); }
   static void start() { Services::control("rabbitmq-start"); }
+};
+
+struct Redis {
+  static constexpr bool deduplicates = true;    // entry ids from the commit LSN: exactly once per stream
+  static constexpr bool reads_consume = false;  // a stream: every read sees everything
+  static constexpr const char* sink = "redis";
+  static constexpr const char* message_id_header = "entry_event_id";  // the entry's id field (read.py)
+  static constexpr const char* ack_timeout_key = "socket.timeout.ms";
+  static std::string address() {
+    static const bool started = [] {
+      Services::control("start redis");
+      return true;
+    }();
+    (void)started;
+    auto a = Services::current("WALRELAY_TEST_REDIS");
+    REQUIRE_FALSE(a.empty());
+    return a;
+  }
+  static CommandResult py(const std::string& args) {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/redis/read.py --url " +
+                       address() + " " + args + " 2>&1");
+  }
+  // The streams whose names start with `prefix` (Redis makes a stream at
+  // its first XADD: nothing to make here).
+  class Destination {
+   public:
+    explicit Destination(std::string prefix) : prefix_(std::move(prefix)) {}
+    ~Destination() { py("delete --prefix '" + prefix_ + "'"); }
+    Destination(const Destination&) = delete;
+    Destination& operator=(const Destination&) = delete;
+    std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
+      return records_of(py("read --prefix '" + prefix_ + "' --count " + std::to_string(at_least) + " --timeout " +
+                           std::to_string(timeout_s)));
+    }
+
+   private:
+    std::string prefix_;
+  };
+  static std::unique_ptr<Destination> topics(Fixture& f) { return std::make_unique<Destination>(f.topic_prefix); }
+  static std::string dead_letter_topic(Fixture& f) { return f.slot + "_dead"; }
+  static std::unique_ptr<Destination> dead_letters(Fixture& f) {
+    return std::make_unique<Destination>(dead_letter_topic(f));
+  }
+  static std::string config(Fixture& f, const std::string& extra = "") {
+    return without_kafka(f, "sink.type=redis\nsink.redis.address=" + address() + "\n" + extra);
+  }
+  static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/redis/pid"; }
+  static void stop() { Services::control("redis-stop"); }
+  static void start() { Services::control("redis-start"); }
 };
 
 // Kafka in the same shape, for the tests of every sink: the fixture's
@@ -317,7 +370,7 @@ std::uint64_t event_inside(Fixture& f, const std::string& type, const std::strin
 TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit order per key, with the event id as "
                    "the message id, its key and headers, persistent - never a rolled-back one - and /slot, /readyz "
                    "and /metrics name the sink",
-                   "[nats][rabbitmq]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][redis]", Nats, RabbitMq, Redis) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);
@@ -335,8 +388,8 @@ TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit o
   for (auto& r : recs) {
     INFO(r.topic << " " << r.value.value_or(""));
     CHECK(r.topic == f.topic("Order"));
-    if (TestType::deduplicates) CHECK(r.header("Nats-Msg-Id") == r.header("id"));
-    else CHECK((r.header("message_id") == r.header("id") && r.header("delivery_mode") == "2"));
+    CHECK(r.header(TestType::message_id_header) == r.header("id"));
+    if constexpr (std::is_same_v<TestType, RabbitMq>) CHECK(r.header("delivery_mode") == "2");
     CHECK(r.key.has_value());
     CHECK(r.value->find("rolled-back") == std::string::npos);
   }
@@ -346,7 +399,7 @@ TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit o
 }
 
 TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed event arrives, in order per key",
-                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][redis][fault]", Nats, RabbitMq, Redis) {
   const long total = scaled(8000, 40000);
   const int kills = static_cast<int>(scaled(3, 8));
   const long inflight_limit = 500;
@@ -387,7 +440,7 @@ TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed
 
 TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the slot holds below an event written "
                    "meanwhile, /readyz names the sink, and afterwards every event is there, in order",
-                   "[nats][rabbitmq][fault][solo]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][redis][fault][solo]", Nats, RabbitMq, Redis) {
   const long inflight_limit = 500;
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -432,7 +485,7 @@ TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the
 
 TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is "
                    "held back and RSS stays flat - thawed, everything arrives",
-                   "[nats][rabbitmq][fault][solo]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][redis][fault][solo]", Nats, RabbitMq, Redis) {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
   Fixture f;
@@ -440,7 +493,7 @@ TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publi
   auto to = TestType::topics(f);
   const std::string prefix = std::string("sink.") + TestType::sink + ".";
   Walrelay relay(TestType::config(f, prefix + "max.pending=" + std::to_string(max_pending) + "\n" + prefix +
-                                         (TestType::deduplicates ? "ack.timeout.ms" : "ackTimeout") + "=120000\n"));
+                                         TestType::ack_timeout_key + "=120000\n"));
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "Freeze", "k0", "jsonb_build_object('seq', -1)"));
@@ -582,7 +635,7 @@ TEMPLATE_TEST_CASE("sinks: a message the broker refuses for good (over the strea
 }
 
 TEMPLATE_TEST_CASE("sinks: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
-                   "[nats][rabbitmq][fault]", Nats, RabbitMq) {
+                   "[nats][rabbitmq][redis][fault]", Nats, RabbitMq, Redis) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);
@@ -1286,4 +1339,116 @@ TEST_CASE("control: RabbitMQ - an unroutable record halts and stays up FAILED wi
   // was acknowledged since the last status update).
   CHECK(seen.duplicates() <= 600);
   CHECK(relay.running());
+}
+
+TEST_CASE("sinks: Redis - an entry's id is its transaction's commit LSN and its place in it - a stream name that "
+          "holds another type dead-letters with the reason, the others go on in order",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  auto dead = Redis::dead_letters(f);
+  // Taken: a plain string where the stream of the "Taken" topic would be.
+  auto taken = Redis::py("set --key '" + f.topic("Taken") + "' --value not-a-stream");
+  INFO(taken.output);
+  REQUIRE(taken.status == 0);
+  Walrelay relay(Redis::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                      Redis::dead_letter_topic(f) + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 1)"));
+  // Three events in one transaction, between two positions of the WAL.
+  const auto before = parse_lsn(f.db().scalar("SELECT pg_current_wal_insert_lsn()"));
+  f.db().exec("BEGIN; " + insert_event(f.table, "Order", "b", "jsonb_build_object('seq', 2)") +
+              insert_event(f.table, "Order", "c", "jsonb_build_object('seq', 3)") +
+              insert_event(f.table, "Order", "d", "jsonb_build_object('seq', 4)") + " COMMIT");
+  const auto after = parse_lsn(f.db().scalar("SELECT pg_current_wal_insert_lsn()"));
+  f.db().exec(insert_event(f.table, "Taken", "a", "jsonb_build_object('seq', 5)"));
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 6)"));
+  auto refused_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE payload->>'seq' = '5'");
+  auto recs = read_settled(f, *to);
+  REQUIRE(recs.size() == 5);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ids;
+  for (auto& r : recs) {
+    INFO(r.value.value_or(""));
+    CHECK(r.topic == f.topic("Order"));
+    auto id = r.header("entry_event_id");
+    REQUIRE(id);
+    CHECK(id == r.header("id"));
+  }
+  // The entry ids, from the reader's raw output: <commit LSN>-<place>.
+  auto raw = Redis::py("read --prefix '" + f.topic("Order") + "' --count 5 --timeout 10");
+  REQUIRE(raw.status == 0);
+  std::istringstream lines(raw.output);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    const std::string entry = j["entry_id"];
+    const auto dash = entry.find('-');
+    ids.emplace_back(std::stoull(entry.substr(0, dash)), std::stoull(entry.substr(dash + 1)));
+  }
+  REQUIRE(ids.size() == 5);
+  CHECK(ids[0].second == 0);
+  CHECK(ids[1].first == ids[2].first);
+  CHECK(ids[2].first == ids[3].first);
+  CHECK((ids[1].second == 0 && ids[2].second == 1 && ids[3].second == 2));
+  CHECK(ids[1].first > before);
+  CHECK(ids[1].first < after);
+  CHECK(ids[0].first < ids[1].first);
+  CHECK(ids[3].first < ids[4].first);
+  auto dead_recs = dead->read(1);
+  REQUIRE(dead_recs.size() == 1);
+  CHECK(dead_recs[0].header("id") == refused_id);
+  CHECK(dead_recs[0].key == std::optional<std::string>("a"));
+  CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("wrong_type"));
+  CHECK(dead_recs[0].header("__connect.errors.topic") == f.topic("Taken"));
+  CHECK(dead_recs[0].value->find("\"seq\": 5") != std::string::npos);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
+}
+
+TEST_CASE("sinks: Redis - entries already in the stream (walrelay stopped before it confirmed them) are found by id "
+          "and event and counted delivered, also once trimmed by MAXLEN - and another writer's entry past an event's "
+          "id is that event's error, not a loss",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  auto dead = Redis::dead_letters(f);
+  // Confirmed only every minute: a stop sends the final update, a kill does not.
+  const std::string cfg = Redis::config(f, "status.update.interval.ms=60000\nsink.redis.stream.maxlen=1\n"
+                                           "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                           Redis::dead_letter_topic(f) + "\n");
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  relay->wait_streaming();
+  for (int i = 0; i < 5; ++i)
+    f.db().exec(insert_event(f.table, "Again", "k", "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+  REQUIRE(eventually([&] { return relay->metric("walrelay_events_relayed_total").value_or(0) == 5; }, 30s));
+  relay->signal(SIGKILL);
+  REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+  // The first four trimmed away (XTRIM exact: MAXLEN ~ keeps a stream this small whole).
+  const auto address = Redis::address();
+  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
+                          address.substr(address.rfind(':') + 1) + " ";
+  REQUIRE(run_command(cli + "XTRIM '" + f.topic("Again") + "' MAXLEN 1").status == 0);
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  wait_streaming_after(*relay, 0);
+  // The premise: all five sent again (the slot was confirmed before them).
+  INFO(relay->log().substr(relay->log().size() > 6000 ? relay->log().size() - 6000 : 0));
+  REQUIRE(eventually([&] { return relay->metric("walrelay_events_relayed_total").value_or(0) == 5; }, 30s));
+  auto recs = to->read(1);
+  REQUIRE(recs.size() == 1);  // none written again
+  CHECK(recs.back().value->find("\"seq\": 4") != std::string::npos);
+  CHECK(dead->read().empty());
+  // Another writer's entry with an id past every LSN: the next event cannot
+  // go in commit order, and is dead-lettered (errors.tolerance=all) with why.
+  REQUIRE(run_command(cli + "XADD '" + f.topic("Again") + "' 18446744073709551000-0 foreign 1").status == 0);
+  f.db().exec(insert_event(f.table, "Again", "k", "jsonb_build_object('seq', 5)"));
+  auto dead_recs = dead->read(1);
+  REQUIRE(dead_recs.size() == 1);
+  CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("id_conflict"));
+  CHECK(dead_recs[0].value->find("\"seq\": 5") != std::string::npos);
+  relay->signal(SIGTERM);
+  REQUIRE(relay->wait_exit(30s) == 0);
 }

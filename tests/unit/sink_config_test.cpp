@@ -5,6 +5,7 @@
 
 #include "walrelay/config.hpp"
 #include "walrelay/sinks/nats/nats_config.hpp"
+#include "walrelay/sinks/redis/redis_config.hpp"
 
 using namespace walrelay;
 
@@ -48,7 +49,8 @@ TEST_CASE("sink config: kafka is the default, nats-jetstream takes Debezium Serv
 }
 
 TEST_CASE("sink config: what a sink does not take is refused, naming the key and why", "[config][sink]") {
-  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream or rabbitmq") != std::string::npos);
+  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream, rabbitmq or redis") !=
+        std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nkafka.bootstrap.servers=x:1\n")
             .find("kafka.bootstrap.servers: sink.type is nats-jetstream") != std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nexactly.once.support=required\n").find("exactly.once.support:") !=
@@ -67,4 +69,42 @@ TEST_CASE("sink config: what a sink does not take is refused, naming the key and
             .find("tls.key.location") != std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nsink.nats-jetstream.max.pending=0\n")
             .find("sink.nats-jetstream.max.pending: value 0 out of range [1, 1000000]") != std::string::npos);
+}
+
+TEST_CASE("sink config: redis takes Debezium Server's keys (address, password from the environment, message.format) "
+          "and walrelay's stream.template, and refuses TLS and the memory poll naming why",
+          "[config][sink]") {
+  auto c = parse_config("sink.type=redis\nsink.redis.address=cache.internal:6380\nsink.redis.user=relay\n"
+                        "sink.redis.db.index=2\nsink.redis.stream.template=events:${topic}:v1\n"
+                        "sink.redis.stream.maxlen=100000\nsink.redis.wait.enabled=true\n",
+                        "t", {"WALRELAY_SINK_REDIS_PASSWORD=s3cret"});
+  auto r = redis_config(c);
+  CHECK(r.host == "cache.internal");
+  CHECK(r.port == 6380);
+  CHECK(r.user == "relay");
+  CHECK(r.password == "s3cret");
+  CHECK(c.describe().find("s3cret") == std::string::npos);
+  CHECK(r.db_index == 2);
+  CHECK(r.extended);
+  CHECK(r.maxlen == 100000);
+  CHECK(r.wait_enabled);
+  CHECK(redis_stream_name(r, "outbox.event.Order") == "events:outbox.event.Order:v1");
+  auto d = redis_config(parse_config("sink.type=redis\nsink.redis.message.format=compact\n", "t", {}));
+  CHECK(d.host == "127.0.0.1");
+  CHECK(d.port == 6379);
+  CHECK_FALSE(d.extended);
+  CHECK(redis_stream_name(d, "outbox.event.Order") == "outbox.event.Order");
+  CHECK(redis_config(parse_config("sink.type=redis\nsink.redis.address=[::1]:7000\n", "t", {})).host == "::1");
+  CHECK(error_of("sink.type=redis\nsink.redis.ssl.enabled=true\n").find("sink.redis.ssl.enabled: TLS to Redis") !=
+        std::string::npos);
+  CHECK(error_of("sink.type=redis\nsink.redis.memory.limit.mb=80\n").find("sink.redis.max.pending") !=
+        std::string::npos);
+  CHECK(error_of("sink.type=redis\nsink.redis.message.format=json\n")
+            .find("sink.redis.message.format: expected extended or compact") != std::string::npos);
+  CHECK(error_of("sink.type=redis\nsink.redis.address=x:0\n").find("sink.redis.address: value 0 out of range") !=
+        std::string::npos);
+  CHECK(error_of("sink.type=redis\nsink.redis.user=u\n").find("sink.redis.user: a user needs sink.redis.password") !=
+        std::string::npos);
+  CHECK(error_of("sink.type=redis\nexactly.once.support=required\n").find("exactly.once.support:") !=
+        std::string::npos);
 }

@@ -363,6 +363,10 @@ class Relay final : public StatusSource {
   bool message_txn_ = false;              // txn_ is a non-transactional message's own (dead-lettered)
   std::uint32_t xid_ = 0;
   std::int64_t commit_time_ = 0;
+  // The records' positions (OutboxRecord::position): the transaction's
+  // commit LSN, and how many of its outbox rows and messages came before.
+  std::uint64_t position_lsn_ = 0;
+  std::uint64_t position_index_ = 0;
 
   // Positions
   pgoutput::Lsn received_lsn_;

@@ -1,0 +1,115 @@
+// sink.type=redis: each record is appended to a Redis stream (XADD), the
+// stream named from its topic (sink.redis.stream.template), and reported
+// delivered once Redis has answered for it.
+//
+// Exactly once per stream, without a transaction: a record from the stream
+// carries an entry id made of its transaction's commit LSN and its place in
+// that transaction (<commit LSN>-<n>), so ids rise in commit order. A stream
+// refuses an id at or below its last, so an event sent again after a crash or
+// an outage is recognised: one Lua script per stream and batch appends each
+// entry whose id is above the stream's last, and for one at or below it looks
+// the entry up (the same event id there: delivered before; deleted since, by
+// XDEL or MAXLEN: delivered before). Never counted delivered on the id alone.
+// What the server stored is always a prefix of what was sent, per stream:
+// one batch per stream in flight, a script stops at its first error, and
+// after any failure nothing more is sent until the relay has taken back what
+// was queued (abort_queued) and sends it again from the slot.
+//
+// Records with no such position (walrelay replay, redrive) and dead-letter
+// copies are appended after the stream's last entry (<its ms>-*): at least
+// once, as sent on purpose.
+//
+// Threads: one worker thread owns the hiredis connection (blocking, with
+// timeouts) and hands outcomes back through one queue, posting a wake-up to
+// the loop, where everything else runs.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "walrelay/sinks/sink.hpp"
+#include "walrelay/sinks/redis/redis_config.hpp"
+
+struct redisContext;
+
+namespace walrelay {
+
+class RedisStreamsSink final : public Sink {
+ public:
+  RedisStreamsSink(boost::asio::io_context& io, RedisConfig config);
+  ~RedisStreamsSink() override;
+  RedisStreamsSink(const RedisStreamsSink&) = delete;
+  RedisStreamsSink& operator=(const RedisStreamsSink&) = delete;
+
+  SubmitStatus submit(const OutboxRecord& record, std::uint64_t token) override;
+  SubmitStatus submit_dead_letter(std::string_view reason, std::string_view topic,
+                                  std::optional<std::string_view> key, std::optional<std::string_view> value,
+                                  const std::vector<OutboxRecord::Header>& headers, std::uint64_t token,
+                                  std::size_t bytes) override;
+  void poll() override;
+  void abort_queued() override;
+  bool healthy() const override;
+  std::string health_reason() const override;
+  std::optional<std::string> fatal_error() const override { return std::nullopt; }
+  void check_connectivity(int timeout_ms) override;
+
+  // One XADD to be.
+  struct Entry {
+    std::uint64_t token = 0;
+    std::size_t bytes = 0;
+    std::uint64_t epoch = 0;       // abort_queued() counts these: older ones are not sent
+    std::string topic, stream;
+    std::string id;                // <ms>-<seq>; empty: after the stream's last entry
+    std::string event_id;
+    std::optional<std::string> key, value;
+    std::vector<std::pair<std::string, std::optional<std::string>>> headers;
+    bool dead_letter = false;
+    std::string reason;            // for a dead-letter copy: why
+  };
+  enum class Outcome { stored, duplicate, transient, record_error };
+  struct Done {
+    Entry entry;
+    Outcome outcome = Outcome::stored;
+    std::string code, message;
+  };
+  // What the loop and the worker share, under mu.
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Entry> queue;
+    std::vector<Done> done;
+    bool stop = false;
+    bool wake_posted = false;
+    std::uint64_t taken_back = 0;  // entries of epochs up to this one are failed, not sent
+    bool connected = false;
+    std::string last_error = "no Redis connection yet";
+    RedisStreamsSink* sink = nullptr;
+  };
+
+ private:
+  void run_worker();
+  // One round trip: the batch's entries, one script per stream.
+  void send_batch(redisContext*& ctx, std::string& sha, std::vector<Entry>& batch, std::vector<Done>& out);
+  void report(Done& d);
+  SubmitStatus enqueue(Entry e);
+
+  boost::asio::io_context& io_;
+  RedisConfig config_;
+  std::shared_ptr<Shared> shared_;
+  std::uint64_t epoch_ = 1;
+  std::size_t outstanding_ = 0;  // submitted, not yet reported
+  std::vector<Done> scratch_;
+  std::thread worker_;
+};
+
+}  // namespace walrelay

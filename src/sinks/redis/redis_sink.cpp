@@ -1,0 +1,575 @@
+#include "walrelay/sinks/redis/redis_sink.hpp"
+
+#include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <stdexcept>
+
+#include <boost/asio/post.hpp>
+
+#include "walrelay/json.hpp"
+#include "walrelay/mutation.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace walrelay {
+
+namespace {
+
+// One stream's batch: KEYS[1] the stream; ARGV[1] MAXLEN ("0": none); then
+// per entry its id ("" for after the last), the name of the field that tells
+// one event from another (its value is the entry's own), the number of field
+// pairs and the pairs. Answers a status per entry: ok, dup (there, the same
+// event), gone (at or below the last id and not there, but below the oldest
+// entry or at most the highest XDEL took: trimmed or deleted after it was
+// stored), moved (another event holds the id and the stream
+// is still at its ms: an initial snapshot taken again, whose rows may come in
+// another order; appended after the last, at least once), conflict (another
+// event holds the id, or the id lies below the stream's last without having
+// been deleted: another writer's entries), or err:<text>, after which the
+// script stops (nothing after it is stored: a prefix). Ids are compared as
+// two decimal numbers: Lua's numbers cannot hold a 64-bit LSN.
+constexpr const char* append_script = R"lua(
+local stream = KEYS[1]
+local maxlen = ARGV[1]
+local last, deleted, oldest = '0-0', '0-0', nil
+if redis.call('EXISTS', stream) == 1 then
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then last = info[i + 1]
+    elseif info[i] == 'max-deleted-entry-id' then deleted = info[i + 1]
+    elseif info[i] == 'first-entry' and type(info[i + 1]) == 'table' then oldest = info[i + 1][1] end
+  end
+end
+local function part(id)
+  local d = string.find(id, '-', 1, true)
+  return string.sub(id, 1, d - 1), string.sub(id, d + 1)
+end
+local function cmpn(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+local function cmp(a, b)
+  local am, as = part(a)
+  local bm, bs = part(b)
+  local c = cmpn(am, bm)
+  if c ~= 0 then return c end
+  return cmpn(as, bs)
+end
+local out = {}
+local i = 2
+while i <= #ARGV do
+  local id, field, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local first = i + 3
+  i = first + 2 * n
+  local want = nil
+  for j = first, i - 1, 2 do
+    if ARGV[j] == field then want = ARGV[j + 1] break end
+  end
+  local status = nil
+  if id ~= '' and cmp(id, last) <= 0 then
+    local found = redis.call('XRANGE', stream, id, id)
+    if #found == 1 then
+      status = 'conflict'
+      local f = found[1][2]
+      for j = 1, #f, 2 do
+        if f[j] == field and f[j + 1] == want then status = 'dup' break end
+      end
+    elseif cmp(id, deleted) <= 0 or oldest == nil or cmp(id, oldest) < 0 then
+      -- XDEL took it, or trimming (MAXLEN, XTRIM: from the oldest on)
+      status = 'gone'
+    else
+      status = 'conflict'
+    end
+    if status == 'conflict' and cmpn((part(id)), (part(last))) == 0 then
+      id = (part(last)) .. '-*'
+      status = nil
+    end
+  end
+  if status == nil then
+    local args = {'XADD', stream}
+    if maxlen ~= '0' then
+      args[#args + 1] = 'MAXLEN'
+      args[#args + 1] = '~'
+      args[#args + 1] = maxlen
+    end
+    local moved = string.sub(id, -1) == '*' and id ~= ''
+    if id == '' then id = (part(last)) .. '-*' end
+    args[#args + 1] = id
+    for j = first, i - 1 do args[#args + 1] = ARGV[j] end
+    local r = redis.pcall(unpack(args))
+    if type(r) == 'table' and r.err then
+      out[#out + 1] = 'err:' .. r.err
+      return out
+    end
+    last = r
+    status = moved and 'moved' or 'ok'
+  end
+  out[#out + 1] = status
+end
+return out
+)lua";
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+timeval to_timeval(int ms) { return timeval{ms / 1000, static_cast<suseconds_t>((ms % 1000) * 1000)}; }
+
+std::string reply_text(const redisReply* r) {
+  if (!r) return "no reply";
+  if (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+    return std::string(r->str, r->len);
+  return "an unexpected reply";
+}
+
+// A command's reply; throws std::runtime_error on a broken connection or an
+// error reply (the caller's context is then unusable, or the command failed).
+Reply command(redisContext* ctx, const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  Reply r(static_cast<redisReply*>(redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data())));
+  if (!r) throw std::runtime_error(ctx->errstr[0] ? ctx->errstr : "the connection to Redis broke");
+  if (r->type == REDIS_REPLY_ERROR) throw std::runtime_error(args[0] + ": " + reply_text(r.get()));
+  return r;
+}
+
+std::string where(const RedisConfig& c) { return c.host + ":" + std::to_string(c.port); }
+
+// A connection, signed in, on its database, with the script loaded (its
+// SHA1 returned in `sha`). Throws std::runtime_error naming what failed; no
+// secret in it.
+redisContext* connect(const RedisConfig& config, int timeout_ms, std::string& sha) {
+  redisContext* ctx = redisConnectWithTimeout(config.host.c_str(), config.port, to_timeval(timeout_ms));
+  if (!ctx || ctx->err) {
+    std::string why = ctx ? ctx->errstr : "out of memory";
+    if (ctx) redisFree(ctx);
+    throw std::runtime_error("could not connect to Redis at " + where(config) + ": " + why);
+  }
+  try {
+    redisSetTimeout(ctx, to_timeval(config.socket_timeout_ms));
+    if (!config.password.empty()) {
+      try {
+        if (config.user.empty()) command(ctx, {"AUTH", config.password});
+        else command(ctx, {"AUTH", config.user, config.password});
+      } catch (const std::runtime_error& e) {
+        // The error names no secret: the server's text only.
+        throw std::runtime_error("Redis at " + where(config) + " refused sink.redis.user/password: " +
+                                 std::string(e.what()).substr(6));
+      }
+    }
+    if (config.db_index != 0) command(ctx, {"SELECT", std::to_string(config.db_index)});
+    auto loaded = command(ctx, {"SCRIPT", "LOAD", append_script});
+    sha = reply_text(loaded.get());
+  } catch (...) {
+    redisFree(ctx);
+    throw;
+  }
+  return ctx;
+}
+
+std::string headers_json(const std::vector<std::pair<std::string, std::optional<std::string>>>& headers) {
+  Json o = Json::object();
+  for (auto& [name, value] : headers) o[name] = value ? Json(*value) : Json(nullptr);
+  return to_json_text(o);
+}
+
+}  // namespace
+
+RedisStreamsSink::RedisStreamsSink(boost::asio::io_context& io, RedisConfig config)
+    : io_(io), config_(std::move(config)), shared_(std::make_shared<Shared>()) {
+  shared_->sink = this;
+  worker_ = std::thread([this] { run_worker(); });
+}
+
+RedisStreamsSink::~RedisStreamsSink() {
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->stop = true;
+    shared_->sink = nullptr;
+  }
+  shared_->cv.notify_all();
+  worker_.join();  // a round trip under way ends within socket.timeout.ms
+}
+
+bool RedisStreamsSink::healthy() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->connected;
+}
+
+std::string RedisStreamsSink::health_reason() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->last_error;
+}
+
+SubmitStatus RedisStreamsSink::enqueue(Entry e) {
+  {
+    std::lock_guard lock(shared_->mu);
+    // No connection (yet, or again): backpressure, the slot holds.
+    if (!shared_->connected) return SubmitStatus::queue_full;
+    if (outstanding_ >= static_cast<std::size_t>(config_.max_pending)) return SubmitStatus::queue_full;
+    e.epoch = epoch_;
+    shared_->queue.push_back(std::move(e));
+  }
+  ++outstanding_;
+  shared_->cv.notify_one();
+  return SubmitStatus::accepted;
+}
+
+SubmitStatus RedisStreamsSink::submit(const OutboxRecord& record, std::uint64_t token) {
+  Entry e;
+  e.token = token;
+  e.bytes = record.size_bytes();
+  e.topic.assign(record.topic);
+  e.stream = redis_stream_name(config_, record.topic);
+  if (record.position)
+    e.id = std::to_string(record.position->commit_lsn) + "-" + std::to_string(record.position->index);
+  e.event_id.assign(record.event_id);
+  if (record.key) e.key.emplace(*record.key);
+  if (record.value) e.value.emplace(*record.value);
+  for (auto& h : record.headers)
+    e.headers.emplace_back(std::string(h.name), h.value ? std::optional<std::string>(std::string(*h.value)) : std::nullopt);
+  return enqueue(std::move(e));
+}
+
+SubmitStatus RedisStreamsSink::submit_dead_letter(std::string_view reason, std::string_view topic,
+                                                  std::optional<std::string_view> key,
+                                                  std::optional<std::string_view> value,
+                                                  const std::vector<OutboxRecord::Header>& headers,
+                                                  std::uint64_t token, std::size_t bytes) {
+  Entry e;
+  e.token = token;
+  e.bytes = bytes;
+  e.topic.assign(topic);
+  e.stream = redis_stream_name(config_, topic);
+  if (key) e.key.emplace(*key);
+  if (value) e.value.emplace(*value);
+  for (auto& h : headers) {
+    e.headers.emplace_back(std::string(h.name), h.value ? std::optional<std::string>(std::string(*h.value)) : std::nullopt);
+    if (h.name == "id" && h.value) e.event_id.assign(*h.value);
+  }
+  e.dead_letter = true;
+  e.reason.assign(reason);
+  return enqueue(std::move(e));
+}
+
+// Everything queued and not yet sent fails (transiently) rather than land
+// after a record that failed: the worker drops the entries of this epoch.
+void RedisStreamsSink::abort_queued() {
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->taken_back = std::max(shared_->taken_back, epoch_);
+  }
+  ++epoch_;
+  shared_->cv.notify_one();
+}
+
+void RedisStreamsSink::poll() {
+  {
+    std::lock_guard lock(shared_->mu);
+    scratch_.swap(shared_->done);
+  }
+  for (auto& d : scratch_) report(d);
+  scratch_.clear();
+}
+
+void RedisStreamsSink::report(Done& done) {
+  if (outstanding_ > 0) --outstanding_;
+  Entry& e = done.entry;
+  Delivery d;
+  d.token = e.token;
+  d.bytes = e.bytes;
+  d.dead_lettered = e.dead_letter;
+  d.dead_letter_reason = e.reason;
+  d.topic = e.topic;
+  switch (done.outcome) {
+    case Outcome::stored:
+    case Outcome::duplicate:
+      d.ok = true;
+      break;
+    case Outcome::transient:
+      d.ok = false;
+      d.transient = true;
+      break;
+    case Outcome::record_error:
+      d.ok = false;
+      d.transient = false;
+      d.key = e.key;
+      d.value = e.value;
+      for (auto& [name, value] : e.headers)
+        d.headers.push_back({name, value ? std::optional<std::string_view>(*value) : std::nullopt});
+      break;
+  }
+  d.error_code = done.code;
+  d.error_message = done.message;
+  if (on_delivery_) on_delivery_(d);
+}
+
+void RedisStreamsSink::run_worker() {
+  redisContext* ctx = nullptr;
+  std::string sha;
+  auto backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
+  std::uint64_t poisoned = 0;  // entries of epochs up to this one fail: one before them failed
+  std::vector<Entry> batch;
+  std::vector<Done> out;
+  auto hand_over = [&] {
+    if (out.empty()) return;
+    std::lock_guard lock(shared_->mu);
+    for (auto& d : out) shared_->done.push_back(std::move(d));
+    out.clear();
+    if (shared_->wake_posted || !shared_->sink) return;
+    shared_->wake_posted = true;
+    boost::asio::post(io_, [self = std::weak_ptr<Shared>(shared_)] {
+      auto s = self.lock();
+      if (!s) return;
+      RedisStreamsSink* sink = nullptr;
+      {
+        std::lock_guard lock(s->mu);
+        s->wake_posted = false;
+        sink = s->sink;
+      }
+      if (sink) sink->poll();
+    });
+  };
+  auto fail = [&](Entry& e, const std::string& code, const std::string& message) {
+    poisoned = std::max(poisoned, e.epoch);
+    out.push_back(Done{std::move(e), Outcome::transient, code, message});
+  };
+  while (true) {
+    std::uint64_t taken_back = 0;
+    {
+      std::unique_lock lock(shared_->mu);
+      if (ctx) {
+        // Idle: a PING a second, so that a server gone while nothing is sent
+        // shows on /readyz.
+        if (!shared_->cv.wait_for(lock, std::chrono::seconds(1),
+                                  [&] { return shared_->stop || !shared_->queue.empty(); })) {
+          lock.unlock();
+          std::string error;
+          try {
+            command(ctx, {"PING"});
+          } catch (const std::runtime_error& e) {
+            error = e.what();
+          }
+          lock.lock();
+          if (!error.empty() && ctx->err) {
+            redisFree(ctx);
+            ctx = nullptr;
+            shared_->connected = false;
+            shared_->last_error = "the connection to Redis at " + where(config_) + " broke: " + error;
+            spdlog::warn("redis: {}; connecting again", shared_->last_error);
+          }
+          continue;
+        }
+      } else if (!shared_->stop) {
+        // Not connected: try again after the backoff, sooner at the start.
+        lock.unlock();
+        std::string error;
+        try {
+          ctx = connect(config_, config_.connect_timeout_ms, sha);
+        } catch (const std::runtime_error& e) {
+          error = e.what();
+        }
+        lock.lock();
+        if (ctx) {
+          if (!shared_->connected) spdlog::info("redis: connected to {}", where(config_));
+          shared_->connected = true;
+          shared_->last_error.clear();
+          backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
+        } else {
+          if (shared_->last_error != error) spdlog::error("redis: {}", error);
+          shared_->connected = false;
+          shared_->last_error = error;
+          shared_->cv.wait_for(lock, backoff, [&] { return shared_->stop; });
+          backoff = std::min(backoff * 2, std::chrono::milliseconds(config_.retry_max_delay_ms));
+        }
+        // Entries queued while the connection was down fail below.
+      }
+      if (shared_->stop) break;
+      const auto n = std::min<std::size_t>(shared_->queue.size(), static_cast<std::size_t>(config_.batch_size));
+      for (std::size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(shared_->queue.front()));
+        shared_->queue.pop_front();
+      }
+      taken_back = shared_->taken_back;
+    }
+    std::vector<Entry> to_send;
+    for (auto& e : batch) {
+      if (e.epoch <= taken_back) fail(e, "taken_back", "taken back after an earlier record failed");
+      else if (e.epoch <= poisoned) fail(e, "after_failure", "not sent: an earlier record to Redis failed");
+      else if (!ctx) fail(e, "connection_lost", "no connection to Redis at " + where(config_));
+      else to_send.push_back(std::move(e));
+    }
+    batch.clear();
+    if (!to_send.empty()) {
+      const bool was_connected = ctx != nullptr;
+      send_batch(ctx, sha, to_send, out);
+      for (auto& d : out)
+        if (d.outcome == Outcome::transient) poisoned = std::max(poisoned, d.entry.epoch);
+      if (was_connected && !ctx) {
+        std::lock_guard lock(shared_->mu);
+        shared_->connected = false;
+        shared_->last_error = "the connection to Redis at " + where(config_) + " broke";
+        spdlog::warn("redis: {}; connecting again", shared_->last_error);
+      }
+    }
+    hand_over();
+  }
+  if (ctx) redisFree(ctx);
+  // What is still queued is never reported: the sink is going away, and the
+  // relay confirms nothing past it.
+}
+
+void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, std::vector<Entry>& batch,
+                                  std::vector<Done>& out) {
+  // One script per stream, its entries in submission order.
+  std::map<std::string, std::vector<std::size_t>> by_stream;
+  for (std::size_t i = 0; i < batch.size(); ++i) by_stream[batch[i].stream].push_back(i);
+  const std::string maxlen = std::to_string(config_.maxlen);
+  std::vector<std::vector<std::string>> commands;
+  commands.reserve(by_stream.size());
+  for (auto& [stream, indexes] : by_stream) {
+    std::vector<std::string> args{"EVALSHA", "", "1", stream, maxlen};
+    for (auto i : indexes) {
+      const Entry& e = batch[i];
+      args.push_back(e.id);
+      if (config_.extended) {
+        args.push_back("id");
+        std::vector<std::string> fields;
+        if (e.key) fields.insert(fields.end(), {"key", *e.key});
+        if (e.value) fields.insert(fields.end(), {"value", *e.value});
+        fields.insert(fields.end(), {"id", e.event_id, "headers", headers_json(e.headers)});
+        args.push_back(std::to_string(fields.size() / 2));
+        args.insert(args.end(), std::make_move_iterator(fields.begin()), std::make_move_iterator(fields.end()));
+      } else {
+        const std::string field = e.key ? *e.key : config_.null_key;
+        args.push_back(field);
+        args.push_back("1");
+        args.push_back(field);
+        args.push_back(e.value ? *e.value : config_.null_value);
+      }
+    }
+    commands.push_back(std::move(args));
+  }
+  // The script's SHA1: loaded on connect; loaded again here after a
+  // NOSCRIPT (a SCRIPT FLUSH meanwhile).
+  if (sha.empty()) {
+    try {
+      sha = reply_text(command(ctx, {"SCRIPT", "LOAD", append_script}).get());
+    } catch (const std::runtime_error& e) {
+      for (auto& entry : batch) out.push_back(Done{std::move(entry), Outcome::transient, "redis_error", e.what()});
+      if (ctx->err) {
+        redisFree(ctx);
+        ctx = nullptr;
+      }
+      return;
+    }
+  }
+  for (auto& args : commands) {
+    args[1] = sha;
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    redisAppendCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
+  }
+  bool broken = false;
+  std::string broken_why;
+  std::vector<std::pair<std::size_t, Done>> results;
+  for (auto& [stream, indexes] : by_stream) {
+    redisReply* raw = nullptr;
+    if (!broken && redisGetReply(ctx, reinterpret_cast<void**>(&raw)) != REDIS_OK) {
+      broken = true;
+      broken_why = ctx->errstr[0] ? ctx->errstr : "the connection broke";
+    }
+    Reply reply(raw);
+    for (std::size_t k = 0; k < indexes.size(); ++k) {
+      Entry& e = batch[indexes[k]];
+      Done d;
+      if (broken) {
+        d = Done{std::move(e), Outcome::transient, "connection_lost",
+                 "no answer from Redis at " + where(config_) + ": " + broken_why};
+      } else if (reply->type == REDIS_REPLY_ERROR) {
+        const std::string text = reply_text(reply.get());
+        if (text.rfind("NOSCRIPT", 0) == 0) sha.clear();
+        const bool wrong_type = text.rfind("WRONGTYPE", 0) == 0;
+        d = Done{std::move(e), wrong_type ? Outcome::record_error : Outcome::transient,
+                 wrong_type ? "wrong_type" : "redis_error",
+                 "Redis refused the append to stream \"" + stream + "\": " + text};
+      } else if (reply->type != REDIS_REPLY_ARRAY) {
+        d = Done{std::move(e), Outcome::transient, "redis_error", "an unexpected reply from the append script"};
+      } else if (k >= reply->elements) {
+        d = Done{std::move(e), Outcome::transient, "after_failure",
+                 "not stored: an entry before it in stream \"" + stream + "\" failed"};
+      } else {
+        const std::string status = reply_text(reply->element[k]);
+        if (status == "ok" || status == "moved") {
+          d = Done{std::move(e), Outcome::stored, "", ""};
+        } else if (status == "dup" || status == "gone") {
+          d = Done{std::move(e), Outcome::duplicate, "", ""};
+        } else if (status == "conflict") {
+          std::string message = "stream \"" + stream + "\" holds another writer's entries at or past this event's id " +
+                                 e.id + ": it cannot go there in commit order";
+          d = Done{std::move(e), Outcome::record_error, "id_conflict", std::move(message)};
+        } else {
+          const std::string text = status.rfind("err:", 0) == 0 ? status.substr(4) : status;
+          const bool oom = text.rfind("OOM", 0) == 0;
+          const bool wrong_type = text.rfind("WRONGTYPE", 0) == 0;
+          d = Done{std::move(e), wrong_type ? Outcome::record_error : Outcome::transient,
+                   oom ? "out_of_memory" : wrong_type ? "wrong_type" : "redis_error",
+                   "Redis refused the append to stream \"" + stream + "\": " + text};
+        }
+      }
+      results.emplace_back(indexes[k], std::move(d));
+    }
+  }
+  if (broken) {
+    redisFree(ctx);
+    ctx = nullptr;
+  } else if (config_.wait_enabled) {
+    // Stored on the primary is not yet safe from its loss: WAIT for replicas.
+    std::string problem;
+    try {
+      auto r = command(ctx, {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_timeout_ms)});
+      if (r->type != REDIS_REPLY_INTEGER || r->integer < config_.wait_replicas)
+        problem = std::to_string(r->type == REDIS_REPLY_INTEGER ? r->integer : 0) + " of " +
+                  std::to_string(config_.wait_replicas) + " replicas acknowledged within sink.redis.wait.timeout.ms=" +
+                  std::to_string(config_.wait_timeout_ms);
+    } catch (const std::runtime_error& e) {
+      problem = e.what();
+      if (ctx->err) {
+        redisFree(ctx);
+        ctx = nullptr;
+      }
+    }
+    if (!problem.empty())
+      for (auto& [i, d] : results)
+        if (d.outcome == Outcome::stored || d.outcome == Outcome::duplicate) {
+          d.outcome = Outcome::transient;
+          d.code = "wait_timeout";
+          d.message = "WAIT: " + problem;
+        }
+  }
+  // Reported in submission order, as the relay gave them.
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [i, d] : results) out.push_back(std::move(d));
+}
+
+void RedisStreamsSink::check_connectivity(int timeout_ms) {
+  std::string sha;
+  redisContext* ctx = connect(config_, timeout_ms, sha);
+  redisFree(ctx);
+}
+
+}  // namespace walrelay
