@@ -35,6 +35,7 @@ std::string_view name(Break b) {
     case Break::snapshot_stream_overlap: return "snapshot_stream_overlap";
     case Break::secrets_shown: return "secrets_shown";
     case Break::zombie_not_fenced: return "zombie_not_fenced";
+    case Break::redis_ack_at_submit: return "redis_ack_at_submit";
   }
   return "?";
 }

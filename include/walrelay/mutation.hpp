@@ -35,6 +35,7 @@ enum class Break {
   snapshot_stream_overlap,  // the snapshot read in a transaction begun after the slot's consistent point, not at it
   secrets_shown,            // a secret setting shown as it is (--print-config, --check, the notes on a Connect file)
   zombie_not_fenced,        // exactly once: each producer a transactional.id of its own, so a new one fences no zombie
+  redis_ack_at_submit,      // Redis: a record reported delivered once queued for the worker, before Redis answered
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

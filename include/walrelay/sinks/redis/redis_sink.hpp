@@ -75,6 +75,7 @@ class RedisStreamsSink final : public Sink {
     std::vector<std::pair<std::string, std::optional<std::string>>> headers;
     bool dead_letter = false;
     std::string reason;            // for a dead-letter copy: why
+    bool reported = false;         // (redis_ack_at_submit) reported already
   };
   enum class Outcome { stored, duplicate, transient, record_error };
   struct Done {
