@@ -2,11 +2,11 @@
 """The fault campaign (issue #38): every outbox shape, faults at random
 moments, one checker of the whole history, for one sink and mode.
 
-  campaign.py --sink kafka|kafka-eos|nats|rabbitmq [--seed N] [--duration S] [--no-faults]
+  campaign.py --sink kafka|kafka-eos|nats|rabbitmq|redis [--seed N] [--duration S] [--no-faults]
 
 Runs on the `campaign` services group's servers (WALRELAY_SERVICES_GROUP,
 default `campaign`; start them with `scripts/services.sh start`, and `start
-nats` / `start rabbitmq` for those sinks). It starts two walrelays of its
+nats` / `start rabbitmq` / `start redis` for those sinks). It starts two walrelays of its
 own on one slot (build/walrelay, --walrelay overrides), an active one and a
 standby, each under a supervisor loop that restarts it whenever it exits,
 as systemd's Restart=always would. They reach PostgreSQL and the broker
@@ -27,7 +27,8 @@ with --seed):
   a stall, resets or an outage;
 - then everything heals, the writers stop, the slot catches up, and the
   checker reads the broker with independent clients (confluent-kafka,
-  tests/integration/nats/read.py, tests/integration/rabbitmq/read.py) and
+  tests/integration/nats/read.py, tests/integration/rabbitmq/read.py,
+  tests/integration/redis/read.py) and
   checks the history (`check`).
 
 Exit 0 when every check holds; 1 with the seed, the fault schedule and the
@@ -318,7 +319,7 @@ class Campaign:
         self.dir = args.workdir or f"/tmp/walrelay-campaign-{self.name}"
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
-        if args.sink in ("nats", "rabbitmq"):
+        if args.sink in ("nats", "rabbitmq", "redis"):
             # On demand, as the sink tests start theirs (`stop` stops them).
             subprocess.run([f"{ROOT}/scripts/services.sh", "start", args.sink], check=True, capture_output=True,
                            env=dict(os.environ, WALRELAY_SERVICES_GROUP=args.group))
@@ -344,7 +345,8 @@ class Campaign:
         self.nemesis_errors = []
         self.tx_seq = 0
         self.tx_lock = threading.Lock()
-        self.oversized_ok = args.sink != "rabbitmq"
+        # (RabbitMQ and Redis have no message size to refuse.)
+        self.oversized_ok = args.sink not in ("rabbitmq", "redis")
 
     # ---- set-up -------------------------------------------------------------
     def setup(self):
@@ -413,6 +415,10 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
                     "sink.rabbitmq.ackTimeout=5000", "sink.rabbitmq.connection.requested.heartbeat=2"]
             self.rabbit("declare", "--exchange", f"{n}_x", "--queue", f"{n}_q", "--binding", self.topic)
             self.rabbit("declare", "--exchange", f"{n}_x", "--queue", f"{n}_dlq", "--binding", self.dead)
+        elif sink == "redis":
+            port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_REDIS"])
+            self.broker_port = port
+            cfg += ["sink.type=redis", f"sink.redis.address=127.0.0.1:{port}", "sink.redis.socket.timeout.ms=3000"]
         with open(f"{self.dir}/walrelay.properties", "w") as f:
             f.write("\n".join(cfg) + "\n")
 
@@ -457,6 +463,13 @@ COMMIT;
                             self.s["WALRELAY_TEST_RABBITMQ"], *a], capture_output=True, text=True, timeout=600)
         if check and r.returncode != 0:
             raise RuntimeError(f"rabbitmq read.py {a}: {r.stderr}")
+        return r.stdout
+
+    def redis(self, *a, check=True):
+        r = subprocess.run([PY, f"{ROOT}/tests/integration/redis/read.py", "--url", self.s["WALRELAY_TEST_REDIS"],
+                            *a], capture_output=True, text=True, timeout=600)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"redis read.py {a}: {r.stderr}")
         return r.stdout
 
     # ---- walrelay under a supervisor ---------------------------------------------
@@ -591,7 +604,8 @@ COMMIT;
             raise RuntimeError(f"services.sh {' '.join(a)} failed: {r.stdout[-500:]}{r.stderr[-500:]}")
 
     def broker(self):
-        return {"kafka": "kafka", "kafka-eos": "kafka", "nats": "nats", "rabbitmq": "rabbitmq"}[self.args.sink]
+        return {"kafka": "kafka", "kafka-eos": "kafka", "nats": "nats", "rabbitmq": "rabbitmq",
+                "redis": "redis"}[self.args.sink]
 
     def broker_pid(self):
         with open(f"{self.run_dir}/{self.broker()}/pid") as f:
@@ -738,7 +752,7 @@ COMMIT;
                     names[int(tid)] = f.read().strip()
         except OSError:
             return []
-        prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker"}.get(self.broker(), "")
+        prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker", "redis": "wr-redis"}.get(self.broker(), "")
         return sorted(t for t, n in names.items() if t != pid and n.startswith(prefix))
 
     def sink_thread_ahead(self, rng, entry):
@@ -925,6 +939,9 @@ COMMIT;
             return {"main": parse(self.nats("read", "--name", f"{n}_main")),
                     "dead": parse(self.nats("read", "--name", f"{n}_dlq"))}
         parse = lambda s: [json.loads(line) for line in s.splitlines() if line.strip()]
+        if sink == "redis":
+            return {"main": parse(self.redis("read", "--prefix", self.topic)),
+                    "dead": parse(self.redis("read", "--prefix", self.dead))}
         return {"main": parse(self.rabbit("read", "--queue", f"{n}_q")),
                 "dead": parse(self.rabbit("read", "--queue", f"{n}_dlq"))}
 
@@ -949,7 +966,7 @@ COMMIT;
                     problems.append(f"dead: {len(missing)} committed oversized rows not dead-lettered, first "
                                     f"{missing[0]}")
                 continue
-            exactly_once = stream == "read_committed" or (sink == "nats")
+            exactly_once = stream == "read_committed" or sink in ("nats", "redis")
             seen, last_seq, order_breaks = {}, {}, []
             for r in records:
                 try:
@@ -1207,6 +1224,9 @@ COMMIT;
         elif self.args.sink == "rabbitmq":
             self.rabbit("delete", "--exchange", f"{n}_x", "--queue", f"{n}_q", check=False)
             self.rabbit("delete", "--exchange", f"{n}_x", "--queue", f"{n}_dlq", check=False)
+        elif self.args.sink == "redis":
+            self.redis("delete", "--prefix", self.topic, check=False)
+            self.redis("delete", "--prefix", self.dead, check=False)
         elif self.args.sink.startswith("kafka"):
             from confluent_kafka.admin import AdminClient
             AdminClient({"bootstrap.servers": self.s["WALRELAY_TEST_KAFKA"]}).delete_topics([self.topic, self.dead])
@@ -1214,7 +1234,7 @@ COMMIT;
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sink", required=True, choices=["kafka", "kafka-eos", "nats", "rabbitmq"])
+    p.add_argument("--sink", required=True, choices=["kafka", "kafka-eos", "nats", "rabbitmq", "redis"])
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")

@@ -327,6 +327,7 @@ void RedisStreamsSink::report(Done& done) {
 }
 
 void RedisStreamsSink::run_worker() {
+  ::pthread_setname_np(::pthread_self(), "wr-redis");  // (the fault campaign finds it by name)
   redisContext* ctx = nullptr;
   std::string sha;
   auto backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
