@@ -457,6 +457,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   const std::string timeline = ident.at(0, "timeline").value_or("");
   const SourceIdentity source{ident.at(0, "systemid").value_or(""), timeline, config_.database_dbname,
                               config_.slot_name};
+  sink_.source_identified(source);
   auto facts = co_await check_source(conn, source.system);
 
   // The server's WAL reaches at least here: IDENTIFY_SYSTEM's position, or

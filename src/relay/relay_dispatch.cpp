@@ -137,8 +137,14 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
     return dead_letter_row(insert, *error, lsn);
   }
   if (pending == Step::retry) return pending;
-  record_.position = OutboxRecord::Position{position_lsn_, position_index_};
+  record_.position = position_of_record();
   return submit_record();
+}
+
+// The record's place in the stream, none for an initial snapshot's rows.
+std::optional<OutboxRecord::Position> Relay::position_of_record() const {
+  if (position_lsn_ == 0) return std::nullopt;
+  return OutboxRecord::Position{position_lsn_, position_index_};
 }
 
 std::optional<MapError> Relay::encode_value(Step& pending) {
@@ -339,7 +345,7 @@ Relay::Step Relay::on_logical_message(const pgoutput::LogicalMessage& message) {
     return dead_letter_message(message, *error);
   }
   if (pending == Step::retry) return pending;
-  record_.position = OutboxRecord::Position{position_lsn_, position_index_};
+  record_.position = position_of_record();
   return submit_record();
 }
 

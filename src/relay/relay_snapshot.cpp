@@ -411,9 +411,10 @@ void Relay::start_snapshot_progress(Lsn point, const std::vector<SnapshotTable>&
 // be streamed from (a failed record means the snapshot is taken again);
 // exactly once, the snapshot's Kafka transaction committed at `point`.
 asio::awaitable<void> Relay::send_snapshot(PgConnection& conn, const std::vector<SnapshotTable>& tables, Lsn point) {
-  // The rows' positions: just before the consistent point (a transaction the
-  // stream sends commits at or past it), numbered in the order read.
-  position_lsn_ = point.value - 1;
+  // The rows have no position in the stream: a snapshot taken again reads
+  // them in key order, where a row deleted meanwhile shifts the others, so
+  // a place among them names no one row (at least once, by intent).
+  position_lsn_ = 0;
   position_index_ = 0;
   for (const auto& t : tables) {
     co_await snapshot_table(conn, t, point);

@@ -1452,3 +1452,41 @@ TEST_CASE("sinks: Redis - entries already in the stream (walrelay stopped before
   relay->signal(SIGTERM);
   REQUIRE(relay->wait_exit(30s) == 0);
 }
+
+TEST_CASE("sinks: Redis - an event another writer's entry blocks halts, and stays held after that entry is deleted "
+          "(never stored, so never counted delivered) - once the stream is free it arrives",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  const auto address = Redis::address();
+  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
+                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string stream = f.topic("Blocked");
+  const std::string cfg = Redis::config(f);
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  relay->wait_streaming();
+  f.db().exec(insert_event(f.table, "Blocked", "k", "jsonb_build_object('seq', 1)"));
+  REQUIRE(to->read(1).size() == 1);
+  // Another writer, past every LSN walrelay will write.
+  REQUIRE(run_command(cli + "XADD '" + stream + "' 18446744073709551000-0 foreign 1").status == 0);
+  auto in_blocked = event_inside(f, "Blocked", "k");
+  CHECK(relay->wait_exit(60s) == 3);
+  CHECK(relay->log().find("id_conflict") != std::string::npos);
+  // The operator deletes the foreign entry: the stream's last id stays
+  // there, the event was never stored.
+  REQUIRE(run_command(cli + "XDEL '" + stream + "' 18446744073709551000-0").status == 0);
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  CHECK(relay->wait_exit(60s) == 3);
+  CHECK(f.db().confirmed_flush(f.slot) < in_blocked);
+  CHECK(to->read(1).size() == 1);
+  // The stream made again (deleted, as the halt's message suggests): the event arrives.
+  REQUIRE(run_command(cli + "DEL '" + stream + "'").status == 0);
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  auto recs = to->read(1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].value->find("\"seq\": -1") != std::string::npos);
+}

@@ -365,8 +365,9 @@ class Relay final : public StatusSource {
   std::int64_t commit_time_ = 0;
   // The records' positions (OutboxRecord::position): the transaction's
   // commit LSN, and how many of its outbox rows and messages came before.
-  std::uint64_t position_lsn_ = 0;
+  std::uint64_t position_lsn_ = 0;  // 0: none (an initial snapshot's rows)
   std::uint64_t position_index_ = 0;
+  std::optional<OutboxRecord::Position> position_of_record() const;
 
   // Positions
   pgoutput::Lsn received_lsn_;

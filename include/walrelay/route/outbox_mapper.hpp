@@ -42,11 +42,11 @@ struct OutboxRecord {
   // (table.field.event.schema.version); nullopt when not set or NULL.
   std::optional<std::string_view> event_type;
   std::optional<int> schema_version;
-  // Where the stream put it: its transaction's commit LSN (an initial
-  // snapshot's rows: the LSN before the consistent point) and its place among
+  // Where the stream put it: its transaction's commit LSN and its place among
   // that transaction's outbox rows and messages. The same on every decoding
   // of the same WAL, so a sink can tell a record sent again (the Redis
-  // stream's entry id). nullopt for records of no stream (replay, redrive).
+  // stream's entry id). nullopt for records of no stream (an initial
+  // snapshot's rows, replay, redrive).
   struct Position {
     std::uint64_t commit_lsn = 0;
     std::uint64_t index = 0;

@@ -108,6 +108,10 @@ class Sink {
   // The exactly-once side of this sink, or null when it has none (every
   // sink but Kafka's with exactly.once.support=required).
   virtual TransactionalSink* transactions() { return nullptr; }
+  // Where the records come from, once the relay has identified the server
+  // (before the first record of each session). A sink that tells a record
+  // sent again by its position (Redis) keeps it beside what it wrote.
+  virtual void source_identified(const SourceIdentity&) {}
 
   void on_delivery(DeliveryHandler handler) { on_delivery_ = std::move(handler); }
   // Called on the loop when fatal_error() has just become set, so that an

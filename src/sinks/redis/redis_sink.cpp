@@ -19,30 +19,37 @@ namespace walrelay {
 
 namespace {
 
-// One stream's batch: KEYS[1] the stream; ARGV[1] MAXLEN ("0": none); then
-// per entry its id ("" for after the last), the name of the field that tells
-// one event from another (its value is the entry's own), the number of field
-// pairs and the pairs. Answers a status per entry: ok, dup (there, the same
-// event), gone (at or below the last id and not there, but below the oldest
-// entry or at most the highest XDEL took: trimmed or deleted after it was
-// stored), moved (another event holds the id and the stream
-// is still at its ms: an initial snapshot taken again, whose rows may come in
-// another order; appended after the last, at least once), conflict (another
-// event holds the id, or the id lies below the stream's last without having
-// been deleted: another writer's entries), or err:<text>, after which the
-// script stops (nothing after it is stored: a prefix). Ids are compared as
-// two decimal numbers: Lua's numbers cannot hold a 64-bit LSN.
+// One stream's batch. KEYS[1] the stream, KEYS[2] walrelay's mark beside it
+// (a hash: the source - database system, timeline, database, slot - and the
+// highest id walrelay stored there from it with none of its events missing
+// below). ARGV[1] MAXLEN ("0": none), ARGV[2] the source ("" for records of no
+// stream), ARGV[3] "1" when the mark may move (not after a refused entry of
+// this stream); then per entry its id ("" for after the last), the name of
+// the field that tells one event from another (its value is the entry's
+// own), the number of field pairs and the pairs.
+//
+// Answers a status per entry: ok (appended), dup (there, the same event),
+// gone (at or below the mark of this same source and not there: stored, then
+// trimmed or deleted), conflict (at or below the stream's last id, and
+// neither: another writer's entries, or a source whose LSNs do not follow
+// the mark's), or err:<text>, after which the script stops (nothing after it
+// is stored: a prefix). Never "delivered" on an id alone. Ids are compared as
+// two decimal numbers: Lua's numbers cannot hold a 64-bit LSN. Needs Redis 7
+// (XADD's <ms>-* ids).
 constexpr const char* append_script = R"lua(
-local stream = KEYS[1]
-local maxlen = ARGV[1]
-local last, deleted, oldest = '0-0', '0-0', nil
+local stream, mark = KEYS[1], KEYS[2]
+local maxlen, source, may_move = ARGV[1], ARGV[2], ARGV[3] == '1'
+local last = '0-0'
 if redis.call('EXISTS', stream) == 1 then
   local info = redis.call('XINFO', 'STREAM', stream)
   for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then last = info[i + 1]
-    elseif info[i] == 'max-deleted-entry-id' then deleted = info[i + 1]
-    elseif info[i] == 'first-entry' and type(info[i + 1]) == 'table' then oldest = info[i + 1][1] end
+    if info[i] == 'last-generated-id' then last = info[i + 1] end
   end
+end
+local marked = nil
+if source ~= '' then
+  local m = redis.call('HMGET', mark, 'source', 'id')
+  if m[1] == source then marked = m[2] end
 end
 local function part(id)
   local d = string.find(id, '-', 1, true)
@@ -61,33 +68,27 @@ local function cmp(a, b)
   return cmpn(as, bs)
 end
 local out = {}
-local i = 2
+local moved = false
+local i = 4
 while i <= #ARGV do
   local id, field, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local first = i + 3
-  i = first + 2 * n
+  local at = i + 3
+  i = at + 2 * n
   local want = nil
-  for j = first, i - 1, 2 do
+  for j = at, i - 1, 2 do
     if ARGV[j] == field then want = ARGV[j + 1] break end
   end
   local status = nil
   if id ~= '' and cmp(id, last) <= 0 then
     local found = redis.call('XRANGE', stream, id, id)
+    status = 'conflict'
     if #found == 1 then
-      status = 'conflict'
       local f = found[1][2]
       for j = 1, #f, 2 do
         if f[j] == field and f[j + 1] == want then status = 'dup' break end
       end
-    elseif cmp(id, deleted) <= 0 or oldest == nil or cmp(id, oldest) < 0 then
-      -- XDEL took it, or trimming (MAXLEN, XTRIM: from the oldest on)
+    elseif marked ~= nil and cmp(id, marked) <= 0 then
       status = 'gone'
-    else
-      status = 'conflict'
-    end
-    if status == 'conflict' and cmpn((part(id)), (part(last))) == 0 then
-      id = (part(last)) .. '-*'
-      status = nil
     end
   end
   if status == nil then
@@ -97,20 +98,24 @@ while i <= #ARGV do
       args[#args + 1] = '~'
       args[#args + 1] = maxlen
     end
-    local moved = string.sub(id, -1) == '*' and id ~= ''
-    if id == '' then id = (part(last)) .. '-*' end
-    args[#args + 1] = id
-    for j = first, i - 1 do args[#args + 1] = ARGV[j] end
+    args[#args + 1] = id == '' and (part(last)) .. '-*' or id
+    for j = at, i - 1 do args[#args + 1] = ARGV[j] end
     local r = redis.pcall(unpack(args))
     if type(r) == 'table' and r.err then
       out[#out + 1] = 'err:' .. r.err
-      return out
+      break
     end
     last = r
-    status = moved and 'moved' or 'ok'
+    status = 'ok'
+  end
+  if status == 'conflict' then may_move = false end
+  if may_move and source ~= '' and id ~= '' and status ~= 'dup' and status ~= 'gone' then
+    marked = id
+    moved = true
   end
   out[#out + 1] = status
 end
+if moved then redis.call('HSET', mark, 'source', source, 'id', marked) end
 return out
 )lua";
 
@@ -167,6 +172,15 @@ redisContext* connect(const RedisConfig& config, int timeout_ms, std::string& sh
                                  std::string(e.what()).substr(6));
       }
     }
+    // XADD's <ms>-* ids (records of no stream: dead-letter copies, replay)
+    // came with Redis 7.
+    const std::string info = reply_text(command(ctx, {"INFO", "server"}).get());
+    const auto at = info.find("redis_version:");
+    const std::string version =
+        at == std::string::npos ? "?" : info.substr(at + 14, info.find_first_of("\r\n", at) - at - 14);
+    if (version == "?" || std::atoi(version.c_str()) < 7)
+      throw std::runtime_error("Redis at " + where(config) + " is " + version +
+                               ": walrelay's Redis sink needs Redis 7.0 or later");
     if (config.db_index != 0) command(ctx, {"SELECT", std::to_string(config.db_index)});
     auto loaded = command(ctx, {"SCRIPT", "LOAD", append_script});
     sha = reply_text(loaded.get());
@@ -175,6 +189,22 @@ redisContext* connect(const RedisConfig& config, int timeout_ms, std::string& sh
     throw;
   }
   return ctx;
+}
+
+// An error's kind by Redis's code: a key of another type is the record's
+// own; a refused permission (ACL) is walrelay's user's; the rest (OOM, a
+// read-only replica, a busy script) passes.
+RedisStreamsSink::Outcome outcome_of(const std::string& text) {
+  if (text.rfind("WRONGTYPE", 0) == 0) return RedisStreamsSink::Outcome::record_error;
+  if (text.rfind("NOPERM", 0) == 0) return RedisStreamsSink::Outcome::denied;
+  return RedisStreamsSink::Outcome::transient;
+}
+
+std::string code_of(const std::string& text) {
+  if (text.rfind("WRONGTYPE", 0) == 0) return "wrong_type";
+  if (text.rfind("NOPERM", 0) == 0) return "permission_denied";
+  if (text.rfind("OOM", 0) == 0) return "out_of_memory";
+  return "redis_error";
 }
 
 std::string headers_json(const std::vector<std::pair<std::string, std::optional<std::string>>>& headers) {
@@ -199,6 +229,11 @@ RedisStreamsSink::~RedisStreamsSink() {
   }
   shared_->cv.notify_all();
   worker_.join();  // a round trip under way ends within socket.timeout.ms
+}
+
+void RedisStreamsSink::source_identified(const SourceIdentity& source) {
+  std::lock_guard lock(shared_->mu);
+  shared_->source = source.system + "/" + source.timeline + "/" + source.database + "/" + source.slot;
 }
 
 bool RedisStreamsSink::healthy() const {
@@ -312,6 +347,10 @@ void RedisStreamsSink::report(Done& done) {
       d.ok = false;
       d.transient = true;
       break;
+    case Outcome::denied:
+      d.ok = false;
+      d.denied = true;
+      break;
     case Outcome::record_error:
       d.ok = false;
       d.transient = false;
@@ -359,6 +398,7 @@ void RedisStreamsSink::run_worker() {
   };
   while (true) {
     std::uint64_t taken_back = 0;
+    std::string source;
     {
       std::unique_lock lock(shared_->mu);
       if (ctx) {
@@ -414,7 +454,9 @@ void RedisStreamsSink::run_worker() {
         shared_->queue.pop_front();
       }
       taken_back = shared_->taken_back;
+      source = shared_->source;
     }
+    std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
     std::vector<Entry> to_send;
     for (auto& e : batch) {
       if (e.epoch <= taken_back) fail(e, "taken_back", "taken back after an earlier record failed");
@@ -425,9 +467,14 @@ void RedisStreamsSink::run_worker() {
     batch.clear();
     if (!to_send.empty()) {
       const bool was_connected = ctx != nullptr;
-      send_batch(ctx, sha, to_send, out);
-      for (auto& d : out)
+      send_batch(ctx, sha, source, to_send, out);
+      for (auto& d : out) {
         if (d.outcome == Outcome::transient) poisoned = std::max(poisoned, d.entry.epoch);
+        if (d.outcome == Outcome::record_error || d.outcome == Outcome::denied) {
+          auto& epoch = refused_in_[d.entry.stream];
+          epoch = std::max(epoch, d.entry.epoch);
+        }
+      }
       if (was_connected && !ctx) {
         std::lock_guard lock(shared_->mu);
         shared_->connected = false;
@@ -442,8 +489,8 @@ void RedisStreamsSink::run_worker() {
   // relay confirms nothing past it.
 }
 
-void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, std::vector<Entry>& batch,
-                                  std::vector<Done>& out) {
+void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, const std::string& source,
+                                  std::vector<Entry>& batch, std::vector<Done>& out) {
   // One script per stream, its entries in submission order.
   std::map<std::string, std::vector<std::size_t>> by_stream;
   for (std::size_t i = 0; i < batch.size(); ++i) by_stream[batch[i].stream].push_back(i);
@@ -451,7 +498,12 @@ void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, std::vec
   std::vector<std::vector<std::string>> commands;
   commands.reserve(by_stream.size());
   for (auto& [stream, indexes] : by_stream) {
-    std::vector<std::string> args{"EVALSHA", "", "1", stream, maxlen};
+    // The mark may move unless an entry of this stream was refused in an
+    // epoch not yet taken back.
+    const auto refused = refused_in_.find(stream);
+    const bool may_move = refused == refused_in_.end() || refused->second < batch[indexes.front()].epoch;
+    std::vector<std::string> args{"EVALSHA", "", "2", stream, "walrelay:mark:{" + stream + "}", maxlen, source,
+                                  may_move ? "1" : "0"};
     for (auto i : indexes) {
       const Entry& e = batch[i];
       args.push_back(e.id);
@@ -516,9 +568,7 @@ void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, std::vec
       } else if (reply->type == REDIS_REPLY_ERROR) {
         const std::string text = reply_text(reply.get());
         if (text.rfind("NOSCRIPT", 0) == 0) sha.clear();
-        const bool wrong_type = text.rfind("WRONGTYPE", 0) == 0;
-        d = Done{std::move(e), wrong_type ? Outcome::record_error : Outcome::transient,
-                 wrong_type ? "wrong_type" : "redis_error",
+        d = Done{std::move(e), outcome_of(text), code_of(text),
                  "Redis refused the append to stream \"" + stream + "\": " + text};
       } else if (reply->type != REDIS_REPLY_ARRAY) {
         d = Done{std::move(e), Outcome::transient, "redis_error", "an unexpected reply from the append script"};
@@ -527,20 +577,18 @@ void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, std::vec
                  "not stored: an entry before it in stream \"" + stream + "\" failed"};
       } else {
         const std::string status = reply_text(reply->element[k]);
-        if (status == "ok" || status == "moved") {
+        if (status == "ok") {
           d = Done{std::move(e), Outcome::stored, "", ""};
         } else if (status == "dup" || status == "gone") {
           d = Done{std::move(e), Outcome::duplicate, "", ""};
         } else if (status == "conflict") {
-          std::string message = "stream \"" + stream + "\" holds another writer's entries at or past this event's id " +
-                                 e.id + ": it cannot go there in commit order";
+          std::string message = "stream \"" + stream + "\" is past this event's id " + e.id +
+                                " and neither holds it nor was marked past it by this source (another writer's "
+                                "entries, or another database's): it cannot go there in commit order";
           d = Done{std::move(e), Outcome::record_error, "id_conflict", std::move(message)};
         } else {
           const std::string text = status.rfind("err:", 0) == 0 ? status.substr(4) : status;
-          const bool oom = text.rfind("OOM", 0) == 0;
-          const bool wrong_type = text.rfind("WRONGTYPE", 0) == 0;
-          d = Done{std::move(e), wrong_type ? Outcome::record_error : Outcome::transient,
-                   oom ? "out_of_memory" : wrong_type ? "wrong_type" : "redis_error",
+          d = Done{std::move(e), outcome_of(text), code_of(text),
                    "Redis refused the append to stream \"" + stream + "\": " + text};
         }
       }

@@ -8,16 +8,20 @@
 // refuses an id at or below its last, so an event sent again after a crash or
 // an outage is recognised: one Lua script per stream and batch appends each
 // entry whose id is above the stream's last, and for one at or below it looks
-// the entry up (the same event id there: delivered before; deleted since, by
-// XDEL or MAXLEN: delivered before). Never counted delivered on the id alone.
-// What the server stored is always a prefix of what was sent, per stream:
-// one batch per stream in flight, a script stops at its first error, and
-// after any failure nothing more is sent until the relay has taken back what
-// was queued (abort_queued) and sends it again from the slot.
+// the entry up (the same event id there: delivered before). Not there, it was
+// delivered before only when walrelay's mark beside the stream (a hash: the
+// source - system, timeline, database, slot - and the highest id stored from
+// it with nothing missing below) reaches it: trimmed or deleted since.
+// Otherwise it is the record's error (id_conflict). Never counted delivered on
+// the id alone. What the server stored is always a prefix of what was sent,
+// per stream: one batch per stream in flight, a script stops at its first
+// error, after a transient failure nothing more is sent until the relay has
+// taken back what was queued (abort_queued) and sends it again from the slot,
+// and after a refused entry the mark stays below it.
 //
-// Records with no such position (walrelay replay, redrive) and dead-letter
-// copies are appended after the stream's last entry (<its ms>-*): at least
-// once, as sent on purpose.
+// Records with no such position (an initial snapshot's rows, walrelay replay,
+// redrive) and dead-letter copies are appended after the stream's last entry
+// (<its ms>-*): at least once.
 //
 // Threads: one worker thread owns the hiredis connection (blocking, with
 // timeouts) and hands outcomes back through one queue, posting a wake-up to
@@ -27,6 +31,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -62,6 +67,7 @@ class RedisStreamsSink final : public Sink {
   std::string health_reason() const override;
   std::optional<std::string> fatal_error() const override { return std::nullopt; }
   void check_connectivity(int timeout_ms) override;
+  void source_identified(const SourceIdentity& source) override;
 
   // One XADD to be.
   struct Entry {
@@ -77,7 +83,7 @@ class RedisStreamsSink final : public Sink {
     std::string reason;            // for a dead-letter copy: why
     bool reported = false;         // (redis_ack_at_submit) reported already
   };
-  enum class Outcome { stored, duplicate, transient, record_error };
+  enum class Outcome { stored, duplicate, transient, record_error, denied };
   struct Done {
     Entry entry;
     Outcome outcome = Outcome::stored;
@@ -94,13 +100,15 @@ class RedisStreamsSink final : public Sink {
     std::uint64_t taken_back = 0;  // entries of epochs up to this one are failed, not sent
     bool connected = false;
     std::string last_error = "no Redis connection yet";
+    std::string source;            // system/timeline/database/slot, once identified
     RedisStreamsSink* sink = nullptr;
   };
 
  private:
   void run_worker();
   // One round trip: the batch's entries, one script per stream.
-  void send_batch(redisContext*& ctx, std::string& sha, std::vector<Entry>& batch, std::vector<Done>& out);
+  void send_batch(redisContext*& ctx, std::string& sha, const std::string& source, std::vector<Entry>& batch,
+                  std::vector<Done>& out);
   void report(Done& d);
   SubmitStatus enqueue(Entry e);
 
@@ -110,6 +118,10 @@ class RedisStreamsSink final : public Sink {
   std::uint64_t epoch_ = 1;
   std::size_t outstanding_ = 0;  // submitted, not yet reported
   std::vector<Done> scratch_;
+  // (Worker only.) Streams where an entry was refused for good, and the
+  // epoch then: their mark stays below it until the relay has taken back
+  // what followed (a halt's drain still sends what was queued behind it).
+  std::map<std::string, std::uint64_t> refused_in_;
   std::thread worker_;
 };
 
