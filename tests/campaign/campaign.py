@@ -999,7 +999,10 @@ COMMIT;
                                 f"({ev[missing[0]]})")
             if order_breaks:
                 problems.append(f"{stream}: {len(order_breaks)} per-key order breaks, first {order_breaks[0]}")
-            dups = [i for i, c in seen.items() if c > 1]
+            # (Redis: an initial snapshot's rows carry no entry id of the
+            # stream's, so one taken again sends them again: at least once.)
+            dups = [i for i, c in seen.items() if c > 1
+                    and not (sink == "redis" and ev.get(i, {}).get("shape") == "snapshot")]
             if exactly_once and dups:
                 problems.append(f"{stream}: {len(dups)} events more than once, first {dups[0]} ({seen[dups[0]]}x)")
             self.stats[stream] = {"records": len(records), "distinct": len(seen), "duplicates": len(dups),

@@ -1490,3 +1490,39 @@ TEST_CASE("sinks: Redis - an event another writer's entry blocks halts, and stay
   REQUIRE(recs.size() == 1);
   CHECK(recs[0].value->find("\"seq\": -1") != std::string::npos);
 }
+
+TEST_CASE("sinks: Redis - a user whose ACL does not reach the streams halts naming the refusal, even with a "
+          "dead-letter stream, and dead-letters nothing - granted, every event arrives",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  auto dead = Redis::dead_letters(f);
+  const auto address = Redis::address();
+  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
+                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string user = f.slot + "_acl";
+  // Every command, on keys of another prefix only.
+  REQUIRE(run_command(cli + "ACL SETUSER " + user + " on '>acl-s3cret' '~elsewhere:*' '+@all'").status == 0);
+  struct DropUser {
+    std::string cli, user;
+    ~DropUser() { run_command(cli + "ACL DELUSER " + user); }
+  } drop{cli, user};
+  const std::string cfg = Redis::config(f, "sink.redis.user=" + user + "\nerrors.tolerance=all\n"
+                                           "errors.deadletterqueue.topic.name=" + Redis::dead_letter_topic(f) + "\n");
+  Walrelay relay(cfg, {{"WALRELAY_SINK_REDIS_PASSWORD", "acl-s3cret"}});
+  relay.start();
+  relay.wait_streaming();
+  auto in_first = event_inside(f, "Acl", "k");
+  CHECK(relay.wait_exit(60s) == 3);
+  CHECK(relay.log().find("NOPERM") != std::string::npos);
+  CHECK(relay.log().find("acl-s3cret") == std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) < in_first);
+  CHECK(dead->read().empty());
+  REQUIRE(run_command(cli + "ACL SETUSER " + user + " '~*'").status == 0);
+  Walrelay again(cfg, {{"WALRELAY_SINK_REDIS_PASSWORD", "acl-s3cret"}});
+  again.start();
+  auto recs = to->read(1);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].key == std::optional<std::string>("k"));
+}
