@@ -481,11 +481,11 @@ def run_pg_recvlogical(env, n, slot, end_lsn, options):
 
 
 def broker_tool(env, broker, args):
-    """tests/integration/{nats,rabbitmq}/read.py with the tests' venv (nats-py, pika)."""
+    """tests/integration/{nats,rabbitmq,redis}/read.py with the tests' venv (nats-py, pika, redis-py)."""
     py = subprocess.run([os.path.join(env.args.bench_dir, "..", "scripts", "py-venv.sh")], check=True,
                         capture_output=True, text=True).stdout.strip()
     script = os.path.join(env.args.bench_dir, "..", "tests", "integration", broker, "read.py")
-    url = env.args.nats if broker == "nats" else env.args.rabbitmq
+    url = {"nats": env.args.nats, "rabbitmq": env.args.rabbitmq, "redis": env.args.redis}[broker]
     subprocess.run([py, script, "--url", url] + args, check=True, capture_output=True, text=True)
 
 
@@ -496,6 +496,9 @@ def run_walrelay_sink(env, n, slot, end_lsn, sink):
         broker_tool(env, "nats", ["stream-add", "--name", slot, "--subjects", slot + ".>"])
         extra = {"sink.type": "nats-jetstream", "sink.nats-jetstream.url": env.args.nats}
         broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "nats", "pid")).read().strip()
+    elif sink == "redis":
+        extra = {"sink.type": "redis", "sink.redis.address": env.args.redis}
+        broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "redis", "pid")).read().strip()
     else:
         broker_tool(env, "rabbitmq", ["declare", "--exchange", slot, "--queue", slot, "--binding", slot + ".#"])
         host, port = env.args.rabbitmq.rsplit(":", 1)
@@ -516,6 +519,8 @@ def run_walrelay_sink(env, n, slot, end_lsn, sink):
     env.drop_slot(slot)
     if sink == "nats-jetstream":
         broker_tool(env, "nats", ["stream-delete", "--name", slot])
+    elif sink == "redis":
+        broker_tool(env, "redis", ["delete", "--prefix", slot])
     else:
         broker_tool(env, "rabbitmq", ["delete", "--exchange", slot, "--queue", slot])
     return r
@@ -974,9 +979,13 @@ def versions(env, args, variants):
         for key, cmd in (("nats_server", ["nats-server", "--version"]),
                          ("rabbitmq", ["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"]),
                          ("nats_c", ["pkg-config", "--modversion", "libnats"]),
-                         ("rabbitmq_c", ["pkg-config", "--modversion", "librabbitmq"])):
+                         ("rabbitmq_c", ["pkg-config", "--modversion", "librabbitmq"]),
+                         ("redis", ["redis-server", "--version"]),
+                         ("hiredis", ["pkg-config", "--modversion", "hiredis"])):
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+                if key == "redis" and " v=" in out:
+                    out = out.split(" v=", 1)[1].split()[0]
                 v[key] = out.replace("nats-server: ", "") or "?"
             except OSError:
                 v[key] = "?"
@@ -1053,6 +1062,7 @@ def main():
     ap.add_argument("--contenders", default="pg_recvlogical,walrelay,polling,debezium")
     ap.add_argument("--nats", default="", help="sinks: a NATS server with JetStream (scripts/services.sh start nats)")
     ap.add_argument("--rabbitmq", default="", help="sinks: a RabbitMQ node, host:port (scripts/services.sh start rabbitmq)")
+    ap.add_argument("--redis", default="", help="sinks: a Redis server, host:port (scripts/services.sh start redis)")
     ap.add_argument("--registry", default="",
                     help="formats: a schema registry's Confluent-compatible API (scripts/services.sh start registry)")
     args = ap.parse_args()
@@ -1300,7 +1310,7 @@ def main():
         # same walrelay, rounds interleaved.
         wname, n, tx = ("300k_tx100", 300000, 100)
         repeats = reps("sinks")
-        sinks = ["kafka", "nats-jetstream", "rabbitmq"]
+        sinks = ["kafka", "nats-jetstream", "rabbitmq"] + (["redis"] if args.redis else [])
         for rep in range(repeats):
             seq += 1
             names = {s: f"bench_sink{i}_{seq}" for i, s in enumerate(sinks)}
@@ -1334,6 +1344,19 @@ def main():
             tools["nats_bench_msgs_per_s"] = int(m.group(1).replace(",", "")) if m else None
         except (OSError, subprocess.TimeoutExpired) as e:
             log(f"sinks: nats bench did not run: {e}")
+        if args.redis:
+            # redis-benchmark: XADD of ~220-byte entries, 16 commands pipelined
+            # per connection, one connection (walrelay's one worker).
+            try:
+                host, port = args.redis.rsplit(":", 1)
+                out = subprocess.run(["redis-benchmark", "-h", host, "-p", port, "-c", "1", "-P", "16", "-n", str(n),
+                                      "-q", "XADD", "redisbench", "*", "value", "x" * 220],
+                                     capture_output=True, text=True, timeout=600).stdout
+                m = re.findall(r"([\d.]+) requests per second", out)
+                tools["redis_benchmark_xadd_per_s"] = round(float(m[-1])) if m else None
+                subprocess.run(["redis-cli", "-h", host, "-p", port, "DEL", "redisbench"], capture_output=True)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                log(f"sinks: redis-benchmark did not run: {e}")
         log(f"sinks: the brokers' own tools: {tools}")
         result["sinks_broker_tools"] = tools
         save()

@@ -128,9 +128,10 @@ if ((!quick)) && { ((!partial)) || [[ " ${args[*]} " == *sinks* ]]; }; then
   # The sinks section: NATS JetStream and RabbitMQ beside Kafka.
   "$services" start nats 2>/dev/null
   "$services" start rabbitmq 2>/dev/null
+  "$services" start redis 2>/dev/null
   # shellcheck disable=SC1090
   source <("$services" env)
-  brokers=(--nats "$WALRELAY_TEST_NATS" --rabbitmq "$WALRELAY_TEST_RABBITMQ")
+  brokers=(--nats "$WALRELAY_TEST_NATS" --rabbitmq "$WALRELAY_TEST_RABBITMQ" --redis "$WALRELAY_TEST_REDIS")
 fi
 kafka_version=$(basename "$("$repo/scripts/kafka-jars.sh")")
 mode=()
