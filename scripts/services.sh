@@ -510,9 +510,11 @@ nats_start() {
   return 1
 }
 
-# nats_stop [keep-port]: SIGTERM (a clean shutdown), then SIGKILL.
-nats_stop() {
-  local d="$RUN_DIR/nats" pid
+# daemon_stop NAME VAR [keep-port]: the server whose pid is in
+# $RUN_DIR/NAME/pid, SIGTERM (a clean shutdown), then SIGKILL; without
+# keep-port its directory goes, and its line (export VAR=) from the env file.
+daemon_stop() {
+  local d="$RUN_DIR/$1" var=$2 pid
   if [[ -f "$d/pid" ]]; then
     pid=$(cat "$d/pid")
     if alive "$pid"; then
@@ -521,13 +523,19 @@ nats_stop() {
       kill -KILL "$pid" 2>/dev/null || true
     fi
   fi
-  rm -f "$d/pid" "$d/nats.log"
-  [[ ${1:-} == keep-port ]] && return 0
+  rm -f "$d/pid"
+  [[ ${3:-} == keep-port ]] && return 0
   rm -rf "$d"
-  if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env"; then
-    grep -v '^export WALRELAY_TEST_NATS=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
+  if [[ -f "$RUN_DIR/env" ]] && grep -q "^export $var=" "$RUN_DIR/env"; then
+    grep -v "^export $var=" "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
     mv "$RUN_DIR/env.tmp.$$" "$RUN_DIR/env"
   fi
+}
+
+# nats_stop [keep-port]
+nats_stop() {
+  rm -f "$RUN_DIR/nats/nats.log"
+  daemon_stop nats WALRELAY_TEST_NATS "${1:-}"
 }
 
 redis_running() { [[ -f "$RUN_DIR/redis/pid" ]] && alive "$(cat "$RUN_DIR/redis/pid")"; }
@@ -554,25 +562,8 @@ redis_start() {
   return 1
 }
 
-# redis_stop [keep-port]: SIGTERM (a clean shutdown), then SIGKILL.
-redis_stop() {
-  local d="$RUN_DIR/redis" pid
-  if [[ -f "$d/pid" ]]; then
-    pid=$(cat "$d/pid")
-    if alive "$pid"; then
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-  fi
-  rm -f "$d/pid"
-  [[ ${1:-} == keep-port ]] && return 0
-  rm -rf "$d"
-  if [[ -f "$RUN_DIR/env" ]] && grep -q '^export WALRELAY_TEST_REDIS=' "$RUN_DIR/env"; then
-    grep -v '^export WALRELAY_TEST_REDIS=' "$RUN_DIR/env" > "$RUN_DIR/env.tmp.$$" || true
-    mv "$RUN_DIR/env.tmp.$$" "$RUN_DIR/env"
-  fi
-}
+# redis_stop [keep-port]
+redis_stop() { daemon_stop redis WALRELAY_TEST_REDIS "${1:-}"; }
 
 RABBIT_BIN=/usr/lib/rabbitmq/bin
 rabbit_env() {
