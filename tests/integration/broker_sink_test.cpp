@@ -1526,3 +1526,140 @@ TEST_CASE("sinks: Redis - a user whose ACL does not reach the streams halts nami
   REQUIRE(recs.size() == 1);
   CHECK(recs[0].key == std::optional<std::string>("k"));
 }
+
+namespace {
+
+// A Redis primary and its replica of the test's own (AOF on both): what
+// sink.redis.wait.enabled waits for, and a replica the test can freeze.
+class RedisWithReplica {
+ public:
+  RedisWithReplica() {
+    char tmpl[] = "/tmp/walrelay-redis-pair-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    primary_ = free_port();
+    replica_ = free_port();
+    start("primary", primary_, "");
+    start("replica", replica_, "--replicaof 127.0.0.1 " + std::to_string(primary_));
+    REQUIRE(eventually([&] {
+      return run_command(cli(replica_) + "INFO replication").output.find("master_link_status:up") != std::string::npos;
+    }, 20s, 100ms));
+  }
+  ~RedisWithReplica() {
+    thaw_replica();
+    run_command("kill $(cat " + dir_ + "/primary.pid " + dir_ + "/replica.pid) 2>/dev/null; sleep 0.3; rm -rf " + dir_);
+  }
+  RedisWithReplica(const RedisWithReplica&) = delete;
+  RedisWithReplica& operator=(const RedisWithReplica&) = delete;
+  std::string address() const { return "127.0.0.1:" + std::to_string(primary_); }
+  void freeze_replica() { REQUIRE(run_command("kill -STOP $(cat " + dir_ + "/replica.pid)").status == 0); }
+  void thaw_replica() { run_command("kill -CONT $(cat " + dir_ + "/replica.pid) 2>/dev/null"); }
+  std::vector<KafkaRecord> read(const std::string& prefix, std::size_t at_least, int timeout_s = 60) const {
+    return records_of(run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/redis/read.py --url " +
+                                  address() + " read --prefix '" + prefix + "' --count " + std::to_string(at_least) +
+                                  " --timeout " + std::to_string(timeout_s) + " 2>&1"));
+  }
+
+ private:
+  static std::string cli(int port) { return "redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " "; }
+  void start(const std::string& name, int port, const std::string& extra) {
+    const std::string d = dir_ + "/" + name;
+    REQUIRE(run_command("mkdir -p " + d).status == 0);
+    REQUIRE(run_command("redis-server --bind 127.0.0.1 --port " + std::to_string(port) + " --dir " + d +
+                        " --appendonly yes --save '' --daemonize yes --pidfile " + dir_ + "/" + name + ".pid --logfile " +
+                        d + "/redis.log " + extra).status == 0);
+    REQUIRE(eventually([&] { return run_command(cli(port) + "ping").output.find("PONG") != std::string::npos; },
+                       10s, 50ms));
+  }
+  std::string dir_;
+  int primary_ = 0, replica_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("sinks: Redis with sink.redis.wait.enabled - an entry counts as stored once a replica has it: the replica "
+          "frozen holds the slot, thawed every event is there once",
+          "[redis][fault]") {
+  RedisWithReplica redis;
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(without_kafka(f, "sink.type=redis\nsink.redis.address=" + redis.address() +
+                                      "\nsink.redis.wait.enabled=true\nsink.redis.wait.timeout.ms=300\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Wait", "k", "jsonb_build_object('seq', 1)"));
+  REQUIRE(redis.read(f.topic_prefix, 1).size() == 1);
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) == 1; }, 30s));
+  redis.freeze_replica();
+  auto in_frozen = event_inside(f, "Wait", "k-frozen");
+  for (int i = 2; i <= 5; ++i)
+    f.db().exec(insert_event(f.table, "Wait", "k", "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+  // On the primary, not acknowledged by the replica: failed, sent again, held.
+  REQUIRE(eventually([&] { return relay.metric("walrelay_delivery_errors_total{reason=\"wait_timeout\"}").value_or(0) > 0; },
+                     30s));
+  CHECK(f.db().confirmed_flush(f.slot) < in_frozen);
+  CHECK(relay.metric("walrelay_events_relayed_total").value_or(0) == 1);
+  redis.thaw_replica();
+  const auto end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= end; }, 60s, 100ms));
+  auto all = redis.read(f.topic_prefix, 6);
+  auto seen = ids_of(all);
+  CHECK(all.size() == 6);
+  CHECK(seen.duplicates() == 0);
+  CHECK(missing_ids(f.db(), f.table, seen).empty());
+  check_order_per_key(all);
+}
+
+TEST_CASE("sinks: Redis - entries trimmed away count as stored only under walrelay's mark of the same source: a mark "
+          "another database wrote holds the event as a conflict, never delivered",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  const auto address = Redis::address();
+  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
+                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string stream = f.topic("Source");
+  const std::string cfg = Redis::config(f, "status.update.interval.ms=60000\n");
+  auto relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  relay->wait_streaming();
+  auto first = event_inside(f, "Source", "k");
+  REQUIRE(eventually([&] { return relay->metric("walrelay_events_relayed_total").value_or(0) == 1; }, 30s));
+  relay->signal(SIGKILL);
+  REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
+  // The mark is this slot's; trimmed, the entry would count as stored.
+  auto mark = run_command(cli + "HGET 'walrelay:mark:{" + stream + "}' source");
+  INFO(mark.output);
+  CHECK(mark.output.find("/" + f.slot) != std::string::npos);
+  REQUIRE(run_command(cli + "XTRIM '" + stream + "' MAXLEN 0").status == 0);
+  // Another database's mark now (a restore elsewhere, a second cluster).
+  REQUIRE(run_command(cli + "HSET 'walrelay:mark:{" + stream + "}' source other/1/db/slot").status == 0);
+  relay = std::make_unique<Walrelay>(cfg);
+  relay->start();
+  CHECK(relay->wait_exit(60s) == 3);
+  CHECK(relay->log().find("id_conflict") != std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) < first);
+}
+
+TEST_CASE("sinks: Redis with message.format=compact - one field per entry, the key, whose value is the record's "
+          "(Debezium Server's compact format)",
+          "[redis]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  const auto address = Redis::address();
+  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
+                          address.substr(address.rfind(':') + 1) + " ";
+  Walrelay relay(Redis::config(f, "sink.redis.message.format=compact\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "Compact", "k1", "jsonb_build_object('seq', 1)"));
+  f.db().exec(insert_event(f.table, "Compact", "k2", "jsonb_build_object('seq', 2)"));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) == 2; }, 30s));
+  auto out = run_command(cli + "--no-raw XRANGE '" + f.topic("Compact") + "' - +");
+  INFO(out.output);
+  CHECK(out.output.find("\"k1\"") != std::string::npos);
+  CHECK(out.output.find("\"k2\"") != std::string::npos);
+  CHECK(out.output.find("seq") != std::string::npos);
+  CHECK(out.output.find("\"headers\"") == std::string::npos);
+}
