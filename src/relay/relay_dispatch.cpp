@@ -67,7 +67,6 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           xid_ = m.xid;
           commit_time_ = m.commit_time;
           position_lsn_ = m.final_lsn.value;
-          position_index_ = 0;
         } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
           const bool had_records = txn_ && ledger_.had_records(*txn_);
           if (had_records) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));
@@ -83,12 +82,14 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
         } else if constexpr (std::is_same_v<T, pgoutput::Insert>) {
           if (skipping_txn_) return;
           const bool outbox = mapper_.is_outbox(m.relation_oid);
+          if (outbox) at_change(xlog.wal_start);
           step = outbox ? relay_insert(m, xlog.wal_start) : skip_insert(m, xlog.wal_start);
-          if (outbox && step != Step::retry) ++position_index_;  // offered again: the same place
+          if (outbox && step != Step::retry) ++position_rank_;  // offered again: the same place
         } else if constexpr (std::is_same_v<T, pgoutput::LogicalMessage>) {
           if (!message_prefixes_.empty() && !m.xid) {
+            at_change(xlog.wal_start);
             step = on_logical_message(m);
-            if (step != Step::retry) ++position_index_;
+            if (step != Step::retry) ++position_rank_;
           } else {
             metrics_.decode_errors.Increment();
             halt("unexpected logical message at " + xlog.wal_start.to_string() +
@@ -141,10 +142,25 @@ Relay::Step Relay::relay_insert(const pgoutput::Insert& insert, Lsn lsn) {
   return submit_record();
 }
 
-// The record's place in the stream, none for an initial snapshot's rows.
+// A change at `lsn` (rows of one WAL record share it).
+void Relay::at_change(Lsn lsn) {
+  if (lsn.value == position_change_lsn_) return;
+  position_change_lsn_ = lsn.value;
+  position_rank_ = 0;
+}
+
+// The record's place in the stream, none for an initial snapshot's rows: its
+// transaction's commit LSN, and within it a number that rises with the
+// change's own LSN and its rank in its WAL record. Made from the WAL alone,
+// not from how many outbox rows came before, so the same event gets the same
+// place whatever table.include.list or the publication said when it was
+// first sent (a table added between a crash and the restart).
 std::optional<OutboxRecord::Position> Relay::position_of_record() const {
   if (position_lsn_ == 0) return std::nullopt;
-  return OutboxRecord::Position{position_lsn_, position_index_};
+  // A transaction's changes lie within 2^47 bytes (128 TiB) before its commit.
+  constexpr std::uint64_t span = std::uint64_t{1} << 47;
+  const std::uint64_t back = std::min(position_lsn_ - std::min(position_change_lsn_, position_lsn_), span - 1);
+  return OutboxRecord::Position{position_lsn_, ((span - back) << 16) | std::min<std::uint64_t>(position_rank_, 0xffff)};
 }
 
 std::optional<MapError> Relay::encode_value(Step& pending) {

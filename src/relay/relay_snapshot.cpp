@@ -415,7 +415,6 @@ asio::awaitable<void> Relay::send_snapshot(PgConnection& conn, const std::vector
   // them in key order, where a row deleted meanwhile shifts the others, so
   // a place among them names no one row (at least once, by intent).
   position_lsn_ = 0;
-  position_index_ = 0;
   for (const auto& t : tables) {
     co_await snapshot_table(conn, t, point);
     if (stop_requested_ || halt_reason_ || replay_reason_) break;

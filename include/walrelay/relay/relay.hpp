@@ -364,10 +364,13 @@ class Relay final : public StatusSource {
   std::uint32_t xid_ = 0;
   std::int64_t commit_time_ = 0;
   // The records' positions (OutboxRecord::position): the transaction's
-  // commit LSN, and how many of its outbox rows and messages came before.
+  // commit LSN; the change's own LSN, and its rank among the rows of one WAL
+  // record (a COPY writes several with one LSN).
   std::uint64_t position_lsn_ = 0;  // 0: none (an initial snapshot's rows)
-  std::uint64_t position_index_ = 0;
+  std::uint64_t position_change_lsn_ = 0;
+  std::uint64_t position_rank_ = 0;
   std::optional<OutboxRecord::Position> position_of_record() const;
+  void at_change(pgoutput::Lsn lsn);
 
   // Positions
   pgoutput::Lsn received_lsn_;

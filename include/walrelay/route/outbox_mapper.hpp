@@ -42,8 +42,9 @@ struct OutboxRecord {
   // (table.field.event.schema.version); nullopt when not set or NULL.
   std::optional<std::string_view> event_type;
   std::optional<int> schema_version;
-  // Where the stream put it: its transaction's commit LSN and its place among
-  // that transaction's outbox rows and messages. The same on every decoding
+  // Where the stream put it: its transaction's commit LSN and a number that
+  // rises with its place in that transaction (from the change's own LSN and
+  // its rank among the rows of one WAL record). The same on every decoding
   // of the same WAL, so a sink can tell a record sent again (the Redis
   // stream's entry id). nullopt for records of no stream (an initial
   // snapshot's rows, replay, redrive).

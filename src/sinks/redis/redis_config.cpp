@@ -1,6 +1,8 @@
 #include "walrelay/sinks/redis/redis_config.hpp"
 
 #include <array>
+#include <cstdint>
+#include <cstdio>
 
 #include "walrelay/config.hpp"
 
@@ -87,6 +89,15 @@ RedisConfig redis_config(const Config& config) {
       throw ConfigError(key, "unknown key of the redis sink");
     }
   }
+  std::string picked;
+  for (const auto& t : config.table_include_list) picked += t.qualified() + "\n";
+  picked += "\n";
+  for (const auto& p : config.message_prefix_include_list) picked += p + "\n";
+  std::uint64_t fnv = 14695981039346656037ull;  // FNV-1a: the same in every build
+  for (unsigned char ch : picked) fnv = (fnv ^ ch) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv));
+  r.selection = hex;
   if (r.retry_max_delay_ms < r.retry_initial_delay_ms)
     throw ConfigError("sink.redis.retry.max.delay.ms", "shorter than sink.redis.retry.initial.delay.ms");
   if (!r.user.empty() && r.password.empty())

@@ -191,18 +191,23 @@ redisContext* connect(const RedisConfig& config, int timeout_ms, std::string& sh
   return ctx;
 }
 
+// An ACL's refusal: of a key (NOPERM), or of a command inside the script.
+bool denied(const std::string& text) {
+  return text.rfind("NOPERM", 0) == 0 || text.find("user executing the script can't run this command") != std::string::npos;
+}
+
 // An error's kind by Redis's code: a key of another type is the record's
 // own; a refused permission (ACL) is walrelay's user's; the rest (OOM, a
 // read-only replica, a busy script) passes.
 RedisStreamsSink::Outcome outcome_of(const std::string& text) {
   if (text.rfind("WRONGTYPE", 0) == 0) return RedisStreamsSink::Outcome::record_error;
-  if (text.rfind("NOPERM", 0) == 0) return RedisStreamsSink::Outcome::denied;
+  if (denied(text)) return RedisStreamsSink::Outcome::denied;
   return RedisStreamsSink::Outcome::transient;
 }
 
 std::string code_of(const std::string& text) {
   if (text.rfind("WRONGTYPE", 0) == 0) return "wrong_type";
-  if (text.rfind("NOPERM", 0) == 0) return "permission_denied";
+  if (denied(text)) return "permission_denied";
   if (text.rfind("OOM", 0) == 0) return "out_of_memory";
   return "redis_error";
 }
@@ -232,8 +237,8 @@ RedisStreamsSink::~RedisStreamsSink() {
 }
 
 void RedisStreamsSink::source_identified(const SourceIdentity& source) {
-  std::lock_guard lock(shared_->mu);
-  shared_->source = source.system + "/" + source.timeline + "/" + source.database + "/" + source.slot;
+  source_ = std::make_shared<const std::string>(source.system + "/" + source.timeline + "/" + source.database + "/" +
+                                                source.slot + "/" + config_.selection);
 }
 
 bool RedisStreamsSink::healthy() const {
@@ -277,8 +282,10 @@ SubmitStatus RedisStreamsSink::submit(const OutboxRecord& record, std::uint64_t 
   e.bytes = record.size_bytes();
   e.topic.assign(record.topic);
   e.stream = redis_stream_name(config_, record.topic);
-  if (record.position)
+  if (record.position) {
     e.id = std::to_string(record.position->commit_lsn) + "-" + std::to_string(record.position->index);
+    e.source = source_;
+  }
   e.event_id.assign(record.event_id);
   if (record.key) e.key.emplace(*record.key);
   if (record.value) e.value.emplace(*record.value);
@@ -398,7 +405,6 @@ void RedisStreamsSink::run_worker() {
   };
   while (true) {
     std::uint64_t taken_back = 0;
-    std::string source;
     {
       std::unique_lock lock(shared_->mu);
       if (ctx) {
@@ -448,14 +454,23 @@ void RedisStreamsSink::run_worker() {
         // Entries queued while the connection was down fail below.
       }
       if (shared_->stop) break;
+      // One source a batch (its mark is that source's).
       const auto n = std::min<std::size_t>(shared_->queue.size(), static_cast<std::size_t>(config_.batch_size));
+      const std::string* source = nullptr;
       for (std::size_t i = 0; i < n; ++i) {
+        const auto& next = shared_->queue.front().source;
+        if (next) {
+          if (source && *source != *next) break;
+          source = next.get();
+        }
         batch.push_back(std::move(shared_->queue.front()));
         shared_->queue.pop_front();
       }
       taken_back = shared_->taken_back;
-      source = shared_->source;
     }
+    std::string source;
+    for (const auto& e : batch)
+      if (e.source) source = *e.source;
     std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
     std::vector<Entry> to_send;
     for (auto& e : batch) {

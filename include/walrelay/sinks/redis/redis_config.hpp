@@ -36,6 +36,10 @@ struct RedisConfig {
   bool wait_enabled = false;     // wait.enabled: WAIT for a replica after each batch
   int wait_timeout_ms = 1000;    // wait.timeout.ms
   int wait_replicas = 1;         // wait.replicas (walrelay's): how many replicas WAIT asks for
+  // What picks the events (table.include.list, message.prefix.include.list),
+  // as a hash: part of the source the mark names. Changed, the events of a
+  // transaction are others, and the mark vouches for none of them.
+  std::string selection;
 };
 
 // The keys after `sink.redis.`.

@@ -76,6 +76,9 @@ class RedisStreamsSink final : public Sink {
     std::uint64_t epoch = 0;       // abort_queued() counts these: older ones are not sent
     std::string topic, stream;
     std::string id;                // <ms>-<seq>; empty: after the stream's last entry
+    // The source when it was submitted: a queue that outlives a reconnection
+    // (to a promoted standby, another cluster) keeps the old one.
+    std::shared_ptr<const std::string> source;
     std::string event_id;
     std::optional<std::string> key, value;
     std::vector<std::pair<std::string, std::optional<std::string>>> headers;
@@ -100,7 +103,6 @@ class RedisStreamsSink final : public Sink {
     std::uint64_t taken_back = 0;  // entries of epochs up to this one are failed, not sent
     bool connected = false;
     std::string last_error = "no Redis connection yet";
-    std::string source;            // system/timeline/database/slot, once identified
     RedisStreamsSink* sink = nullptr;
   };
 
@@ -116,6 +118,7 @@ class RedisStreamsSink final : public Sink {
   RedisConfig config_;
   std::shared_ptr<Shared> shared_;
   std::uint64_t epoch_ = 1;
+  std::shared_ptr<const std::string> source_ = std::make_shared<const std::string>();  // system/timeline/database/slot
   std::size_t outstanding_ = 0;  // submitted, not yet reported
   std::vector<Done> scratch_;
   // (Worker only.) Streams where an entry was refused for good, and the
