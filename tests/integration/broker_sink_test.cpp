@@ -227,6 +227,11 @@ struct Redis {
   static std::string config(Fixture& f, const std::string& extra = "") {
     return without_kafka(f, "sink.type=redis\nsink.redis.address=" + address() + "\n" + extra);
   }
+  // redis-cli against the server, ready for a command.
+  static std::string cli() {
+    const auto a = address();
+    return "redis-cli -h " + a.substr(0, a.rfind(':')) + " -p " + a.substr(a.rfind(':') + 1) + " ";
+  }
   static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/redis/pid"; }
   static void stop() { Services::control("redis-stop"); }
   static void start() { Services::control("redis-start"); }
@@ -1427,9 +1432,7 @@ TEST_CASE("sinks: Redis - entries already in the stream (walrelay stopped before
   relay->signal(SIGKILL);
   REQUIRE(relay->wait_exit(10s) == 128 + SIGKILL);
   // The first four trimmed away (XTRIM exact: MAXLEN ~ keeps a stream this small whole).
-  const auto address = Redis::address();
-  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
-                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string cli = Redis::cli();
   REQUIRE(run_command(cli + "XTRIM '" + f.topic("Again") + "' MAXLEN 1").status == 0);
   relay = std::make_unique<Walrelay>(cfg);
   relay->start();
@@ -1459,9 +1462,7 @@ TEST_CASE("sinks: Redis - an event another writer's entry blocks halts, and stay
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = Redis::topics(f);
-  const auto address = Redis::address();
-  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
-                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string cli = Redis::cli();
   const std::string stream = f.topic("Blocked");
   const std::string cfg = Redis::config(f);
   auto relay = std::make_unique<Walrelay>(cfg);
@@ -1498,9 +1499,7 @@ TEST_CASE("sinks: Redis - a user whose ACL does not reach the streams halts nami
   create_outbox(f.db(), f.table, "bigint");
   auto to = Redis::topics(f);
   auto dead = Redis::dead_letters(f);
-  const auto address = Redis::address();
-  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
-                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string cli = Redis::cli();
   const std::string user = f.slot + "_acl";
   // Every command, on keys of another prefix only.
   REQUIRE(run_command(cli + "ACL SETUSER " + user + " on '>acl-s3cret' '~elsewhere:*' '+@all'").status == 0);
@@ -1615,9 +1614,7 @@ TEST_CASE("sinks: Redis - entries trimmed away count as stored only under walrel
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = Redis::topics(f);
-  const auto address = Redis::address();
-  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
-                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string cli = Redis::cli();
   const std::string stream = f.topic("Source");
   const std::string cfg = Redis::config(f, "status.update.interval.ms=60000\n");
   auto relay = std::make_unique<Walrelay>(cfg);
@@ -1647,9 +1644,7 @@ TEST_CASE("sinks: Redis with message.format=compact - one field per entry, the k
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = Redis::topics(f);
-  const auto address = Redis::address();
-  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
-                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string cli = Redis::cli();
   Walrelay relay(Redis::config(f, "sink.redis.message.format=compact\n"));
   relay.start();
   relay.wait_streaming();
@@ -1672,9 +1667,7 @@ TEST_CASE("sinks: Redis - events a configuration change adds to a transaction se
   const std::string other = f.table + "_b";
   create_outbox(f.db(), other, "bigint");
   auto to = Redis::topics(f);
-  const auto address = Redis::address();
-  const std::string cli = "redis-cli -h " + address.substr(0, address.rfind(':')) + " -p " +
-                          address.substr(address.rfind(':') + 1) + " ";
+  const std::string cli = Redis::cli();
   // One publication of both tables, made by hand; walrelay relays the first only.
   f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + ", " + other +
               " WITH (publish = 'insert')");
