@@ -133,16 +133,25 @@ std::string reply_text(const redisReply* r) {
   return "an unexpected reply";
 }
 
-// A command's reply; throws std::runtime_error on a broken connection or an
-// error reply (the caller's context is then unusable, or the command failed).
-Reply command(redisContext* ctx, const std::vector<std::string>& args) {
+// Queues a command on the connection (binary-safe arguments); its reply is
+// read with redisGetReply, in order.
+void append_command(redisContext* ctx, const std::vector<std::string>& args) {
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   for (auto& a : args) {
     argv.push_back(a.data());
     lens.push_back(a.size());
   }
-  Reply r(static_cast<redisReply*>(redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data())));
+  redisAppendCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
+}
+
+// A command's reply; throws std::runtime_error on a broken connection or an
+// error reply (the caller's context is then unusable, or the command failed).
+Reply command(redisContext* ctx, const std::vector<std::string>& args) {
+  append_command(ctx, args);
+  redisReply* raw = nullptr;
+  if (redisGetReply(ctx, reinterpret_cast<void**>(&raw)) != REDIS_OK) raw = nullptr;
+  Reply r(raw);
   if (!r) throw std::runtime_error(ctx->errstr[0] ? ctx->errstr : "the connection to Redis broke");
   if (r->type == REDIS_REPLY_ERROR) throw std::runtime_error(args[0] + ": " + reply_text(r.get()));
   return r;
@@ -403,8 +412,15 @@ void RedisStreamsSink::run_worker() {
     poisoned = std::max(poisoned, e.epoch);
     out.push_back(Done{std::move(e), Outcome::transient, code, message});
   };
+  // (With shared_->mu held.) The connection dropped: not ready until a new one.
+  auto lost = [&](const std::string& why) {
+    shared_->connected = false;
+    shared_->last_error = "the connection to Redis at " + where(config_) + " broke" + why;
+    spdlog::warn("redis: {}; connecting again", shared_->last_error);
+  };
   while (true) {
     std::uint64_t taken_back = 0;
+    std::string source;  // the batch's (one source a batch: its mark is that source's)
     {
       std::unique_lock lock(shared_->mu);
       if (ctx) {
@@ -423,9 +439,7 @@ void RedisStreamsSink::run_worker() {
           if (!error.empty() && ctx->err) {
             redisFree(ctx);
             ctx = nullptr;
-            shared_->connected = false;
-            shared_->last_error = "the connection to Redis at " + where(config_) + " broke: " + error;
-            spdlog::warn("redis: {}; connecting again", shared_->last_error);
+            lost(": " + error);
           }
           continue;
         }
@@ -454,23 +468,20 @@ void RedisStreamsSink::run_worker() {
         // Entries queued while the connection was down fail below.
       }
       if (shared_->stop) break;
-      // One source a batch (its mark is that source's).
       const auto n = std::min<std::size_t>(shared_->queue.size(), static_cast<std::size_t>(config_.batch_size));
-      const std::string* source = nullptr;
+      const std::string* batch_source = nullptr;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& next = shared_->queue.front().source;
         if (next) {
-          if (source && *source != *next) break;
-          source = next.get();
+          if (batch_source && *batch_source != *next) break;
+          if (!batch_source) source = *next;
+          batch_source = next.get();
         }
         batch.push_back(std::move(shared_->queue.front()));
         shared_->queue.pop_front();
       }
       taken_back = shared_->taken_back;
     }
-    std::string source;
-    for (const auto& e : batch)
-      if (e.source) source = *e.source;
     std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
     std::vector<Entry> to_send;
     for (auto& e : batch) {
@@ -492,9 +503,7 @@ void RedisStreamsSink::run_worker() {
       }
       if (was_connected && !ctx) {
         std::lock_guard lock(shared_->mu);
-        shared_->connected = false;
-        shared_->last_error = "the connection to Redis at " + where(config_) + " broke";
-        spdlog::warn("redis: {}; connecting again", shared_->last_error);
+        lost("");
       }
     }
     hand_over();
@@ -556,13 +565,7 @@ void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, const st
   }
   for (auto& args : commands) {
     args[1] = sha;
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    redisAppendCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
+    append_command(ctx, args);
   }
   bool broken = false;
   std::string broken_why;
