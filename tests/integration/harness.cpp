@@ -263,11 +263,25 @@ bool read_is_sound(const KcatRun& k, bool read_something) {
   return k.ok() || k.unknown_topic() || (k.timed_out() && read_something);
 }
 
+
+// What the broker says of a topic a reader came short on, for the test's
+// output: a topic never written and a reader that could not see what was
+// written call for different fixes (the partitions' ends tell them apart).
+void report_short_read(const std::string& topic, const std::string& what, const KcatRun& last,
+                       const std::vector<KafkaRecord>& seen) {
+  auto meta = kcat("-L -t '" + topic + "'", 10);
+  auto ends = kcat("-Q -t '" + topic + ":0:-1' -t '" + topic + ":1:-1' -t '" + topic + ":2:-1'", 10);
+  std::cerr << "reading " << topic << ": " << what << "; the last reader: " << last.failure() << "\nrecords seen:";
+  for (const auto& r : seen) std::cerr << " [p" << r.partition << "@" << r.offset << " key=" << r.key.value_or("null") << "]";
+  std::cerr << "\nkcat -L: " << meta.out << meta.err << "\nkcat -Q (ends): " << ends.out << ends.err << std::endl;
+}
+
 // What one bounded read of `topic` found; `failure` says why it cannot be
 // trusted ("" when it can).
 struct TopicRead {
   std::vector<KafkaRecord> recs;
   std::string failure;
+  KcatRun run;
 };
 
 TopicRead consume_once(const std::string& topic) {
@@ -308,7 +322,8 @@ TopicRead consume_once(const std::string& topic) {
     recs.push_back(std::move(r));
   }
   const bool sound = read_is_sound(k, !recs.empty());  // before recs is moved out
-  return {std::move(recs), sound ? std::string() : k.failure()};
+  std::string failure = sound ? std::string() : k.failure();
+  return {std::move(recs), std::move(failure), std::move(k)};
 }
 }  // namespace
 
@@ -317,6 +332,9 @@ std::vector<KafkaRecord> consume(const std::string& topic, std::size_t expected,
   for (;;) {
     auto read = consume_once(topic);
     bool late = std::chrono::steady_clock::now() > deadline;
+    if (read.failure.empty() && late && read.recs.size() < expected)
+      report_short_read(topic, std::to_string(read.recs.size()) + " of " + std::to_string(expected) + " records", read.run,
+                        read.recs);
     if (read.failure.empty() && (read.recs.size() >= expected || late)) return std::move(read.recs);
     if (late) throw std::runtime_error("reading " + topic + " failed: " + read.failure);
     std::this_thread::sleep_for(200ms);
@@ -378,16 +396,7 @@ bool wait_first_record(const std::string& topic, std::chrono::milliseconds timeo
       timeout, 200ms);
   if (!found && !k.ok() && !k.timed_out() && !k.unknown_topic())
     throw std::runtime_error("waiting for a record of " + topic + " failed: " + k.failure());
-  if (!found) {
-    // What the broker says of the topic, for the test's output: a reader that
-    // saw nothing for a minute is either a topic never written or a reader
-    // that could not see it, and the two call for different fixes.
-    auto meta = kcat("-L -t '" + topic + "'", 10);
-    auto ends = kcat("-Q -t '" + topic + ":0:-1' -t '" + topic + ":1:-1' -t '" + topic + ":2:-1'", 10);
-    std::cerr << "no record of " << topic << " within " << timeout.count() << " ms; the last reader: "
-              << k.failure() << "\nkcat -L: " << meta.out << meta.err << "\nkcat -Q (ends): " << ends.out << ends.err
-              << std::endl;
-  }
+  if (!found) report_short_read(topic, "no record within " + std::to_string(timeout.count()) + " ms", k, {});
   return found;
 }
 
