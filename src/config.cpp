@@ -876,16 +876,18 @@ void check_sink(Config& c) {
 // Retention deletes table rows, older than table.retention.ms by a column of
 // their own time (the one replay --since reads).
 void check_retention(Config& c) {
-  if (c.retention_policy == RetentionPolicy::none) return;
+  if (c.retention_policy == RetentionPolicy::none) {
+    if (!c.retention_archive_schema.empty())
+      throw ConfigError("table.retention.archive.schema", "set without table.retention.policy: nothing is removed, "
+                                                          "so nothing is archived");
+    return;
+  }
   if (c.table_include_list.empty())
     throw ConfigError("table.retention.policy", "it needs outbox tables (table.include.list is empty: "
                                                 "logical messages leave no rows to delete)");
   if (!c.retention_password.empty() && c.retention_user.empty())
     throw ConfigError("table.retention.password", "set without table.retention.user: the deletes would run as "
                                                   "database.user, and this password would be ignored");
-  if (!c.retention_archive_schema.empty() && c.retention_policy != RetentionPolicy::drop_partitions)
-    throw ConfigError("table.retention.archive.schema", "only table.retention.policy=drop-partitions archives (it "
-                                                        "moves whole partitions)");
   // drop-partitions reads a partition's age from its range, not from rows.
   if (c.retention_policy == RetentionPolicy::delete_rows && c.retention_ms > 0 && c.retention_time_column.empty() &&
       c.field_event_timestamp.empty())

@@ -417,14 +417,6 @@ void check_retention_column(const Config& config, const TableName& table, const 
 asio::awaitable<void> check_retention_partitioning(PgConnection& conn, const Config& config, const TableName& table,
                                                    const std::string& oid, std::vector<std::string>& problems) {
   if (config.retention_policy != RetentionPolicy::drop_partitions) co_return;
-  if (!config.retention_archive_schema.empty()) {
-    // (A replication connection: no parameters.)
-    auto schema = co_await conn.query("SELECT count(*)::text AS n FROM pg_catalog.pg_namespace WHERE nspname = " +
-                                      conn.quote_literal(config.retention_archive_schema));
-    if (schema.at(0, "n") == "0")
-      problems.push_back("table.retention.archive.schema: schema \"" + config.retention_archive_schema +
-                         "\" does not exist (retention moves expired partitions there)");
-  }
   auto key = co_await conn.query(
       "SELECT p.partstrat::text, p.partnatts::text, a.attname, a.atttypid::regtype::text FROM "
       "pg_catalog.pg_partitioned_table p LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = p.partrelid AND "
@@ -442,6 +434,53 @@ asio::awaitable<void> check_retention_partitioning(PgConnection& conn, const Con
                        row[1].value_or("?") + " key column(s) or an expression)");
   else if (type != "timestamp with time zone" && type != "timestamp without time zone" && type != "date")
     problems.push_back(prefix + " is partitioned by \"" + *row[2] + "\", a " + type + ", not a time");
+}
+
+// The archive schema takes what retention removes: whole partitions
+// (drop-partitions), or each deleted row, moved into a table of the outbox
+// table's name there in the statement that deletes it (delete). A row the
+// archive table cannot hold would fail every run, so its columns are checked
+// here: every outbox column, of the same type (more columns are welcome, such
+// as an archived_at with a default).
+asio::awaitable<void> check_retention_archive(PgConnection& conn, const Config& config, const TableName& table,
+                                              const std::string& oid, std::vector<std::string>& problems) {
+  if (config.retention_archive_schema.empty()) co_return;
+  const std::string& schema = config.retention_archive_schema;
+  // (A replication connection: no parameters.)
+  auto found = co_await conn.query("SELECT count(*)::text AS n FROM pg_catalog.pg_namespace WHERE nspname = " +
+                                   conn.quote_literal(schema));
+  if (found.at(0, "n") == "0") {
+    problems.push_back("table.retention.archive.schema: schema \"" + schema + "\" does not exist (retention moves " +
+                       (config.retention_policy == RetentionPolicy::drop_partitions ? "expired partitions"
+                                                                                    : "the deleted rows") +
+                       " there)");
+    co_return;
+  }
+  if (config.retention_policy != RetentionPolicy::delete_rows) co_return;
+  const std::string archive = conn.quote_identifier(schema) + "." + conn.quote_identifier(table.name);
+  auto archive_oid = co_await conn.query(
+      "SELECT c.oid::text AS oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+      "WHERE n.nspname = " + conn.quote_literal(schema) + " AND c.relname = " + conn.quote_literal(table.name) +
+      " AND c.relkind IN ('r', 'p')");
+  if (archive_oid.rows.empty()) {
+    problems.push_back("table.retention.archive.schema: table " + archive + " does not exist; the rows deleted from " +
+                       table.qualified() + " are moved there (CREATE TABLE " + archive + " (LIKE " +
+                       conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name) + "))");
+    co_return;
+  }
+  auto unfit = co_await conn.query(
+      "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS outbox_type, (SELECT "
+      "pg_catalog.format_type(b.atttypid, b.atttypmod) FROM pg_catalog.pg_attribute b WHERE b.attrelid = " +
+      archive_oid.at(0, "oid").value_or("0") + " AND b.attname = a.attname AND NOT b.attisdropped) AS archive_type "
+      "FROM pg_catalog.pg_attribute a WHERE a.attrelid = " + oid + " AND a.attnum > 0 AND NOT a.attisdropped");
+  for (const auto& row : unfit.rows) {
+    if (row[1] == row[2]) continue;
+    const std::string column = "\"" + row[0].value_or("") + "\"";
+    problems.push_back("table.retention.archive.schema: " + archive +
+                       (row[2] ? "'s column " + column + " is " + *row[2] + ", not " + row[1].value_or("")
+                               : " has no column " + column + " (" + row[1].value_or("") + ")") +
+                       " as in " + table.qualified() + ": the deleted rows could not be moved there");
+  }
 }
 
 asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
@@ -469,6 +508,7 @@ asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,
                                     oid + " AND a.attnum > 0 AND NOT a.attisdropped");
     check_retention_column(config, t, cols, problems);
     co_await check_retention_partitioning(conn, config, t, oid, problems);
+    co_await check_retention_archive(conn, config, t, oid, problems);
     for (auto& [key, column] : mapped) {
       auto it = std::find_if(cols.rows.begin(), cols.rows.end(), [&](auto& r) { return r[0] == column; });
       if (it == cols.rows.end()) {

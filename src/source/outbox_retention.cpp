@@ -312,9 +312,11 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
   // table only (a partitioned outbox's partitions share them), and a row
   // updated meanwhile is judged by its new version.
   const std::string condition = acknowledged + old_enough;
-  const std::string sql = "WITH gone AS (DELETE FROM " + name + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " + name +
-                          " WHERE " + condition + " LIMIT " + std::to_string(config_.retention_batch_size) +
-                          ")) AND " + condition + " RETURNING 1) SELECT count(*) FROM gone";
+  const std::string deleted_rows = "DELETE FROM " + name + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " + name +
+                                   " WHERE " + condition + " LIMIT " + std::to_string(config_.retention_batch_size) +
+                                   ")) AND " + condition;
+  std::string sql = "WITH gone AS (" + deleted_rows + " RETURNING 1) SELECT count(*) FROM gone";
+  if (!config_.retention_archive_schema.empty()) sql = co_await archiving_delete(conn, table, deleted_rows);
   const std::string qualified = table.qualified();
   const std::vector<std::string> no_params;
   std::int64_t deleted = 0;
@@ -328,6 +330,28 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
     co_await pause(10ms);  // room for the application between batches
   }
   if (deleted > 0) spdlog::info("retention: {} rows of {} deleted", deleted, qualified);
+}
+
+// The delete that moves its rows into table.retention.archive.schema's table
+// of the same name, in the one statement: a row is archived exactly when it is
+// deleted (a failed insert deletes nothing; the run says why and the next
+// tries again). The columns are the outbox table's as they are now, less those
+// the archive generates itself.
+asio::awaitable<std::string> OutboxRetention::archiving_delete(PgConnection& conn, const TableName& table,
+                                                               const std::string& deleted_rows) {
+  const std::string archive =
+      conn.quote_identifier(config_.retention_archive_schema) + "." + conn.quote_identifier(table.name);
+  auto cols = co_await conn.query(
+      "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = " +
+          conn.quote_literal(conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name)) +
+          "::regclass AND a.attnum > 0 AND NOT a.attisdropped AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute "
+          "b WHERE b.attrelid = " + conn.quote_literal(archive) + "::regclass AND b.attname = a.attname AND "
+          "b.attgenerated <> '') ORDER BY a.attnum",
+      std::vector<std::string>{}, 60s);
+  std::string list;
+  for (const auto& row : cols.rows) list += (list.empty() ? "" : ", ") + conn.quote_identifier(row[0].value_or(""));
+  co_return "WITH gone AS (" + deleted_rows + " RETURNING " + list + "), kept AS (INSERT INTO " + archive + " (" +
+      list + ") OVERRIDING SYSTEM VALUE SELECT " + list + " FROM gone RETURNING 1) SELECT count(*) FROM kept";
 }
 
 // The floors, less those of the tables (partitions) that hold rows from

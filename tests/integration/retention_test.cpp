@@ -81,6 +81,22 @@ std::map<long, int> seqs_of(const std::vector<KafkaRecord>& recs) {
   return out;
 }
 
+// The first SQL block after `marker` in docs/<page>, each `from` in it
+// replaced by its `to`: a procedure run from the page's own text.
+std::string sql_from_page(const std::string& page, const std::string& marker,
+                          const std::vector<std::pair<std::string, std::string>>& replacements) {
+  std::ifstream in(std::string(WALRELAY_SOURCE_DIR) + "/docs/" + page);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at_marker = text.find(marker);
+  REQUIRE(at_marker != std::string::npos);
+  const auto begin = text.find("```sql\n", at_marker) + 7;
+  std::string sql = text.substr(begin, text.find("```", begin) - begin);
+  for (const auto& [from, to] : replacements)
+    for (auto at = sql.find(from); at != std::string::npos; at = sql.find(from, at + to.size()))
+      sql.replace(at, from.size(), to);
+  return sql;
+}
+
 }  // namespace
 
 TEST_CASE("retention: rows acknowledged and older than table.retention.ms are deleted in batches while writers run "
@@ -752,16 +768,9 @@ TEST_CASE("retention: the deletes run as table.retention.user - without DELETE i
   create_outbox(f.db(), f.table, "bigint");
   const std::string role = f.slot + "_cleaner", password = "cl34n-" + f.slot;
   // quickstart.md's grant, from the page's own text.
-  std::ifstream page(std::string(WALRELAY_SOURCE_DIR) + "/docs/quickstart.md");
-  const std::string text((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
-  const auto marker = text.find("where retention keeps its floors):");
-  REQUIRE(marker != std::string::npos);
-  const auto begin = text.find("```sql\n", marker) + 7;
-  std::string grant = text.substr(begin, text.find("```", begin) - begin);
-  for (auto [from, to] : {std::pair<std::string, std::string>{"walrelay_cleaner", role}, {"'...'", "'" + password + "'"},
-                          {"public.outbox", f.table}})
-    for (auto at = grant.find(from); at != std::string::npos; at = grant.find(from, at + to.size()))
-      grant.replace(at, from.size(), to);
+  const std::string grant = sql_from_page("quickstart.md", "where retention keeps its floors):",
+                                          {{"walrelay_cleaner", role}, {"'...'", "'" + password + "'"},
+                                           {"public.outbox", f.table}});
   INFO(grant);
   f.db().exec(grant);
   struct DropRole {
@@ -1196,4 +1205,75 @@ TEST_CASE("retention: drop-partitions - a partition frozen by another slot's wal
   CHECK(is_attached(f, f.table + "_d3"));
   CHECK(relay.log().find("was frozen by the walrelay of another slot (other_slot): left to it") != std::string::npos);
   CHECK(runs_of(relay, "error") == 0);
+}
+
+TEST_CASE("retention: table.retention.archive.schema with delete - each deleted row moves into the archive's table of "
+          "the outbox's name in the statement that deletes it, only once sent - an archive table that cannot hold "
+          "the rows is refused by --check, and one that stops fitting fails the run and deletes nothing",
+          "[relay][retention]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string archive = f.slot + "_rows";
+  const std::string name = f.table.substr(f.table.find('.') + 1);
+  const std::string archived = archive + "." + name;
+  const std::string config =
+      retention_config(f, "table.retention.archive.schema=" + archive + "\nadmin.control.token=" + drop_controller + "\n");
+  // operations.md's archive, from the page's own text: the schema alone, then
+  // its table with a column that does not fit, then as the page makes it.
+  const std::string make_archive = sql_from_page("operations.md", "**Archive.**",
+                                                 {{"outbox_archive.outbox", archived}, {"outbox_archive", archive},
+                                                  {"public.outbox", f.table}});
+  INFO(make_archive);
+  const auto first_statement = make_archive.find(';') + 1;
+  f.db().exec(make_archive.substr(0, first_statement));
+  Walrelay missing(config);
+  CHECK(missing.run({"--check", "--config", missing.config_path()}) == 1);
+  CHECK(missing.log().find("table.retention.archive.schema: table \"" + archive + "\".\"" + name +
+                           "\" does not exist") != std::string::npos);
+  f.db().exec(make_archive.substr(first_statement) + "; ALTER TABLE " + archived + " ALTER COLUMN type TYPE varchar(20)");
+  Walrelay unfit(config);
+  CHECK(unfit.run({"--check", "--config", unfit.config_path()}) == 1);
+  CHECK(unfit.log().find("'s column \"type\" is character varying(20), not text as in " + f.table) !=
+        std::string::npos);
+  // The archive's own columns (archived_at) are welcome: a default fills them.
+  f.db().exec("ALTER TABLE " + archived + " ALTER COLUMN type TYPE text");
+  Walrelay relay(config);
+  CHECK(relay.run({"--check", "--config", relay.config_path()}) == 0);
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+
+  // Held back by a pause: nothing sent, so nothing deleted or archived.
+  REQUIRE(relay.request("POST", "/pause", drop_controller).status == 202);
+  REQUIRE(eventually([&] { return connector_state(relay) == "PAUSED"; }, 30s, 50ms));
+  for (long seq = 0; seq < 30; ++seq) insert_old(f.db(), f.table, "Kept", "k" + std::to_string(seq % 4), seq);
+  const double behind = runs_of(relay, "behind");
+  REQUIRE(eventually([&] { return runs_of(relay, "behind") >= behind + 3; }, 30s, 50ms));
+  CHECK(rows_in(f, f.table) == 30);
+  CHECK(rows_in(f, archived) == 0);
+  REQUIRE(relay.request("POST", "/resume", drop_controller).status == 202);
+  CHECK(seqs_of(read_all(f, f.topic("Kept"))).size() == 30);
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+  // Every row once in the archive, as it was in the outbox.
+  CHECK(rows_in(f, archived) == 30);
+  CHECK(f.db().scalar("SELECT count(DISTINCT (payload->>'seq')::int) FILTER (WHERE (payload->>'seq')::int BETWEEN 0 "
+                      "AND 29 AND aggregatetype = 'Kept' AND created_at < now() - interval '59 minutes' AND "
+                      "archived_at IS NOT NULL) FROM " + archived) == "30");
+  CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 30);
+
+  // A column the archive lacks: the run fails, names it, and deletes nothing.
+  f.db().exec("ALTER TABLE " + f.table + " ADD COLUMN note text");
+  for (long seq = 30; seq < 35; ++seq) insert_old(f.db(), f.table, "Kept", "k", seq);
+  CHECK(seqs_of(read_all(f, f.topic("Kept"))).size() == 35);
+  const double errors = runs_of(relay, "error");
+  REQUIRE(eventually([&] { return runs_of(relay, "error") >= errors + 2; }, 30s, 50ms));
+  CHECK(relay.log().find("column \"note\" of relation \"" + name + "\" does not exist") != std::string::npos);
+  CHECK(rows_in(f, f.table) == 5);
+  CHECK(rows_in(f, archived) == 30);
+  f.db().exec("ALTER TABLE " + archived + " ADD COLUMN note text");
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+  CHECK(rows_in(f, archived) == 35);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  f.db().exec("DROP SCHEMA " + archive + " CASCADE");
 }

@@ -210,12 +210,14 @@ TEST_CASE("config: the snapshot takes Debezium's keys - a mode, a fetch size, an
   CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.include.list=\n"
                   "message.prefix.include.list=outbox\n") == "table.retention.policy");
   CHECK(error_key("table.retention.interval.ms=10\n") == "table.retention.interval.ms");
-  // drop-partitions reads the age from the partitions' ranges; only it archives.
+  // drop-partitions reads the age from the partitions' ranges; both policies
+  // archive (whole partitions, or the deleted rows), none without a policy.
   CHECK(error_key("table.retention.policy=drop-partitions\n") == "(no error)");
   CHECK(error_key("table.retention.policy=drop-partitions\ntable.retention.archive.schema=outbox_archive\n") ==
         "(no error)");
   CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.retention.archive.schema=a\n") ==
-        "table.retention.archive.schema");
+        "(no error)");
+  CHECK(error_key("table.retention.archive.schema=a\n") == "table.retention.archive.schema");
   CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.retention.password=x\n") ==
         "table.retention.password");
   CHECK(error_key("snapshot.mode=initial\nsnapshot.select.statement.overrides.public.other=WHERE true\n") ==
