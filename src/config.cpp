@@ -885,6 +885,18 @@ void check_retention(Config& c) {
   if (c.table_include_list.empty())
     throw ConfigError("table.retention.policy", "it needs outbox tables (table.include.list is empty: "
                                                 "logical messages leave no rows to delete)");
+  if (!c.retention_archive_schema.empty() && c.retention_policy == RetentionPolicy::delete_rows) {
+    // The deleted rows of a table go to the archive table of its name.
+    std::set<std::string> names;
+    for (const auto& t : c.table_include_list) {
+      if (!names.insert(t.name).second)
+        throw ConfigError("table.retention.archive.schema", "two outbox tables are named \"" + t.name +
+                                                            "\": their deleted rows would share one archive table");
+      if (t.schema == c.retention_archive_schema)
+        throw ConfigError("table.retention.archive.schema", "it is the schema of the outbox table " + t.qualified() +
+                                                            ": its rows would be archived into the table itself");
+    }
+  }
   if (!c.retention_password.empty() && c.retention_user.empty())
     throw ConfigError("table.retention.password", "set without table.retention.user: the deletes would run as "
                                                   "database.user, and this password would be ignored");

@@ -481,6 +481,16 @@ asio::awaitable<void> check_retention_archive(PgConnection& conn, const Config& 
                                : " has no column " + column + " (" + row[1].value_or("") + ")") +
                        " as in " + table.qualified() + ": the deleted rows could not be moved there");
   }
+  // Its own columns are filled by their defaults: one that must be set and
+  // has none would refuse every row.
+  auto own = co_await conn.query(
+      "SELECT b.attname FROM pg_catalog.pg_attribute b WHERE b.attrelid = " + archive_oid.at(0, "oid").value_or("0") +
+      " AND b.attnum > 0 AND NOT b.attisdropped AND b.attnotnull AND NOT b.atthasdef AND b.attidentity = '' AND "
+      "b.attgenerated = '' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = " + oid +
+      " AND a.attname = b.attname AND NOT a.attisdropped)");
+  for (const auto& row : own.rows)
+    problems.push_back("table.retention.archive.schema: " + archive + "'s column \"" + row[0].value_or("") +
+                       "\" is NOT NULL without a default, and " + table.qualified() + " has no such column to fill it");
 }
 
 asio::awaitable<void> inspect_tables(PgConnection& conn, const Config& config,

@@ -182,7 +182,9 @@ asio::awaitable<void> OutboxRetention::run_loop() {
       co_await connect(conn, config_.conninfo(false));
       if (own_role) co_await connect(own, config_.retention_conninfo());
       co_await run_once(conn, deleter);
-    } catch (const PgError& e) {
+    } catch (const std::exception& e) {
+      // Whatever failed (the server's error, or an answer walrelay could not
+      // read), the next run tries again: retention never stops silently.
       run_ended("error", e.what());
       spdlog::warn("retention: {}; trying again in {} ms", e.what(), config_.retention_interval_ms);
       conn.close();
@@ -320,9 +322,15 @@ asio::awaitable<void> OutboxRetention::clean_table(PgConnection& conn, const Tab
   const std::string qualified = table.qualified();
   const std::vector<std::string> no_params;
   std::int64_t deleted = 0;
+  const bool archiving = !config_.retention_archive_schema.empty();
   while (may_delete(fence)) {
-    auto rows = co_await conn.query(sql, no_params, 70s);
-    const auto n = std::stoll(rows.at(0, "count").value_or("0"));
+    std::int64_t n = 0;
+    if (archiving) {
+      n = co_await archive_batch(conn, table, sql);
+    } else {
+      auto rows = co_await conn.query(sql, no_params, 70s);
+      n = std::stoll(rows.at(0, "count").value_or("0"));
+    }
     deleted += n;
     metrics_.retention_rows_deleted(qualified).Increment(static_cast<double>(n));
     table_status(table).rows_deleted += static_cast<std::uint64_t>(n);
@@ -351,7 +359,43 @@ asio::awaitable<std::string> OutboxRetention::archiving_delete(PgConnection& con
   std::string list;
   for (const auto& row : cols.rows) list += (list.empty() ? "" : ", ") + conn.quote_identifier(row[0].value_or(""));
   co_return "WITH gone AS (" + deleted_rows + " RETURNING " + list + "), kept AS (INSERT INTO " + archive + " (" +
-      list + ") OVERRIDING SYSTEM VALUE SELECT " + list + " FROM gone RETURNING 1) SELECT count(*) FROM kept";
+      list + ") OVERRIDING SYSTEM VALUE SELECT " + list + " FROM gone RETURNING 1) SELECT (SELECT count(*) FROM gone) "
+      "AS count, (SELECT count(*) FROM kept) AS kept";
+}
+
+// One batch of the archiving delete, in a transaction of its own: a row the
+// archive table did not keep (a trigger that returns NULL, a rule) rolls the
+// batch back, since a data-modifying WITH deletes whatever its INSERT does.
+// The server's message without its DETAIL, which can hold a whole row.
+asio::awaitable<std::int64_t> OutboxRetention::archive_batch(PgConnection& conn, const TableName& table,
+                                                            const std::string& sql) {
+  const std::vector<std::string> no_params;
+  co_await conn.query("BEGIN", no_params, 10s);
+  std::string failure, sqlstate;
+  std::int64_t deleted = 0, kept = 0;
+  try {
+    auto rows = co_await conn.query(sql, no_params, 70s);
+    deleted = std::stoll(rows.at(0, "count").value_or("0"));
+    kept = std::stoll(rows.at(0, "kept").value_or("0"));
+  } catch (const PgError& e) {
+    failure = e.primary().empty() ? std::string(e.what()) : e.primary();
+    failure = "moving rows of " + table.qualified() + " to the archive: " + failure.substr(0, failure.find('\n'));
+    sqlstate = e.sqlstate();
+  }
+  if (failure.empty() && kept != deleted)
+    failure = "the archive table " + config_.retention_archive_schema + "." + table.name + " kept " +
+              std::to_string(kept) + " of " + std::to_string(deleted) + " rows (a trigger or a rule on it?): nothing "
+              "of " + table.qualified() + " deleted";
+  if (!failure.empty()) {
+    try {
+      co_await conn.query("ROLLBACK", no_params, 10s);
+    } catch (const std::exception&) {
+      // The connection is gone: its transaction with it.
+    }
+    throw PgError(failure, sqlstate);
+  }
+  co_await conn.query("COMMIT", no_params, 10s);
+  co_return deleted;
 }
 
 // The floors, less those of the tables (partitions) that hold rows from

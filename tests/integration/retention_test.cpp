@@ -1235,8 +1235,12 @@ TEST_CASE("retention: table.retention.archive.schema with delete - each deleted 
   CHECK(unfit.run({"--check", "--config", unfit.config_path()}) == 1);
   CHECK(unfit.log().find("'s column \"type\" is character varying(20), not text as in " + f.table) !=
         std::string::npos);
+  f.db().exec("ALTER TABLE " + archived + " ALTER COLUMN type TYPE text, ADD COLUMN must text NOT NULL");
+  Walrelay unfilled(config);
+  CHECK(unfilled.run({"--check", "--config", unfilled.config_path()}) == 1);
+  CHECK(unfilled.log().find("'s column \"must\" is NOT NULL without a default") != std::string::npos);
   // The archive's own columns (archived_at) are welcome: a default fills them.
-  f.db().exec("ALTER TABLE " + archived + " ALTER COLUMN type TYPE text");
+  f.db().exec("ALTER TABLE " + archived + " DROP COLUMN must");
   Walrelay relay(config);
   CHECK(relay.run({"--check", "--config", relay.config_path()}) == 0);
   relay.start();
@@ -1273,6 +1277,22 @@ TEST_CASE("retention: table.retention.archive.schema with delete - each deleted 
   f.db().exec("ALTER TABLE " + archived + " ADD COLUMN note text");
   REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
   CHECK(rows_in(f, archived) == 35);
+
+  // A trigger that keeps no row: each batch rolls back, nothing is deleted.
+  f.db().exec("CREATE FUNCTION " + archive + ".keep_none() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; "
+              "END$$; CREATE TRIGGER keep_none BEFORE INSERT ON " + archived + " FOR EACH ROW EXECUTE FUNCTION " +
+              archive + ".keep_none()");
+  for (long seq = 35; seq < 38; ++seq) insert_old(f.db(), f.table, "Kept", "k", seq);
+  CHECK(seqs_of(read_all(f, f.topic("Kept"))).size() == 38);
+  const double more_errors = runs_of(relay, "error");
+  REQUIRE(eventually([&] { return runs_of(relay, "error") >= more_errors + 2; }, 30s, 50ms));
+  CHECK(relay.log().find("kept 0 of 3 rows (a trigger or a rule on it?)") != std::string::npos);
+  CHECK(rows_in(f, f.table) == 3);
+  CHECK(rows_in(f, archived) == 35);
+  f.db().exec("DROP TRIGGER keep_none ON " + archived);
+  REQUIRE(eventually([&] { return rows_in(f, f.table) == 0; }, 30s, 50ms));
+  CHECK(rows_in(f, archived) == 38);
+  CHECK(relay.metric("walrelay_retention_rows_deleted_total").value_or(0) == 38);
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
   f.db().exec("DROP SCHEMA " + archive + " CASCADE");

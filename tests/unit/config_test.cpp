@@ -218,6 +218,12 @@ TEST_CASE("config: the snapshot takes Debezium's keys - a mode, a fetch size, an
   CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.retention.archive.schema=a\n") ==
         "(no error)");
   CHECK(error_key("table.retention.archive.schema=a\n") == "table.retention.archive.schema");
+  // Deleted rows go to the archive table of their table's name: not the
+  // table itself, and not one table for two.
+  CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.retention.archive.schema=public\n") ==
+        "table.retention.archive.schema");
+  CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.retention.archive.schema=a\n"
+                  "table.include.list=s1.outbox,s2.outbox\n") == "table.retention.archive.schema");
   CHECK(error_key("table.retention.policy=delete\ntable.retention.ms=0\ntable.retention.password=x\n") ==
         "table.retention.password");
   CHECK(error_key("snapshot.mode=initial\nsnapshot.select.statement.overrides.public.other=WHERE true\n") ==

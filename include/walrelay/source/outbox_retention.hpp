@@ -71,6 +71,8 @@ class OutboxRetention {
   boost::asio::awaitable<bool> wait_until_passed(const Fence& fence);
   bool may_delete(const Fence& fence) const;
   boost::asio::awaitable<void> clean_table(PgConnection& conn, const TableName& table, const Fence& fence);
+  boost::asio::awaitable<std::int64_t> archive_batch(PgConnection& conn, const TableName& table,
+                                                     const std::string& sql);
   boost::asio::awaitable<std::string> archiving_delete(PgConnection& conn, const TableName& table,
                                                        const std::string& deleted_rows);
   boost::asio::awaitable<std::map<std::uint32_t, std::uint64_t>> floors_without_held(PgConnection& conn,
