@@ -4,7 +4,7 @@
 # only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|redis|all]   stop what start started (idempotent; pg: the
+#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|redis|http|all]   stop what start started (idempotent; pg: the
 #                                              standby too; all: the registry, NATS and RabbitMQ too)
 #   scripts/services.sh start registry         an Apicurio Registry (not part of `all`), below
 #   scripts/services.sh start nats             a nats-server with JetStream (not part of `all`), below
@@ -15,6 +15,9 @@
 #   scripts/services.sh start redis            a redis-server with AOF (not part of `all`), below
 #   scripts/services.sh redis-stop|redis-start   Redis only, back on its port with its data
 #                                              (the AOF: a server restart or outage)
+#   scripts/services.sh start http             tests/integration/http/receiver.py (not part of `all`): the
+#                                              http sink's endpoint; WALRELAY_TEST_HTTP=127.0.0.1:<port>
+#   scripts/services.sh http-stop|http-start   the receiver only, back on its port with its store
 #   scripts/services.sh rabbitmq-stop|rabbitmq-start   RabbitMQ only, back on its port with its
 #                                              durable exchanges and queues
 #   scripts/services.sh env                    print the env file (source it)
@@ -565,6 +568,34 @@ redis_start() {
 # redis_stop [keep-port]
 redis_stop() { daemon_stop redis WALRELAY_TEST_REDIS "${1:-}"; }
 
+http_running() { [[ -f "$RUN_DIR/http/pid" ]] && alive "$(cat "$RUN_DIR/http/pid")"; }
+
+# http_start [keep-port]: tests/integration/http/receiver.py, the endpoint of
+# walrelay's http sink in the tests (Python's standard library only), its
+# store in $RUN_DIR/http/store; keep-port comes back on the port of the one
+# stopped by `http-stop`, with its store.
+http_start() {
+  local d="$RUN_DIR/http" port kept=""
+  http_running && return 0
+  [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
+  mkdir -p "$d/store"
+  port=${kept:-$(free_port)}
+  python3 "$here/../tests/integration/http/receiver.py" --port "$port" --store "$d/store" \
+    </dev/null >"$d/receiver.log" 2>&1 &
+  echo $! > "$d/pid"
+  echo "$port" > "$d/port"
+  for _ in $(seq 1 100); do
+    if curl -sf -o /dev/null -I "http://127.0.0.1:$port/"; then return 0; fi
+    http_running || { tail -20 "$d/receiver.log" >&2; echo "services: the HTTP receiver died; see $d/receiver.log" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "services: the HTTP receiver did not answer in 10 s; see $d/receiver.log" >&2
+  return 1
+}
+
+# http_stop [keep-port]
+http_stop() { daemon_stop http WALRELAY_TEST_HTTP "${1:-}"; }
+
 RABBIT_BIN=/usr/lib/rabbitmq/bin
 rabbit_env() {
   local d="$RUN_DIR/rabbitmq" port; port=$(cat "$d/port")
@@ -665,6 +696,9 @@ write_env() {
     if [[ -f "$RUN_DIR/redis/port" ]]; then
       echo "export WALRELAY_TEST_REDIS=127.0.0.1:$(cat "$RUN_DIR/redis/port")"
     fi
+    if [[ -f "$RUN_DIR/http/port" ]]; then
+      echo "export WALRELAY_TEST_HTTP=127.0.0.1:$(cat "$RUN_DIR/http/port")"
+    fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
   } > "$env.tmp.$$"
   mv "$env.tmp.$$" "$env"
@@ -683,8 +717,8 @@ case "${1:-}" in
 esac
 
 what="${2:-all}"
-if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq|redis)$ ]]; then
-  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|redis|all]" >&2; exit 2
+if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq|redis|http)$ ]]; then
+  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|redis|http|all]" >&2; exit 2
 fi
 case "${1:-}" in
   start)
@@ -695,6 +729,7 @@ case "${1:-}" in
     [[ $what == nats ]] && nats_start
     [[ $what == rabbitmq ]] && rabbit_start
     [[ $what == redis ]] && redis_start
+    [[ $what == http ]] && http_start
     write_env
     sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
@@ -702,6 +737,7 @@ case "${1:-}" in
     [[ $what == all || $what == nats ]] && nats_stop
     [[ $what == all || $what == rabbitmq ]] && rabbit_stop
     [[ $what == all || $what == redis ]] && redis_stop
+    [[ $what == all || $what == http ]] && http_stop
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
@@ -715,6 +751,8 @@ case "${1:-}" in
   rabbitmq-start) rabbit_start keep-port && write_env ;;
   redis-stop) redis_stop keep-port ;;
   redis-start) redis_start keep-port && write_env ;;
+  http-stop) http_stop keep-port ;;
+  http-start) http_start keep-port && write_env ;;
   rabbitmqctl) shift; (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" "$@") ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
@@ -733,6 +771,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && alive "$(cat "$RUN_DIR/kafka/pid")" ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;  # the lock file stays: a waiter may hold it open
-  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | redis-stop | redis-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | redis-stop | redis-start | http-stop | http-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

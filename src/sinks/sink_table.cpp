@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "walrelay/config.hpp"
+#include "walrelay/sinks/http/http_sink.hpp"
 #include "walrelay/sinks/kafka/kafka_sink.hpp"
 #include "walrelay/sinks/nats/nats_sink.hpp"
 #include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
@@ -40,11 +41,18 @@ std::unique_ptr<Sink> make_redis(boost::asio::io_context& io, const Config& conf
 
 void validate_redis(const Config& config) { (void)redis_config(config); }
 
+std::unique_ptr<Sink> make_http(boost::asio::io_context& io, const Config& config) {
+  return std::make_unique<HttpSink>(io, http_config(config));
+}
+
+void validate_http(const Config& config) { (void)http_config(config); }
+
 const SinkKind kinds[] = {
     {"kafka", {}, validate_kafka, make_kafka},
     {"nats-jetstream", nats_jetstream_keys(), validate_nats, make_nats},
     {"rabbitmq", rabbitmq_keys(), validate_rabbitmq, make_rabbitmq},
     {"redis", redis_keys(), validate_redis, make_redis},
+    {"http", http_keys(), validate_http, make_http},
 };
 
 }  // namespace

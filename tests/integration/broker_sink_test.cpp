@@ -237,6 +237,65 @@ struct Redis {
   static void start() { Services::control("redis-start"); }
 };
 
+// The http sink: tests/integration/http/receiver.py (started by
+// scripts/services.sh) stores each POST it answers 2xx, by the path's topic;
+// read.py reads the store (at least once: receivers deduplicate by
+// Idempotency-Key).
+struct Http {
+  static constexpr bool deduplicates = false;
+  static constexpr bool reads_consume = false;  // a store: every read sees everything
+  static constexpr const char* sink = "http";
+  static constexpr const char* message_id_header = "message_id";  // Idempotency-Key (read.py)
+  static constexpr const char* ack_timeout_key = "timeout.ms";
+  static std::string address() {
+    static const bool started = [] {
+      Services::control("start http");
+      return true;
+    }();
+    (void)started;
+    auto a = Services::current("WALRELAY_TEST_HTTP");
+    REQUIRE_FALSE(a.empty());
+    return a;
+  }
+  static CommandResult py(const std::string& args) {
+    (void)address();
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/http/read.py " + args +
+                       " --store '" + Services::current("WALRELAY_RUN_DIR") + "/http/store' 2>&1");
+  }
+  // What reached the paths whose topic starts with `prefix`.
+  class Destination {
+   public:
+    explicit Destination(std::string prefix) : prefix_(std::move(prefix)) {}
+    ~Destination() { py("delete --prefix '" + prefix_ + "'"); }
+    Destination(const Destination&) = delete;
+    Destination& operator=(const Destination&) = delete;
+    std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
+      return records_of(py("read --prefix '" + prefix_ + "' --count " + std::to_string(at_least) + " --timeout " +
+                           std::to_string(timeout_s)));
+    }
+
+   private:
+    std::string prefix_;
+  };
+  static std::unique_ptr<Destination> topics(Fixture& f) { return std::make_unique<Destination>(f.topic_prefix); }
+  static std::string dead_letter_topic(Fixture& f) { return f.slot + "_dead"; }
+  static std::unique_ptr<Destination> dead_letters(Fixture& f) {
+    return std::make_unique<Destination>(dead_letter_topic(f));
+  }
+  static std::string config(Fixture& f, const std::string& extra = "") {
+    return without_kafka(f, "sink.type=http\nsink.http.url=http://" + address() + "/${topic}\n" + extra);
+  }
+  // A fault the receiver answers for the topics starting with `prefix`.
+  static void fault(const std::string& prefix, const std::string& args) {
+    auto r = py("fault --prefix '" + prefix + "' " + args);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+  }
+  static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/http/pid"; }
+  static void stop() { Services::control("http-stop"); }
+  static void start() { Services::control("http-start"); }
+};
+
 // Kafka in the same shape, for the tests of every sink: the fixture's
 // "Pause" topic, read with kcat (every read sees everything).
 struct Kafka {
@@ -375,7 +434,7 @@ std::uint64_t event_inside(Fixture& f, const std::string& type, const std::strin
 TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit order per key, with the event id as "
                    "the message id, its key and headers, persistent - never a rolled-back one - and /slot, /readyz "
                    "and /metrics name the sink",
-                   "[nats][rabbitmq][redis]", Nats, RabbitMq, Redis) {
+                   "[nats][rabbitmq][redis][http]", Nats, RabbitMq, Redis, Http) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);
@@ -404,7 +463,7 @@ TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit o
 }
 
 TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed event arrives, in order per key",
-                   "[nats][rabbitmq][redis][fault]", Nats, RabbitMq, Redis) {
+                   "[nats][rabbitmq][redis][http][fault]", Nats, RabbitMq, Redis, Http) {
   const long total = scaled(8000, 40000);
   const int kills = static_cast<int>(scaled(3, 8));
   const long inflight_limit = 500;
@@ -445,7 +504,7 @@ TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed
 
 TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the slot holds below an event written "
                    "meanwhile, /readyz names the sink, and afterwards every event is there, in order",
-                   "[nats][rabbitmq][redis][fault][solo]", Nats, RabbitMq, Redis) {
+                   "[nats][rabbitmq][redis][http][fault][solo]", Nats, RabbitMq, Redis, Http) {
   const long inflight_limit = 500;
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -490,7 +549,7 @@ TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the
 
 TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is "
                    "held back and RSS stays flat - thawed, everything arrives",
-                   "[nats][rabbitmq][redis][fault][solo]", Nats, RabbitMq, Redis) {
+                   "[nats][rabbitmq][redis][http][fault][solo]", Nats, RabbitMq, Redis, Http) {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
   Fixture f;
@@ -640,7 +699,7 @@ TEMPLATE_TEST_CASE("sinks: a message the broker refuses for good (over the strea
 }
 
 TEMPLATE_TEST_CASE("sinks: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
-                   "[nats][rabbitmq][redis][fault]", Nats, RabbitMq, Redis) {
+                   "[nats][rabbitmq][redis][http][fault]", Nats, RabbitMq, Redis, Http) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);

@@ -1,0 +1,188 @@
+#include "walrelay/sinks/http/http_config.hpp"
+
+#include <array>
+#include <cctype>
+#include <cstdlib>
+
+#include "walrelay/config.hpp"
+
+namespace walrelay {
+
+namespace {
+
+constexpr std::string_view prefix = "sink.http.";
+
+constexpr std::array<std::string_view, 22> keys = {
+    "url",
+    "timeout.ms",
+    "connection.timeout.ms",
+    "retries",
+    "retry.interval.ms",
+    "retry.after.max.ms",
+    "headers.prefix",
+    "headers.encode.base64",
+    "content.type",
+    "max.inflight.requests",
+    "max.pending",
+    "authentication.type",
+    "authentication.webhook.secret",
+    "authentication.bearer.token.env",
+    "authentication.basic.user",
+    "authentication.basic.password.env",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    // Debezium Server's, refused with the reason (below).
+    "batch.enabled",
+    "batch.max-size",
+};
+
+// A header name is a token (RFC 9110): the prefix must be one too.
+bool is_token(std::string_view s) {
+  for (unsigned char c : s)
+    if (!(std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
+      return false;
+  return true;
+}
+
+std::string from_environment(const std::string& key, const std::string& variable) {
+  const char* value = std::getenv(variable.c_str());
+  if (!value || !*value) throw ConfigError(key, "the environment variable " + variable + " is not set (or empty)");
+  return value;
+}
+
+}  // namespace
+
+std::span<const std::string_view> http_keys() { return keys; }
+
+HttpConfig http_config(const Config& config) {
+  HttpConfig h;
+  std::string bearer_env = "WALRELAY_HTTP_BEARER_TOKEN", basic_env = "WALRELAY_HTTP_PASSWORD";
+  for (auto& [key, v] : config.sink_settings) {
+    if (!key.starts_with(prefix)) continue;
+    const std::string_view k = std::string_view(key).substr(prefix.size());
+    if (k == "url") {
+      if (!v.starts_with("http://") && !v.starts_with("https://"))
+        throw ConfigError(key, "expected an http:// or https:// URL, got \"" + http_url_for_log(v) + "\"");
+      h.url = v;
+    } else if (k == "timeout.ms") {
+      h.timeout_ms = static_cast<int>(parse_int(key, v, 100, 3600000));
+    } else if (k == "connection.timeout.ms") {
+      h.connect_timeout_ms = static_cast<int>(parse_int(key, v, 100, 600000));
+    } else if (k == "retries") {
+      h.retries = static_cast<int>(parse_int(key, v, 0, 1000));
+    } else if (k == "retry.interval.ms") {
+      h.retry_interval_ms = static_cast<int>(parse_int(key, v, 1, 3600000));
+    } else if (k == "retry.after.max.ms") {
+      h.retry_after_max_ms = static_cast<int>(parse_int(key, v, 0, 86400000));
+    } else if (k == "headers.prefix") {
+      if (!is_token(v)) throw ConfigError(key, "\"" + v + "\" cannot start a header name (letters, digits, -_. ...)");
+      h.headers_prefix = v;
+    } else if (k == "headers.encode.base64") {
+      h.headers_encode_base64 = parse_bool(key, v);
+    } else if (k == "content.type") {
+      if (v.empty() || v.find_first_of("\r\n") != std::string::npos) throw ConfigError(key, "not a content type");
+      h.content_type = v;
+    } else if (k == "max.inflight.requests") {
+      h.max_inflight_requests = static_cast<int>(parse_int(key, v, 1, 1024));
+    } else if (k == "max.pending") {
+      h.max_pending = static_cast<int>(parse_int(key, v, 1, 1000000));
+    } else if (k == "authentication.type") {
+      if (v == "none") h.authentication = HttpAuthentication::none;
+      else if (v == "standard-webhooks") h.authentication = HttpAuthentication::standard_webhooks;
+      else if (v == "bearer") h.authentication = HttpAuthentication::bearer;
+      else if (v == "basic") h.authentication = HttpAuthentication::basic;
+      else if (v == "jwt" || v == "oauth2")
+        throw ConfigError(key, v + " (Debezium Server's token exchange) is not in walrelay: use bearer with a token "
+                               "your platform renews in the environment, or standard-webhooks");
+      else
+        throw ConfigError(key, "expected none, standard-webhooks, bearer or basic, got \"" + v + "\"");
+    } else if (k == "authentication.webhook.secret") {
+      h.webhook_secret = v;
+    } else if (k == "authentication.bearer.token.env") {
+      bearer_env = v;
+    } else if (k == "authentication.basic.user") {
+      h.basic_user = v;
+    } else if (k == "authentication.basic.password.env") {
+      basic_env = v;
+    } else if (k == "ssl.ca.location") {
+      h.ssl_ca_location = v;
+    } else if (k == "ssl.certificate.location") {
+      h.ssl_certificate_location = v;
+    } else if (k == "ssl.key.location") {
+      h.ssl_key_location = v;
+    } else if (k == "ssl.key.password") {
+      h.ssl_key_password = v;
+    } else if (k == "batch.enabled") {
+      if (parse_bool(key, v))
+        throw ConfigError(key, "batches (a JSON array per request) are not in this build: each event is its own "
+                               "POST, up to max.inflight.requests at once");
+    } else if (k == "batch.max-size") {
+      throw ConfigError(key, "batches are not in this build (sink.http.batch.enabled); remove the key");
+    } else {
+      throw ConfigError(key, "unknown key of the http sink");
+    }
+  }
+  if (h.url.empty()) throw ConfigError("sink.http.url", "sink.type=http needs the URL to POST the events to");
+  switch (h.authentication) {
+    case HttpAuthentication::standard_webhooks:
+      if (!h.webhook_secret.starts_with("whsec_") || h.webhook_secret.size() < 16)
+        throw ConfigError("sink.http.authentication.webhook.secret",
+                          "standard-webhooks needs a secret whsec_<base64 of 24 to 64 random bytes>");
+      break;
+    case HttpAuthentication::bearer:
+      h.bearer_token = from_environment("sink.http.authentication.bearer.token.env", bearer_env);
+      break;
+    case HttpAuthentication::basic:
+      if (h.basic_user.empty())
+        throw ConfigError("sink.http.authentication.basic.user", "authentication.type=basic needs a user");
+      h.basic_password = from_environment("sink.http.authentication.basic.password.env", basic_env);
+      break;
+    case HttpAuthentication::none:
+      break;
+  }
+  if (!h.webhook_secret.empty() && h.authentication != HttpAuthentication::standard_webhooks)
+    throw ConfigError("sink.http.authentication.webhook.secret",
+                      "set without sink.http.authentication.type=standard-webhooks: nothing would be signed");
+  if (h.ssl_key_location.empty() != h.ssl_certificate_location.empty())
+    throw ConfigError(h.ssl_key_location.empty() ? "sink.http.ssl.certificate.location" : "sink.http.ssl.key.location",
+                      "a client certificate needs both ssl.certificate.location and ssl.key.location");
+  return h;
+}
+
+std::string http_url(const HttpConfig& config, std::string_view topic) {
+  std::string out;
+  const std::string_view tpl = config.url;
+  constexpr std::string_view placeholder = "${topic}";
+  std::size_t at = 0;
+  while (true) {
+    const auto next = tpl.find(placeholder, at);
+    out.append(tpl.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at));
+    if (next == std::string_view::npos) break;
+    // A topic is a path segment: what would end or escape it is escaped.
+    for (unsigned char c : topic) {
+      if (std::isalnum(c) || std::string_view("-._~").find(static_cast<char>(c)) != std::string_view::npos) {
+        out.push_back(static_cast<char>(c));
+      } else {
+        static const char hex[] = "0123456789ABCDEF";
+        out.push_back('%');
+        out.push_back(hex[c >> 4]);
+        out.push_back(hex[c & 15]);
+      }
+    }
+    at = next + placeholder.size();
+  }
+  return out;
+}
+
+std::string http_url_for_log(std::string_view url) {
+  const auto scheme = url.find("://");
+  if (scheme == std::string_view::npos) return std::string(url);
+  const auto host_end = url.find_first_of("/?#", scheme + 3);
+  const auto at = url.substr(0, host_end).rfind('@');
+  if (at == std::string_view::npos || at < scheme) return std::string(url);
+  return std::string(url.substr(0, scheme + 3)) + "***@" + std::string(url.substr(at + 1));
+}
+
+}  // namespace walrelay

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Reads what receiver.py stored, for the tests, as JSON lines shaped like the
+other brokers' readers: subject (the path's topic), seq (arrival order),
+data (the body), headers (the record's, their prefix and base64 undone; the
+key as `key`), message_id (Idempotency-Key), and signature_ok when --secret
+is given (Standard Webhooks, checked here with Python's hmac).
+
+  read.py read --store DIR --prefix P [--count N] [--timeout S] [--secret whsec_...]
+  read.py attempts --store DIR --prefix P    every attempt, answered or not
+  read.py fault --store DIR --prefix P --status N [--count N] [--retry-after S] [--match TEXT] [--delay-ms N] [--reply TEXT]
+  read.py delete --store DIR --prefix P
+"""
+import argparse
+import base64
+import glob
+import hashlib
+import hmac
+import json
+import os
+import sys
+import time
+
+PREFIX = "x-debezium-"
+
+
+def load(store, prefix, suffix):
+    out = []
+    for path in glob.glob(os.path.join(glob.escape(store), glob.escape(prefix) + "*" + suffix)):
+        if suffix == ".jsonl" and path.endswith(".attempts.jsonl"):
+            continue
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    out.append(json.loads(line))
+    out.sort(key=lambda r: r["seq"])
+    return out
+
+
+def signature_ok(secret, headers, body):
+    key = base64.b64decode(secret[len("whsec_"):])
+    h = {k.lower(): v for k, v in headers.items()}
+    signed = "%s.%s.%s" % (h.get("webhook-id", ""), h.get("webhook-timestamp", ""), body)
+    expected = base64.b64encode(hmac.new(key, signed.encode(), hashlib.sha256).digest()).decode()
+    given = [s.split(",", 1)[1] for s in h.get("webhook-signature", "").split(" ") if s.startswith("v1,")]
+    return any(hmac.compare_digest(expected, g) for g in given)
+
+
+def shaped(rec, secret):
+    headers = {}
+    for name, value in rec["headers"].items():
+        if name.lower().startswith(PREFIX):
+            try:
+                value = base64.b64decode(value, validate=True).decode("utf-8")
+            except ValueError:
+                pass
+            headers[name[len(PREFIX):]] = value
+        elif name.lower().startswith("ce-"):
+            headers["ce_" + name[3:].lower()] = value
+        else:
+            headers[name.lower()] = value
+    out = {"subject": rec["topic"], "seq": rec["seq"], "data": rec["body"], "headers": headers,
+           "message_id": rec["headers"].get("Idempotency-Key")}
+    if secret:
+        out["signature_ok"] = signature_ok(secret, rec["headers"], rec["body"])
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["read", "attempts", "fault", "delete"])
+    p.add_argument("--store", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--count", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--secret")
+    p.add_argument("--status", type=int)
+    p.add_argument("--retry-after")
+    p.add_argument("--match")
+    p.add_argument("--delay-ms", type=int)
+    p.add_argument("--reply")
+    a = p.parse_args()
+    if a.command == "delete":
+        for path in glob.glob(os.path.join(glob.escape(a.store), glob.escape(a.prefix) + "*.jsonl")):
+            os.unlink(path)
+        return
+    if a.command == "fault":
+        path = os.path.join(a.store, "faults.json")
+        try:
+            with open(path) as f:
+                rules = json.load(f)
+        except (OSError, ValueError):
+            rules = []
+        rule = {"prefix": a.prefix, "status": a.status, "count": a.count if a.count else -1}
+        for name in ("retry_after", "match", "delay_ms", "reply"):
+            if getattr(a, name) is not None:
+                rule[name] = getattr(a, name)
+        rules.append(rule)
+        with open(path + ".tmp", "w") as f:
+            json.dump(rules, f)
+        os.replace(path + ".tmp", path)
+        return
+    if a.command == "attempts":
+        for rec in load(a.store, a.prefix, ".attempts.jsonl"):
+            print(json.dumps(rec))
+        return
+    deadline = time.time() + a.timeout
+    recs = load(a.store, a.prefix, ".jsonl")
+    while len(recs) < a.count and time.time() < deadline:
+        time.sleep(0.2)
+        recs = load(a.store, a.prefix, ".jsonl")
+    for rec in recs:
+        print(json.dumps(shaped(rec, a.secret)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
