@@ -1751,3 +1751,153 @@ TEST_CASE("sinks: Redis - events a configuration change adds to a transaction se
   CHECK(relay->log().find("id_conflict") != std::string::npos);
   CHECK(f.db().confirmed_flush(f.slot) <= before);
 }
+
+namespace {
+
+// read.py's lines for the topics starting with `prefix`, as JSON.
+std::vector<json> http_lines(const std::string& command, const std::string& prefix, const std::string& extra = "") {
+  auto r = Http::py(command + " --prefix '" + prefix + "' " + extra);
+  INFO(r.output.substr(0, 2000));
+  REQUIRE(r.status == 0);
+  std::vector<json> out;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("http: 503 and 429 are tried again in place - the key's later events wait behind, the Retry-After is "
+          "honoured, nothing is lost, nothing sent twice, and the slot waits for the 2xx",
+          "[http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Http::topics(f);
+  // Two 503s, then a 429 asking for 2 s, for the first requests of the topic.
+  Http::fault(f.topic("Retry"), "--status 503 --count 2");
+  Http::fault(f.topic("Retry"), "--status 429 --count 1 --retry-after 2");
+  Walrelay relay(Http::config(f, "sink.http.retry.interval.ms=200\n"));
+  relay.start();
+  relay.wait_streaming();
+  const auto before = f.db().current_wal_lsn();
+  for (int seq = 1; seq <= 3; ++seq)
+    f.db().exec(insert_event(f.table, "Retry", "a", "jsonb_build_object('seq', " + std::to_string(seq) + ")"));
+  // While the first event waits out its Retry-After, nothing is confirmed past it.
+  REQUIRE(eventually([&] { return http_lines("attempts", f.topic("Retry")).size() >= 3; }, 30s, 50ms));
+  CHECK(f.db().confirmed_flush(f.slot) <= before);
+  auto recs = read_settled(f, *to);
+  check_delivered<Http>(f, recs, 3);
+  REQUIRE(recs.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(recs[i].value->find("\"seq\": " + std::to_string(i + 1)) != std::string::npos);
+  // The attempts: 503, 503, 429, then the three 200s, one at a time.
+  auto attempts = http_lines("attempts", f.topic("Retry"));
+  REQUIRE(attempts.size() == 6);
+  std::vector<int> statuses;
+  for (auto& a : attempts) statuses.push_back(a["status"].get<int>());
+  CHECK(statuses == std::vector<int>{503, 503, 429, 200, 200, 200});
+  for (int i = 0; i < 4; ++i)  // the first event's four attempts carry one Idempotency-Key
+    CHECK(attempts[i]["headers"]["Idempotency-Key"] == attempts[0]["headers"]["Idempotency-Key"]);
+  CHECK(attempts[3]["t"].get<double>() - attempts[2]["t"].get<double>() >= 1.9);  // Retry-After: 2
+  CHECK(attempts[1]["t"].get<double>() - attempts[0]["t"].get<double>() >= 0.19);  // retry.interval.ms
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+}
+
+TEST_CASE("http: a 4xx is the record's own - dead-lettered to the dead-letter topic's URL with the status and the "
+          "answer, the others go on in order - a 401 halts naming it, never dead-lettered",
+          "[http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Http::topics(f);
+  auto dead = Http::dead_letters(f);
+  Http::fault(f.topic("Order"), "--status 422 --match '\"seq\": 2' --reply 'amount: not a number'");
+  Walrelay relay(Http::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                     Http::dead_letter_topic(f) + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  for (int seq = 1; seq <= 3; ++seq)
+    f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', " + std::to_string(seq) + ")"));
+  auto refused_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE payload->>'seq' = '2'");
+  auto recs = read_settled(f, *to);
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0].value->find("\"seq\": 1") != std::string::npos);
+  CHECK(recs[1].value->find("\"seq\": 3") != std::string::npos);
+  auto dead_recs = dead->read(1);
+  REQUIRE(dead_recs.size() == 1);
+  CHECK(dead_recs[0].header("id") == refused_id);
+  CHECK(dead_recs[0].key == std::optional<std::string>("a"));
+  CHECK(dead_recs[0].value->find("\"seq\": 2") != std::string::npos);
+  CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("http_422"));
+  CHECK(dead_recs[0].header("__connect.errors.exception.message").value_or("").find("answered 422: amount: not a "
+                                                                                      "number") != std::string::npos);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+
+  // Walrelay's credentials refused: a halt that names the answer, no copy.
+  Http::fault(f.topic("Denied"), "--status 401 --reply 'bad token'");
+  Walrelay denied(Http::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                      Http::dead_letter_topic(f) + "\n"));
+  denied.start();
+  denied.wait_streaming();
+  const auto before = f.db().current_wal_lsn();
+  f.db().exec(insert_event(f.table, "Denied", "a", "jsonb_build_object('seq', 4)"));
+  CHECK(denied.wait_exit(60s) != 0);
+  CHECK(denied.log().find("answered 401: bad token") != std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) <= before);
+  CHECK(dead->read().size() == 1);
+}
+
+TEST_CASE("http: Standard Webhooks signatures that the receiver's own HMAC check accepts, the event id as "
+          "Idempotency-Key and webhook-id, CloudEvents binary attributes as ce- headers, the record's headers "
+          "under the prefix - and --check reaches the endpoint or says why not",
+          "[http]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Http::topics(f);
+  const std::string secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  Walrelay relay(Http::config(f, "sink.http.authentication.type=standard-webhooks\n"
+                                 "sink.http.authentication.webhook.secret=" + secret + "\ncloudevents.mode=binary\n"
+                                 "cloudevents.source=/orders\nsink.http.headers.prefix=X-Outbox-\n"
+                                 "sink.http.headers.encode.base64=false\n"));
+  CHECK(relay.run({"--check", "--config", relay.config_path()}) == 0);
+  relay.start();
+  relay.wait_streaming();
+  for (int seq = 1; seq <= 5; ++seq)
+    f.db().exec(insert_event(f.table, "Signed", "k" + std::to_string(seq % 2),
+                             "jsonb_build_object('seq', " + std::to_string(seq) + ")"));
+  (void)read_settled(f, *to);
+  auto lines = http_lines("read", f.topic("Signed"), "--count 5 --secret " + secret);
+  REQUIRE(lines.size() == 5);
+  for (auto& l : lines) {
+    INFO(l.dump());
+    CHECK(l["signature_ok"] == true);
+    auto& h = l["headers"];
+    CHECK(h["webhook-id"] == l["message_id"]);
+    CHECK(h["ce_id"] == l["message_id"]);
+    CHECK(h["ce_source"] == "/orders");
+    CHECK(h["ce_type"] == "Created");
+    CHECK(h["ce_specversion"] == "1.0");
+    CHECK(h["content-type"].get<std::string>().find("application/json") == 0);
+    CHECK(h["x-outbox-key"].get<std::string>().rfind("k", 0) == 0);
+    CHECK(h["x-outbox-id"] == l["message_id"]);
+  }
+  // A body changed on the way fails the same check.
+  {
+    const std::string stored = Services::current("WALRELAY_RUN_DIR") + "/http/store/" + f.topic("Signed") + ".jsonl";
+    std::ifstream in(stored);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const std::string from = "\\\"seq\\\": ", to = "\\\"seq\\\": 9";  // in each body's JSON text
+    for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+    std::ofstream(stored, std::ios::trunc) << text;
+  }
+  for (auto& l : http_lines("read", f.topic("Signed"), "--secret " + secret)) CHECK(l["signature_ok"] == false);
+  // Nothing listening: --check says where and why.
+  Walrelay nowhere(with_key(Http::config(f), "sink.http.url", "http://127.0.0.1:1/${topic}"));
+  CHECK(nowhere.run({"--check", "--config", nowhere.config_path()}) != 0);
+  CHECK(nowhere.log().find("HEAD http://127.0.0.1:1/walrelay-check") != std::string::npos);
+}
