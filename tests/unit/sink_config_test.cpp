@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "walrelay/config.hpp"
+#include "walrelay/sinks/http/http_config.hpp"
 #include "walrelay/sinks/nats/nats_config.hpp"
 #include "walrelay/sinks/redis/redis_config.hpp"
 
@@ -49,7 +50,7 @@ TEST_CASE("sink config: kafka is the default, nats-jetstream takes Debezium Serv
 }
 
 TEST_CASE("sink config: what a sink does not take is refused, naming the key and why", "[config][sink]") {
-  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream, rabbitmq or redis") !=
+  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream, rabbitmq, redis or http") !=
         std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nkafka.bootstrap.servers=x:1\n")
             .find("kafka.bootstrap.servers: sink.type is nats-jetstream") != std::string::npos);
@@ -106,5 +107,40 @@ TEST_CASE("sink config: redis takes Debezium Server's keys (address, password fr
   CHECK(error_of("sink.type=redis\nsink.redis.user=u\n").find("sink.redis.user: a user needs sink.redis.password") !=
         std::string::npos);
   CHECK(error_of("sink.type=redis\nexactly.once.support=required\n").find("exactly.once.support:") !=
+        std::string::npos);
+}
+
+TEST_CASE("sink config: http takes Debezium Server's keys (url, timeout.ms, retries, headers.prefix, standard-webhooks) "
+          "and walrelay's, credentials from the environment and masked, and refuses what it does not do naming why",
+          "[config][sink]") {
+  const std::string base = "sink.type=http\nsink.http.url=https://hooks.internal/in/${topic}\n";
+  auto c = parse_config(base + "sink.http.authentication.type=bearer\nsink.http.retries=2\n", "t",
+                        {"WALRELAY_SINK_HTTP_AUTHENTICATION_BEARER_TOKEN=t0k3n-s3cret"});
+  auto h = http_config(c);
+  CHECK(h.bearer_token == "t0k3n-s3cret");
+  CHECK(c.describe().find("t0k3n-s3cret") == std::string::npos);
+  CHECK(h.retries == 2);
+  CHECK(h.timeout_ms == 60000);
+  CHECK(h.headers_prefix == "X-DEBEZIUM-");
+  CHECK(h.headers_encode_base64);
+  CHECK(http_url(h, "outbox.event.Order") == "https://hooks.internal/in/outbox.event.Order");
+  CHECK(http_url(h, "a/b c") == "https://hooks.internal/in/a%2Fb%20c");  // one path segment
+  CHECK(http_url_for_log("https://user:pw@hooks.internal/in") == "https://***@hooks.internal/in");
+  CHECK(http_url_for_log("https://hooks.internal/a@b") == "https://hooks.internal/a@b");
+  CHECK(error_of("sink.type=http\n").find("sink.http.url: sink.type=http needs the URL") != std::string::npos);
+  CHECK(error_of("sink.type=http\nsink.http.url=ftp://x/\n").find("sink.http.url: expected an http") !=
+        std::string::npos);
+  CHECK(error_of(base + "sink.http.batch.enabled=true\n").find("sink.http.batch.enabled: batches") != std::string::npos);
+  CHECK(error_of(base + "sink.http.authentication.type=jwt\n").find("not in walrelay") != std::string::npos);
+  CHECK(error_of(base + "sink.http.authentication.type=standard-webhooks\nsink.http.authentication.webhook.secret=x\n")
+            .find("whsec_") != std::string::npos);
+  CHECK(error_of(base + "sink.http.authentication.webhook.secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
+            .find("nothing would be signed") != std::string::npos);
+  CHECK(error_of(base + "sink.http.authentication.type=basic\nsink.http.authentication.basic.user=u\n")
+            .find("sink.http.authentication.basic.password:") != std::string::npos);
+  CHECK(error_of(base + "sink.http.headers.prefix=X Bad:\n").find("sink.http.headers.prefix") != std::string::npos);
+  CHECK(error_of(base + "sink.http.ssl.key.location=/k.pem\n").find("sink.http.ssl.certificate.location") !=
+        std::string::npos);
+  CHECK(error_of(base + "sink.http.nonsense=1\n").find("sink.http.nonsense: unknown key of the http sink") !=
         std::string::npos);
 }

@@ -2,7 +2,6 @@
 
 #include <array>
 #include <cctype>
-#include <cstdlib>
 
 #include "walrelay/config.hpp"
 
@@ -26,9 +25,9 @@ constexpr std::array<std::string_view, 22> keys = {
     "max.pending",
     "authentication.type",
     "authentication.webhook.secret",
-    "authentication.bearer.token.env",
+    "authentication.bearer.token",
     "authentication.basic.user",
-    "authentication.basic.password.env",
+    "authentication.basic.password",
     "ssl.ca.location",
     "ssl.certificate.location",
     "ssl.key.location",
@@ -46,19 +45,12 @@ bool is_token(std::string_view s) {
   return true;
 }
 
-std::string from_environment(const std::string& key, const std::string& variable) {
-  const char* value = std::getenv(variable.c_str());
-  if (!value || !*value) throw ConfigError(key, "the environment variable " + variable + " is not set (or empty)");
-  return value;
-}
-
 }  // namespace
 
 std::span<const std::string_view> http_keys() { return keys; }
 
 HttpConfig http_config(const Config& config) {
   HttpConfig h;
-  std::string bearer_env = "WALRELAY_HTTP_BEARER_TOKEN", basic_env = "WALRELAY_HTTP_PASSWORD";
   for (auto& [key, v] : config.sink_settings) {
     if (!key.starts_with(prefix)) continue;
     const std::string_view k = std::string_view(key).substr(prefix.size());
@@ -100,12 +92,12 @@ HttpConfig http_config(const Config& config) {
         throw ConfigError(key, "expected none, standard-webhooks, bearer or basic, got \"" + v + "\"");
     } else if (k == "authentication.webhook.secret") {
       h.webhook_secret = v;
-    } else if (k == "authentication.bearer.token.env") {
-      bearer_env = v;
+    } else if (k == "authentication.bearer.token") {
+      h.bearer_token = v;
     } else if (k == "authentication.basic.user") {
       h.basic_user = v;
-    } else if (k == "authentication.basic.password.env") {
-      basic_env = v;
+    } else if (k == "authentication.basic.password") {
+      h.basic_password = v;
     } else if (k == "ssl.ca.location") {
       h.ssl_ca_location = v;
     } else if (k == "ssl.certificate.location") {
@@ -132,12 +124,16 @@ HttpConfig http_config(const Config& config) {
                           "standard-webhooks needs a secret whsec_<base64 of 24 to 64 random bytes>");
       break;
     case HttpAuthentication::bearer:
-      h.bearer_token = from_environment("sink.http.authentication.bearer.token.env", bearer_env);
+      if (h.bearer_token.empty())
+        throw ConfigError("sink.http.authentication.bearer.token", "authentication.type=bearer needs the token (from "
+                                                                   "WALRELAY_SINK_HTTP_AUTHENTICATION_BEARER_TOKEN)");
       break;
     case HttpAuthentication::basic:
-      if (h.basic_user.empty())
-        throw ConfigError("sink.http.authentication.basic.user", "authentication.type=basic needs a user");
-      h.basic_password = from_environment("sink.http.authentication.basic.password.env", basic_env);
+      if (h.basic_user.empty() || h.basic_password.empty())
+        throw ConfigError(h.basic_user.empty() ? "sink.http.authentication.basic.user"
+                                               : "sink.http.authentication.basic.password",
+                          "authentication.type=basic needs a user and a password (the password from "
+                          "WALRELAY_SINK_HTTP_AUTHENTICATION_BASIC_PASSWORD)");
       break;
     case HttpAuthentication::none:
       break;
@@ -146,7 +142,7 @@ HttpConfig http_config(const Config& config) {
     throw ConfigError("sink.http.authentication.webhook.secret",
                       "set without sink.http.authentication.type=standard-webhooks: nothing would be signed");
   if (h.ssl_key_location.empty() != h.ssl_certificate_location.empty())
-    throw ConfigError(h.ssl_key_location.empty() ? "sink.http.ssl.certificate.location" : "sink.http.ssl.key.location",
+    throw ConfigError(h.ssl_key_location.empty() ? "sink.http.ssl.key.location" : "sink.http.ssl.certificate.location",
                       "a client certificate needs both ssl.certificate.location and ssl.key.location");
   return h;
 }

@@ -1,7 +1,8 @@
 // sink.type=http: Debezium Server's keys (debezium.sink.http.*) without the
 // `debezium.` prefix where it has them, walrelay's own for the in-flight
-// bounds, TLS (librdkafka's names, as kafka.* uses them) and credentials
-// read from the environment.
+// bounds, TLS (librdkafka's names, as kafka.* uses them), bearer and basic
+// credentials (secrets: from the environment as any key, masked in
+// --print-config).
 #pragma once
 
 #include <span>
@@ -30,9 +31,9 @@ struct HttpConfig {
   int max_pending = 4096;          // max.pending: records submitted and not yet answered
   HttpAuthentication authentication = HttpAuthentication::none;  // authentication.type
   std::string webhook_secret;      // authentication.webhook.secret (whsec_<base64>): Standard Webhooks
-  std::string bearer_token;        // from the variable authentication.bearer.token.env names
+  std::string bearer_token;        // authentication.bearer.token
   std::string basic_user;          // authentication.basic.user
-  std::string basic_password;      // from the variable authentication.basic.password.env names
+  std::string basic_password;      // authentication.basic.password
   std::string ssl_ca_location;     // ssl.ca.location: CA bundle for https (default: the system's)
   std::string ssl_certificate_location;  // ssl.certificate.location: client certificate (PEM)
   std::string ssl_key_location;    // ssl.key.location: its key (PEM)
