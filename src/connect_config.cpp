@@ -341,7 +341,8 @@ std::set<std::string> unwrap_debezium_server(Translation& tr) {
     else if (s.key.starts_with("debezium.transforms")) s.key = s.key.substr(9);
     else if (s.key.starts_with("debezium.sink.kafka.producer.")) s.key = "kafka." + s.key.substr(29);
     else if (s.key == "debezium.sink.type" || s.key.starts_with("debezium.sink.nats-jetstream.") ||
-             s.key.starts_with("debezium.sink.rabbitmq."))
+             s.key.starts_with("debezium.sink.rabbitmq.") || s.key.starts_with("debezium.sink.redis.") ||
+             s.key.starts_with("debezium.sink.http."))
       s.key = s.key.substr(9);
     else if (s.key.starts_with("producer.override.")) s.key = "kafka." + s.key.substr(18);
   }

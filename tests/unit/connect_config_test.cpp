@@ -143,6 +143,18 @@ TEST_CASE("connect config: Debezium Server's application.properties", "[config]"
                         "application.properties", {});
   CHECK(r.sink_type == "rabbitmq");
   CHECK(r.sink_settings.at("sink.rabbitmq.exchange") == "outbox");
+  // Redis and HTTP too (they were refused as unknown keys before).
+  auto redis = parse_config("debezium.sink.type=redis\ndebezium.sink.redis.address=cache:6379\n",
+                            "application.properties", {});
+  CHECK(redis.sink_type == "redis");
+  CHECK(redis.sink_settings.at("sink.redis.address") == "cache:6379");
+  auto http = parse_config("debezium.sink.type=http\ndebezium.sink.http.url=https://hooks/in\n"
+                           "debezium.sink.http.retries=3\ndebezium.sink.http.authentication.type=standard-webhooks\n"
+                           "debezium.sink.http.authentication.webhook.secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+                           "application.properties", {});
+  CHECK(http.sink_type == "http");
+  CHECK(http.sink_settings.at("sink.http.retries") == "3");
+  CHECK(http.describe().find("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw") == std::string::npos);
 }
 
 TEST_CASE("connect config: the documentation's placeholder, other transforms and predicates are refused naming them",
