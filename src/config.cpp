@@ -5,6 +5,7 @@
 
 #include "walrelay/connect_config.hpp"
 #include "walrelay/mutation.hpp"
+#include "walrelay/sinks/http/http_config.hpp"
 #include "walrelay/sinks/sink_table.hpp"
 
 #include <algorithm>
@@ -974,6 +975,9 @@ std::string redact_url(const std::string& text) {
 std::string shown_setting(const std::string& key, const std::string& value) {
   if (mutation::active(mutation::Break::secrets_shown)) return value;
   if (is_secret_key(key)) return value.empty() ? value : "********";
+  // A webhook URL often holds its secret in its path or query (Slack's,
+  // Teams', Azure Functions' ?code=): only its scheme, host and port show.
+  if (key == "sink.http.url") return http_url_for_log(value);
   return redact_url(value);
 }
 

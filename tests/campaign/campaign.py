@@ -2,7 +2,7 @@
 """The fault campaign (issue #38): every outbox shape, faults at random
 moments, one checker of the whole history, for one sink and mode.
 
-  campaign.py --sink kafka|kafka-eos|nats|rabbitmq|redis [--seed N] [--duration S] [--no-faults]
+  campaign.py --sink kafka|kafka-eos|nats|rabbitmq|redis|http [--seed N] [--duration S] [--no-faults]
 
 Runs on the `campaign` services group's servers (WALRELAY_SERVICES_GROUP,
 default `campaign`; start them with `scripts/services.sh start`, and `start
@@ -319,7 +319,7 @@ class Campaign:
         self.dir = args.workdir or f"/tmp/walrelay-campaign-{self.name}"
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
-        if args.sink in ("nats", "rabbitmq", "redis"):
+        if args.sink in ("nats", "rabbitmq", "redis", "http"):
             # On demand, as the sink tests start theirs (`stop` stops them).
             subprocess.run([f"{ROOT}/scripts/services.sh", "start", args.sink], check=True, capture_output=True,
                            env=dict(os.environ, WALRELAY_SERVICES_GROUP=args.group))
@@ -419,6 +419,14 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_REDIS"])
             self.broker_port = port
             cfg += ["sink.type=redis", f"sink.redis.address=127.0.0.1:{port}", "sink.redis.socket.timeout.ms=3000"]
+        elif sink == "http":
+            # The project's receiver, behind the proxy; it answers 413 to a
+            # body over the limit (the oversized rows go to the dead letters).
+            port = self.toxi.proxy("broker", "127.0.0.1:0", s["WALRELAY_TEST_HTTP"])
+            self.broker_port = port
+            cfg += ["sink.type=http", f"sink.http.url=http://127.0.0.1:{port}/${{topic}}", "sink.http.timeout.ms=5000",
+                    "sink.http.retry.interval.ms=200", "sink.http.retries=3"]
+            self.http("fault", "--prefix", self.topic, "--status", "413", "--min-size", str(SIZE_LIMIT))
         with open(f"{self.dir}/walrelay.properties", "w") as f:
             f.write("\n".join(cfg) + "\n")
 
@@ -463,6 +471,13 @@ COMMIT;
                             self.s["WALRELAY_TEST_RABBITMQ"], *a], capture_output=True, text=True, timeout=600)
         if check and r.returncode != 0:
             raise RuntimeError(f"rabbitmq read.py {a}: {r.stderr}")
+        return r.stdout
+
+    def http(self, *a, check=True):
+        r = subprocess.run([PY, f"{ROOT}/tests/integration/http/read.py", *a, "--store",
+                            f"{self.run_dir}/http/store"], capture_output=True, text=True, timeout=600)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"http read.py {a}: {r.stderr}")
         return r.stdout
 
     def redis(self, *a, check=True):
@@ -605,7 +620,7 @@ COMMIT;
 
     def broker(self):
         return {"kafka": "kafka", "kafka-eos": "kafka", "nats": "nats", "rabbitmq": "rabbitmq",
-                "redis": "redis"}[self.args.sink]
+                "redis": "redis", "http": "http"}[self.args.sink]
 
     def broker_pid(self):
         with open(f"{self.run_dir}/{self.broker()}/pid") as f:
@@ -752,7 +767,8 @@ COMMIT;
                     names[int(tid)] = f.read().strip()
         except OSError:
             return []
-        prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker", "redis": "wr-redis"}.get(self.broker(), "")
+        prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker", "redis": "wr-redis",
+                  "http": "wr-http"}.get(self.broker(), "")
         return sorted(t for t, n in names.items() if t != pid and n.startswith(prefix))
 
     def sink_thread_ahead(self, rng, entry):
@@ -942,6 +958,9 @@ COMMIT;
         if sink == "redis":
             return {"main": parse(self.redis("read", "--prefix", self.topic)),
                     "dead": parse(self.redis("read", "--prefix", self.dead))}
+        if sink == "http":
+            return {"main": parse(self.http("read", "--prefix", self.topic)),
+                    "dead": parse(self.http("read", "--prefix", self.dead))}
         return {"main": parse(self.rabbit("read", "--queue", f"{n}_q")),
                 "dead": parse(self.rabbit("read", "--queue", f"{n}_dlq"))}
 
@@ -1230,6 +1249,9 @@ COMMIT;
         elif self.args.sink == "redis":
             self.redis("delete", "--prefix", self.topic, check=False)
             self.redis("delete", "--prefix", self.dead, check=False)
+        elif self.args.sink == "http":
+            self.http("delete", "--prefix", self.topic, check=False)
+            self.http("delete", "--prefix", self.dead, check=False)
         elif self.args.sink.startswith("kafka"):
             from confluent_kafka.admin import AdminClient
             AdminClient({"bootstrap.servers": self.s["WALRELAY_TEST_KAFKA"]}).delete_topics([self.topic, self.dead])
@@ -1237,7 +1259,7 @@ COMMIT;
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sink", required=True, choices=["kafka", "kafka-eos", "nats", "rabbitmq", "redis"])
+    p.add_argument("--sink", required=True, choices=["kafka", "kafka-eos", "nats", "rabbitmq", "redis", "http"])
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")

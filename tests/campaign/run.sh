@@ -2,7 +2,7 @@
 # One leg of the fault campaign under CTest: run.sh WALRELAY SINK [DURATION]
 # (tests/campaign/campaign.py in the test venv; a fresh seed, printed first).
 # The campaign fixture's servers (WALRELAY_SERVICES_GROUP=campaign) must run;
-# the leg starts NATS, RabbitMQ or Redis itself when its sink needs them.
+# the leg starts NATS, RabbitMQ, Redis or the HTTP receiver itself when its sink needs them.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 py=$("$here/../../scripts/py-venv.sh")

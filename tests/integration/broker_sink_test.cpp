@@ -1903,5 +1903,92 @@ TEST_CASE("http: Standard Webhooks signatures that the receiver's own HMAC check
   // Nothing listening: --check says where and why.
   Walrelay nowhere(with_key(Http::config(f), "sink.http.url", "http://127.0.0.1:1/${topic}"));
   CHECK(nowhere.run({"--check", "--config", nowhere.config_path()}) != 0);
-  CHECK(nowhere.log().find("HEAD http://127.0.0.1:1/walrelay-check") != std::string::npos);
+  CHECK(nowhere.log().find("HEAD http://127.0.0.1:1/...: ") != std::string::npos);
+}
+
+namespace {
+
+// User and system CPU of `pid` so far, in seconds (/proc/<pid>/stat).
+double cpu_seconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string skip;
+  for (int i = 0; i < 11; ++i) fields >> skip;  // state .. cmajflt
+  long utime = 0, stime = 0;
+  fields >> utime >> stime;
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+}  // namespace
+
+TEST_CASE("http: an endpoint that is not there (404) holds the slot and dead-letters nothing, /readyz names it, and "
+          "once it answers every event arrives in order",
+          "[http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Http::topics(f);
+  auto dead = Http::dead_letters(f);
+  Http::fault(f.topic("Missing"), "--status 404 --count 12 --reply 'no such route'");
+  Walrelay relay(Http::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                     Http::dead_letter_topic(f) + "\nsink.http.retry.interval.ms=100\n"
+                                     "sink.http.retries=2\n"));
+  relay.start();
+  relay.wait_streaming();
+  auto in_first = event_inside(f, "Missing", "k");
+  for (int seq = 1; seq <= 3; ++seq)
+    f.db().exec(insert_event(f.table, "Missing", "k", "jsonb_build_object('seq', " + std::to_string(seq) + ")"));
+  HttpResponse ready;
+  REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).body.find("answered 404") != std::string::npos; },
+                     30s, 50ms));
+  CHECK(ready.status == 503);
+  CHECK(f.db().confirmed_flush(f.slot) < in_first);
+  auto recs = read_settled(f, *to);
+  check_delivered<Http>(f, recs, 4, 4);
+  CHECK(dead->read().empty());
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 30s));
+}
+
+TEST_CASE("http: headers from the rows cannot become the request's own - a placed header named Content-Length stays "
+          "under the prefix, a key with a line break is percent-encoded - and the body arrives whole",
+          "[http]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Http::topics(f);
+  Walrelay relay(Http::config(f, "sink.http.headers.encode.base64=false\n"
+                                 "table.fields.additional.placement=type:header:Content-Length\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES ('Inject', "
+              "E'a\\r\\nX-Injected: 1', '0', jsonb_build_object('seq', 1, 'pad', repeat('x', 100)))");
+  auto recs = read_settled(f, *to);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].value->find(std::string(100, 'x')) != std::string::npos);  // the whole body
+  CHECK(recs[0].header("Content-Length") == std::optional<std::string>("0"));  // X-DEBEZIUM-Content-Length
+  CHECK(recs[0].key == std::optional<std::string>("a%0D%0AX-Injected: 1"));
+  CHECK_FALSE(recs[0].header("x-injected").has_value());
+}
+
+TEST_CASE("http: a retry that is due while every request place is taken waits without spinning", "[http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Http::topics(f);
+  // One place: A's 429 asks for a second; B's answer takes three.
+  Http::fault(f.topic("A"), "--status 429 --count 1 --retry-after 1");
+  Http::fault(f.topic("B"), "--status 200 --count 1 --delay-ms 3000");
+  Walrelay relay(Http::config(f, "sink.http.max.inflight.requests=1\nsink.http.retry.interval.ms=100\n"));
+  relay.start();
+  relay.wait_streaming();
+  f.db().exec(insert_event(f.table, "A", "a", "jsonb_build_object('seq', 1)"));
+  REQUIRE(eventually([&] { return !http_lines("attempts", f.topic("A")).empty(); }, 30s, 20ms));
+  f.db().exec(insert_event(f.table, "B", "b", "jsonb_build_object('seq', 1)"));
+  REQUIRE(eventually([&] { return !http_lines("attempts", f.topic("B")).empty(); }, 30s, 20ms));
+  const double before = cpu_seconds(relay.pid());
+  std::this_thread::sleep_for(2500ms);  // the measured window: B's answer not back, A's retry due
+  const double used = cpu_seconds(relay.pid()) - before;
+  INFO("walrelay's CPU over 2.5 s: " << used << " s");
+  CHECK(used < 0.5);
+  (void)read_settled(f, *to);
+  CHECK(http_lines("read", f.topic("A")).size() == 1);
 }

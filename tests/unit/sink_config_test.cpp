@@ -125,8 +125,17 @@ TEST_CASE("sink config: http takes Debezium Server's keys (url, timeout.ms, retr
   CHECK(h.headers_encode_base64);
   CHECK(http_url(h, "outbox.event.Order") == "https://hooks.internal/in/outbox.event.Order");
   CHECK(http_url(h, "a/b c") == "https://hooks.internal/in/a%2Fb%20c");  // one path segment
-  CHECK(http_url_for_log("https://user:pw@hooks.internal/in") == "https://***@hooks.internal/in");
-  CHECK(http_url_for_log("https://hooks.internal/a@b") == "https://hooks.internal/a@b");
+  // Messages and --print-config show scheme, host and port: user info, path
+  // and query may hold secrets (Slack's path, Azure Functions' ?code=).
+  CHECK(http_url_for_log("https://user:pw@hooks.internal/in") == "https://***@hooks.internal/...");
+  CHECK(http_url_for_log("https://us/er:p/w@hooks.internal:8443/in") == "https://***@hooks.internal:8443/...");
+  CHECK(http_url_for_log("https://hooks.slack.com/services/T0/B0/XXXX") == "https://hooks.slack.com/...");
+  CHECK(http_url_for_log("https://f.azurewebsites.net/api/in?code=abc") == "https://f.azurewebsites.net/...");
+  CHECK(http_url_for_log("http://127.0.0.1:8080/") == "http://127.0.0.1:8080");
+  auto shown = parse_config(base + "\n", "t", {}).describe();
+  CHECK(shown.find("sink.http.url=https://hooks.internal/...") != std::string::npos);
+  CHECK(shown.find("/in/") == std::string::npos);
+  CHECK(error_of("sink.type=http\nsink.http.url=hooks.internal/s3cret\n").find("s3cret") == std::string::npos);
   CHECK(error_of("sink.type=http\n").find("sink.http.url: sink.type=http needs the URL") != std::string::npos);
   CHECK(error_of("sink.type=http\nsink.http.url=ftp://x/\n").find("sink.http.url: expected an http") !=
         std::string::npos);
@@ -139,6 +148,18 @@ TEST_CASE("sink config: http takes Debezium Server's keys (url, timeout.ms, retr
   CHECK(error_of(base + "sink.http.authentication.type=basic\nsink.http.authentication.basic.user=u\n")
             .find("sink.http.authentication.basic.password:") != std::string::npos);
   CHECK(error_of(base + "sink.http.headers.prefix=X Bad:\n").find("sink.http.headers.prefix") != std::string::npos);
+  CHECK(error_of(base + "sink.http.headers.prefix=\n").find("sink.http.headers.prefix") != std::string::npos);
+  // The webhook secret decoded at start (padding optional), never in the worker.
+  auto signed_config = http_config(parse_config(base + "sink.http.authentication.type=standard-webhooks\n"
+                                                "sink.http.authentication.webhook.secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+                                                "t", {}));
+  CHECK(signed_config.webhook_key.size() == 24);
+  CHECK(http_config(parse_config(base + "sink.http.authentication.type=standard-webhooks\n"
+                                        "sink.http.authentication.webhook.secret=whsec_MDEyMzQ1Njc4OWFiY2RlZmdoaWo\n",
+                                 "t", {})).webhook_key == "0123456789abcdefghij");
+  CHECK(error_of(base + "sink.http.authentication.type=standard-webhooks\n"
+                        "sink.http.authentication.webhook.secret=whsec_!!!!!!!!!!!!!!!!!!!!!!!!\n")
+            .find("sink.http.authentication.webhook.secret: standard-webhooks needs") != std::string::npos);
   CHECK(error_of(base + "sink.http.ssl.key.location=/k.pem\n").find("sink.http.ssl.certificate.location") !=
         std::string::npos);
   CHECK(error_of(base + "sink.http.nonsense=1\n").find("sink.http.nonsense: unknown key of the http sink") !=

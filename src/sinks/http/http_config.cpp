@@ -1,5 +1,7 @@
 #include "walrelay/sinks/http/http_config.hpp"
 
+#include <openssl/evp.h>
+
 #include <array>
 #include <cctype>
 
@@ -47,6 +49,21 @@ bool is_token(std::string_view s) {
 
 }  // namespace
 
+std::optional<std::string> decode_base64(std::string_view text) {
+  // (Padding may be left off, as secrets are often pasted.)
+  std::string padded(text);
+  while (padded.size() % 4 != 0) padded.push_back('=');
+  std::string out(3 * padded.size() / 4, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(padded.data()), static_cast<int>(padded.size()));
+  if (n < 0 || padded.empty()) return std::nullopt;
+  std::size_t len = static_cast<std::size_t>(n);
+  // EVP_DecodeBlock counts the padding's bytes as data.
+  for (std::size_t i = padded.size(); i > 0 && padded[i - 1] == '=' && len > 0; --i) --len;
+  out.resize(len);
+  return out;
+}
+
 std::span<const std::string_view> http_keys() { return keys; }
 
 HttpConfig http_config(const Config& config) {
@@ -56,7 +73,7 @@ HttpConfig http_config(const Config& config) {
     const std::string_view k = std::string_view(key).substr(prefix.size());
     if (k == "url") {
       if (!v.starts_with("http://") && !v.starts_with("https://"))
-        throw ConfigError(key, "expected an http:// or https:// URL, got \"" + http_url_for_log(v) + "\"");
+        throw ConfigError(key, "expected an http:// or https:// URL");  // (the value may hold a secret)
       h.url = v;
     } else if (k == "timeout.ms") {
       h.timeout_ms = static_cast<int>(parse_int(key, v, 100, 3600000));
@@ -69,7 +86,11 @@ HttpConfig http_config(const Config& config) {
     } else if (k == "retry.after.max.ms") {
       h.retry_after_max_ms = static_cast<int>(parse_int(key, v, 0, 86400000));
     } else if (k == "headers.prefix") {
-      if (!is_token(v)) throw ConfigError(key, "\"" + v + "\" cannot start a header name (letters, digits, -_. ...)");
+      // Not empty: the record's headers (names from the rows) must never
+      // become Content-Length, Host or Authorization.
+      if (v.empty() || !is_token(v))
+        throw ConfigError(key, "\"" + v + "\" cannot start a header name (letters, digits, -_. ..., not empty: "
+                               "the record's header names come from the rows)");
       h.headers_prefix = v;
     } else if (k == "headers.encode.base64") {
       h.headers_encode_base64 = parse_bool(key, v);
@@ -86,8 +107,9 @@ HttpConfig http_config(const Config& config) {
       else if (v == "bearer") h.authentication = HttpAuthentication::bearer;
       else if (v == "basic") h.authentication = HttpAuthentication::basic;
       else if (v == "jwt" || v == "oauth2")
-        throw ConfigError(key, v + " (Debezium Server's token exchange) is not in walrelay: use bearer with a token "
-                               "your platform renews in the environment, or standard-webhooks");
+        throw ConfigError(key, v + " (Debezium Server's token exchange) is not in walrelay: use bearer with a "
+                               "long-lived token (read at start: restart walrelay to renew it), basic, or "
+                               "standard-webhooks");
       else
         throw ConfigError(key, "expected none, standard-webhooks, bearer or basic, got \"" + v + "\"");
     } else if (k == "authentication.webhook.secret") {
@@ -118,11 +140,14 @@ HttpConfig http_config(const Config& config) {
   }
   if (h.url.empty()) throw ConfigError("sink.http.url", "sink.type=http needs the URL to POST the events to");
   switch (h.authentication) {
-    case HttpAuthentication::standard_webhooks:
-      if (!h.webhook_secret.starts_with("whsec_") || h.webhook_secret.size() < 16)
-        throw ConfigError("sink.http.authentication.webhook.secret",
-                          "standard-webhooks needs a secret whsec_<base64 of 24 to 64 random bytes>");
+    case HttpAuthentication::standard_webhooks: {
+      const std::string why = "standard-webhooks needs a secret whsec_<base64 of 24 to 64 random bytes>";
+      if (!h.webhook_secret.starts_with("whsec_")) throw ConfigError("sink.http.authentication.webhook.secret", why);
+      auto key = decode_base64(std::string_view(h.webhook_secret).substr(6));
+      if (!key || key->size() < 16) throw ConfigError("sink.http.authentication.webhook.secret", why);
+      h.webhook_key = std::move(*key);
       break;
+    }
     case HttpAuthentication::bearer:
       if (h.bearer_token.empty())
         throw ConfigError("sink.http.authentication.bearer.token", "authentication.type=bearer needs the token (from "
@@ -173,12 +198,19 @@ std::string http_url(const HttpConfig& config, std::string_view topic) {
 }
 
 std::string http_url_for_log(std::string_view url) {
+  // scheme://host[:port] only: user info, path and query may each hold a
+  // secret. Everything up to the last '@' counts as user info (a password
+  // with an unencoded '/' must not escape): too much hidden, never too little.
   const auto scheme = url.find("://");
-  if (scheme == std::string_view::npos) return std::string(url);
-  const auto host_end = url.find_first_of("/?#", scheme + 3);
-  const auto at = url.substr(0, host_end).rfind('@');
-  if (at == std::string_view::npos || at < scheme) return std::string(url);
-  return std::string(url.substr(0, scheme + 3)) + "***@" + std::string(url.substr(at + 1));
+  if (scheme == std::string_view::npos) return "(an URL)";
+  std::string_view rest = url.substr(scheme + 3);
+  const auto at = rest.rfind('@');
+  const bool user_info = at != std::string_view::npos;
+  if (user_info) rest = rest.substr(at + 1);
+  const auto host_end = rest.find_first_of("/?#");
+  const bool more = host_end != std::string_view::npos && host_end + 1 < rest.size();
+  return std::string(url.substr(0, scheme + 3)) + (user_info ? "***@" : "") + std::string(rest.substr(0, host_end)) +
+         (more ? "/..." : "");
 }
 
 }  // namespace walrelay

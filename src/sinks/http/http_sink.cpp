@@ -28,18 +28,6 @@ std::string base64(std::string_view bytes) {
   return out;
 }
 
-std::string unbase64(std::string_view text) {
-  std::string out(3 * ((text.size() + 3) / 4), '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
-  if (n < 0) throw std::runtime_error("not base64");
-  std::size_t len = static_cast<std::size_t>(n);
-  // EVP_DecodeBlock counts the padding's bytes as data.
-  for (std::size_t i = text.size(); i > 0 && text[i - 1] == '=' && len > 0; --i) --len;
-  out.resize(len);
-  return out;
-}
-
 std::string hmac_sha256(std::string_view key, std::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -49,13 +37,14 @@ std::string hmac_sha256(std::string_view key, std::string_view message) {
 }
 
 // A value that may go in a header as it is: control characters (a line
-// break would end the header) and '%' itself percent-encoded, as the
-// CloudEvents HTTP binding encodes attribute values.
-std::string percent_encoded(std::string_view v) {
+// break would end the header) and '%' itself percent-encoded; for a
+// CloudEvents attribute (`cloudevents`), also space, '"' and every byte
+// outside printable ASCII, as its HTTP binding says.
+std::string percent_encoded(std::string_view v, bool cloudevents = false) {
   std::string out;
   out.reserve(v.size());
   for (unsigned char c : v) {
-    if (c < 0x20 || c == 0x7f || c == '%') {
+    if (c < 0x20 || c == 0x7f || c == '%' || (cloudevents && (c == ' ' || c == '"' || c > 0x7e))) {
       static const char hex[] = "0123456789ABCDEF";
       out.push_back('%');
       out.push_back(hex[c >> 4]);
@@ -77,8 +66,40 @@ std::string token_of(std::string_view name) {
   return out;
 }
 
-// 408, 429 and 5xx pass; a connection that failed, or took too long, too.
-bool transient_status(long status) { return status == 408 || status == 429 || status >= 500; }
+// What an answer says of the record. 408, 429 and 5xx pass; so does an
+// endpoint that is not there (yet), as a NATS subject without a stream holds
+// the slot: a redirect (not followed: point the URL at the final address),
+// 404, 405, 421; and 409, which the Idempotency-Key draft answers while an
+// earlier attempt with the same key is still being handled. 401, 403 and 407
+// are walrelay's credentials. Any other 4xx is the record's own (413 too).
+HttpSink::Outcome outcome_of_status(long status) {
+  if (status == 401 || status == 403 || status == 407) return HttpSink::Outcome::denied;
+  if (status == 408 || status == 429 || status >= 500 || (status >= 300 && status < 400) || status == 404 ||
+      status == 405 || status == 409 || status == 421)
+    return HttpSink::Outcome::transient;
+  return HttpSink::Outcome::record_error;
+}
+
+// A transfer that failed below HTTP: a certificate walrelay cannot use or
+// the server's that does not verify is the configuration's (a halt naming
+// it); the rest (refused, reset, timed out, a name not resolved) passes.
+HttpSink::Outcome outcome_of_transfer(CURLcode result) {
+  switch (result) {
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CIPHER:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+      return HttpSink::Outcome::denied;
+    default:
+      return HttpSink::Outcome::transient;
+  }
+}
+
+// A header line; an empty value as curl sends one ("Name;").
+std::string header_line(const std::string& name, const std::string& value) {
+  return value.empty() ? name + ";" : name + ": " + value;
+}
 
 // One transfer under way, and what it owns while it is.
 struct Transfer {
@@ -253,12 +274,12 @@ void HttpSink::report(Done& done) {
 namespace {
 
 // The request for `e`: its body, its headers, signed when configured.
-std::unique_ptr<Transfer> make_transfer(HttpSink::Entry e, const HttpConfig& c, const std::string& signing_key) {
+std::unique_ptr<Transfer> make_transfer(HttpSink::Entry&& e, const HttpConfig& c) {
   auto t = std::make_unique<Transfer>();
-  t->entry = std::move(e);
-  const HttpSink::Entry& en = t->entry;
   t->easy = curl_easy_init();
   if (!t->easy) throw std::runtime_error("libcurl could not make a request");
+  t->entry = std::move(e);
+  const HttpSink::Entry& en = t->entry;
   CURL* easy = t->easy;
   common_options(easy, c, c.timeout_ms);
   curl_easy_setopt(easy, CURLOPT_URL, en.url.c_str());
@@ -276,28 +297,33 @@ std::unique_ptr<Transfer> make_transfer(HttpSink::Entry e, const HttpConfig& c, 
   std::string content_type = c.content_type;
   std::vector<std::string> lines;
   lines.push_back("Expect:");  // no 100-continue round trip
-  if (!en.event_id.empty()) lines.push_back("Idempotency-Key: " + percent_encoded(en.event_id));
-  if (en.key) lines.push_back(c.headers_prefix + "key: " + value_of(*en.key));
+  // The event's id tells a repeat; a dead-letter copy is another message.
+  const std::string id =
+      percent_encoded(en.event_id) + (en.dead_letter && !en.event_id.empty() ? ".dead-letter" : "");
+  if (!id.empty()) lines.push_back("Idempotency-Key: " + id);
+  if (en.key) lines.push_back(header_line(c.headers_prefix + "key", value_of(*en.key)));
   for (auto& [name, value] : en.headers) {
     if (name == "content-type" && value) {
       content_type = percent_encoded(*value);
     } else if (name.starts_with("ce_")) {
       // CloudEvents' HTTP binary binding: ce-<attribute>, percent-encoded.
-      if (value) lines.push_back("ce-" + token_of(name.substr(3)) + ": " + percent_encoded(*value));
+      if (value) lines.push_back(header_line("ce-" + token_of(name.substr(3)), percent_encoded(*value, true)));
     } else {
-      lines.push_back(c.headers_prefix + token_of(name) + ": " + (value ? value_of(*value) : std::string()));
+      // Under the prefix (never empty): a row's header name cannot become
+      // Content-Length, Host or Authorization.
+      lines.push_back(header_line(c.headers_prefix + token_of(name), value ? value_of(*value) : std::string()));
     }
   }
   lines.push_back("Content-Type: " + content_type);
   if (c.authentication == HttpAuthentication::standard_webhooks) {
     // Standard Webhooks: HMAC-SHA256 of "<id>.<timestamp>.<body>", the id
     // the event's, so that a receiver's replay check sees a repeat as one.
-    const std::string id = percent_encoded(en.event_id.empty() ? std::to_string(en.token) : en.event_id);
+    const std::string webhook_id = id.empty() ? "walrelay-" + std::to_string(en.token) : id;
     const std::string ts = std::to_string(
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-    lines.push_back("webhook-id: " + id);
+    lines.push_back("webhook-id: " + webhook_id);
     lines.push_back("webhook-timestamp: " + ts);
-    lines.push_back("webhook-signature: v1," + base64(hmac_sha256(signing_key, id + "." + ts + "." + body)));
+    lines.push_back("webhook-signature: v1," + base64(hmac_sha256(c.webhook_key, webhook_id + "." + ts + "." + body)));
   }
   for (auto& l : lines) t->headers = curl_slist_append(t->headers, l.c_str());
   curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
@@ -309,9 +335,6 @@ std::unique_ptr<Transfer> make_transfer(HttpSink::Entry e, const HttpConfig& c, 
 void HttpSink::run_worker() {
   ::pthread_setname_np(::pthread_self(), "wr-http");  // (the fault campaign finds it by name)
   CURLM* multi = static_cast<CURLM*>(multi_);
-  std::string signing_key;
-  if (config_.authentication == HttpAuthentication::standard_webhooks)
-    signing_key = unbase64(std::string_view(config_.webhook_secret).substr(6));
   std::deque<Entry> waiting;                           // not started, in submission order
   std::vector<Entry> retrying;                         // failed, to be tried again at not_before
   std::map<CURL*, std::unique_ptr<Transfer>> running;
@@ -340,18 +363,28 @@ void HttpSink::run_worker() {
   auto fail_transient = [&](Entry e, const std::string& code, const std::string& message) {
     out.push_back(Done{std::move(e), Outcome::transient, code, message});
   };
+  // A request that cannot even be made (out of memory) fails like one that
+  // was refused: nothing of its epoch goes after it.
   auto start = [&](Entry e) {
     const std::string slot = key_slot(e);
     ++e.attempts;
+    std::unique_ptr<Transfer> t;
+    std::string problem;
     try {
-      auto t = make_transfer(std::move(e), config_, signing_key);
-      CURL* easy = t->easy;
-      curl_multi_add_handle(multi, easy);
-      running.emplace(easy, std::move(t));
-      busy.insert(slot);
+      t = make_transfer(std::move(e), config_);
     } catch (const std::exception& ex) {
-      fail_transient(std::move(e), "http_error", ex.what());
+      problem = ex.what();
     }
+    if (t && curl_multi_add_handle(multi, t->easy) != CURLM_OK) problem = "libcurl refused the request";
+    if (!problem.empty()) {
+      Entry failed = t ? std::move(t->entry) : std::move(e);
+      poisoned = std::max(poisoned, failed.epoch);
+      fail_transient(std::move(failed), "http_error", problem);
+      return;
+    }
+    CURL* easy = t->easy;
+    running.emplace(easy, std::move(t));
+    busy.insert(slot);
   };
   while (true) {
     std::uint64_t taken_back = 0;
@@ -405,6 +438,7 @@ void HttpSink::run_worker() {
     }
     int still = 0;
     curl_multi_perform(multi, &still);
+    bool freed = false;  // a key or a place freed: what waited may start at once
     while (CURLMsg* msg = curl_multi_info_read(multi, &still)) {
       if (msg->msg != CURLMSG_DONE) continue;
       CURL* easy = msg->easy_handle;
@@ -416,15 +450,17 @@ void HttpSink::run_worker() {
       curl_multi_remove_handle(multi, easy);
       const std::string slot = key_slot(t->entry);
       busy.erase(slot);
+      freed = true;
       long status = 0;
       curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
       curl_off_t retry_after = 0;
       curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after);
-      const std::string where = "POST " + http_url_for_log(t->entry.url);
+      // (The URL's path and query may hold a secret: the topic names it.)
+      const std::string where = "POST " + http_url_for_log(t->entry.url) + " (topic " + t->entry.topic + ")";
       std::string code, message;
       Outcome outcome;
       if (result != CURLE_OK) {
-        outcome = Outcome::transient;
+        outcome = outcome_of_transfer(result);
         code = result == CURLE_OPERATION_TIMEDOUT ? "timed_out" : "connection_failed";
         message = where + ": " + (t->error[0] ? std::string(t->error) : curl_easy_strerror(result));
       } else if (status >= 200 && status < 300) {
@@ -433,15 +469,15 @@ void HttpSink::run_worker() {
         code = "http_" + std::to_string(status);
         message = where + " answered " + std::to_string(status) +
                   (t->response.empty() ? std::string() : ": " + percent_encoded(t->response));
-        outcome = transient_status(status)           ? Outcome::transient
-                  : status == 401 || status == 403 ? Outcome::denied
-                                                    : Outcome::record_error;
+        outcome = outcome_of_status(status);
       }
       {
+        // Healthy: the endpoint takes records (an answer that is the
+        // record's own counts too); not while it refuses or is not there.
         std::lock_guard lock(shared_->mu);
-        const bool reachable = result == CURLE_OK;
+        const bool reachable = outcome == Outcome::delivered || outcome == Outcome::record_error;
         if (!reachable && shared_->reachable) spdlog::warn("http: {}", message);
-        if (reachable && !shared_->reachable) spdlog::info("http: {} answers again", http_url_for_log(t->entry.url));
+        if (reachable && !shared_->reachable) spdlog::info("http: {} answers again", where);
         shared_->reachable = reachable;
         shared_->last_error = reachable ? std::string() : message;
       }
@@ -461,15 +497,18 @@ void HttpSink::run_worker() {
       out.push_back(Done{std::move(t->entry), outcome, code, message});
     }
     hand_over();
-    // Until a transfer moves, a record is queued (curl_multi_wakeup), or
-    // the next retry is due.
+    // Until a transfer moves (its end frees a key and a place), a record is
+    // queued (curl_multi_wakeup), or the next retry is due; at once when a
+    // transfer just ended and something waits. A retry that is due but finds
+    // every place taken waits for a transfer to end, not in a busy loop.
     int timeout_ms = 1000;
-    for (auto& e : retrying)
-      timeout_ms = std::min<int>(timeout_ms, static_cast<int>(std::max<long>(
-                                                 0, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                        e.not_before - Clock::now()).count() + 1)));
-    if (!waiting.empty() && running.size() < static_cast<std::size_t>(config_.max_inflight_requests))
-      timeout_ms = std::min(timeout_ms, 10);
+    const bool full = running.size() >= static_cast<std::size_t>(config_.max_inflight_requests);
+    if (!full)
+      for (auto& e : retrying)
+        timeout_ms = std::min<int>(timeout_ms, static_cast<int>(std::max<long>(
+                                                   1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          e.not_before - Clock::now()).count() + 1)));
+    if (freed && (!waiting.empty() || !retrying.empty())) timeout_ms = 0;
     curl_multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
   }
   for (auto& [easy, t] : running) curl_multi_remove_handle(multi, easy);

@@ -7,7 +7,8 @@ is given (Standard Webhooks, checked here with Python's hmac).
 
   read.py read --store DIR --prefix P [--count N] [--timeout S] [--secret whsec_...]
   read.py attempts --store DIR --prefix P    every attempt, answered or not
-  read.py fault --store DIR --prefix P --status N [--count N] [--retry-after S] [--match TEXT] [--delay-ms N] [--reply TEXT]
+  read.py fault --store DIR --prefix P --status N [--count N] [--retry-after S] [--match TEXT] [--min-size BYTES]
+          [--delay-ms N] [--reply TEXT]    the next N requests (every one without --count) answered so
   read.py delete --store DIR --prefix P
 """
 import argparse
@@ -78,11 +79,21 @@ def main():
     p.add_argument("--retry-after")
     p.add_argument("--match")
     p.add_argument("--delay-ms", type=int)
+    p.add_argument("--min-size", type=int)
     p.add_argument("--reply")
     a = p.parse_args()
     if a.command == "delete":
         for path in glob.glob(os.path.join(glob.escape(a.store), glob.escape(a.prefix) + "*.jsonl")):
             os.unlink(path)
+        path = os.path.join(a.store, "faults.json")
+        try:
+            with open(path) as f:
+                rules = [r for r in json.load(f) if not r["prefix"].startswith(a.prefix)]
+            with open(path + ".tmp", "w") as f:
+                json.dump(rules, f)
+            os.replace(path + ".tmp", path)
+        except (OSError, ValueError):
+            pass
         return
     if a.command == "fault":
         path = os.path.join(a.store, "faults.json")
@@ -92,7 +103,7 @@ def main():
         except (OSError, ValueError):
             rules = []
         rule = {"prefix": a.prefix, "status": a.status, "count": a.count if a.count else -1}
-        for name in ("retry_after", "match", "delay_ms", "reply"):
+        for name in ("retry_after", "match", "delay_ms", "reply", "min_size"):
             if getattr(a, name) is not None:
                 rule[name] = getattr(a, name)
         rules.append(rule)

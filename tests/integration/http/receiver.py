@@ -35,6 +35,8 @@ def fault_for(store, topic, body):
             continue
         if rule.get("match") and rule["match"] not in body:
             continue
+        if rule.get("min_size") and len(body.encode()) < rule["min_size"]:
+            continue
         if rule.get("count", 0) > 0:
             rule["count"] -= 1
         with open(path + ".tmp", "w") as f:
@@ -71,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
                        "status": rule["status"] if rule else 200}
             with open(os.path.join(store, topic + ".attempts.jsonl"), "a") as f:
                 f.write(json.dumps(attempt) + "\n")
-            if not rule:
+            if not rule or 200 <= rule["status"] < 300:
                 with open(os.path.join(store, topic + ".jsonl"), "a") as f:
                     f.write(json.dumps({"seq": seq, "t": time.time(), "topic": topic, "headers": headers,
                                         "body": body}) + "\n")

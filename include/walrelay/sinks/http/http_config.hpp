@@ -5,6 +5,7 @@
 // --print-config).
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +32,7 @@ struct HttpConfig {
   int max_pending = 4096;          // max.pending: records submitted and not yet answered
   HttpAuthentication authentication = HttpAuthentication::none;  // authentication.type
   std::string webhook_secret;      // authentication.webhook.secret (whsec_<base64>): Standard Webhooks
+  std::string webhook_key;         // its key, decoded
   std::string bearer_token;        // authentication.bearer.token
   std::string basic_user;          // authentication.basic.user
   std::string basic_password;      // authentication.basic.password
@@ -47,7 +49,10 @@ std::span<const std::string_view> http_keys();
 HttpConfig http_config(const Config& config);
 // The URL of a record routed to `topic`.
 std::string http_url(const HttpConfig& config, std::string_view topic);
-// The URL without user info, for messages.
+// The URL as messages show it: scheme, host and port (user info, path and
+// query may hold secrets).
 std::string http_url_for_log(std::string_view url);
+// Base64 (padding optional); nullopt when not base64.
+std::optional<std::string> decode_base64(std::string_view text);
 
 }  // namespace walrelay
