@@ -1297,3 +1297,52 @@ TEST_CASE("retention: table.retention.archive.schema with delete - each deleted 
   CHECK(relay.wait_exit() == 0);
   f.db().exec("DROP SCHEMA " + archive + " CASCADE");
 }
+
+TEST_CASE("retention: drop-partitions as table.retention.user - without the owning role each run fails saying so and "
+          "nothing is frozen - granted the owner's role, the expired partition is frozen, detached and dropped "
+          "once sent",
+          "[relay][retention]") {
+  Fixture f;
+  create_range_outbox(f, false);
+  const std::string owner = f.slot + "_owner", cleaner = f.slot + "_cleaner", password = "dr0p-" + f.slot;
+  f.db().exec("CREATE ROLE " + owner + "; CREATE ROLE " + cleaner + " LOGIN PASSWORD '" + password + "'");
+  struct DropRoles {
+    std::string owner, cleaner;
+    ~DropRoles() {
+      try {
+        Db db;
+        db.exec("DROP OWNED BY " + cleaner + ", " + owner);
+        db.exec("DROP ROLE IF EXISTS " + cleaner + "; DROP ROLE IF EXISTS " + owner);
+      } catch (...) {
+      }
+    }
+  } drop_roles{owner, cleaner};
+  auto own_all = [&] {
+    f.db().exec("DO $$DECLARE r regclass; BEGIN FOR r IN SELECT relid FROM pg_partition_tree('" + f.table +
+                "') LOOP EXECUTE format('ALTER TABLE %s OWNER TO " + owner + "', r); END LOOP; END$$");
+  };
+  own_all();
+  Walrelay relay(drop_config(f, "table.retention.user=" + cleaner + "\ntable.retention.password=" + password + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  wait_floor(relay);
+  add_expiring_partition(f, relay);
+  own_all();
+  f.db().exec(insert_at(f.table, "Owned", 0, 10, hour_ago));  // _d2
+  // _d2 expires; the cleaner may not lock or alter it.
+  const double failed = runs_of(relay, "error");
+  REQUIRE(eventually([&] { return runs_of(relay, "error") >= failed + 3; }, 60s, 50ms));
+  CHECK(relay.log().find(": permission denied for table " + f.slot + "_outbox_d") != std::string::npos);
+  CHECK(is_attached(f, f.table + "_d2"));
+  CHECK(f.db().scalar("SELECT count(*) FROM pg_constraint WHERE conrelid = '" + f.table + "_d2'::regclass AND "
+                      "NOT convalidated") == "0");  // not frozen
+  f.db().exec("GRANT " + owner + " TO " + cleaner);
+  auto seen = seqs_of(read_all(f, f.topic("Owned")));
+  CHECK(seen.size() == 10);
+  // _d2 and the empty _d3 (expired from the start).
+  REQUIRE(eventually([&] { return !table_exists(f, f.table + "_d2") && !table_exists(f, f.table + "_d3"); }, 60s,
+                     50ms));
+  CHECK(is_attached(f, f.table + "_now"));
+  CHECK(relay.metric("walrelay_retention_partitions_removed_total").value_or(0) == 2);
+  CHECK(relay.log().find(password) == std::string::npos);
+}
