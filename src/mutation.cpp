@@ -36,6 +36,7 @@ std::string_view name(Break b) {
     case Break::secrets_shown: return "secrets_shown";
     case Break::zombie_not_fenced: return "zombie_not_fenced";
     case Break::redis_ack_at_submit: return "redis_ack_at_submit";
+    case Break::http_retry_releases_key: return "http_retry_releases_key";
   }
   return "?";
 }

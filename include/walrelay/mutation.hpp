@@ -36,6 +36,7 @@ enum class Break {
   secrets_shown,            // a secret setting shown as it is (--print-config, --check, the notes on a Connect file)
   zombie_not_fenced,        // exactly once: each producer a transactional.id of its own, so a new one fences no zombie
   redis_ack_at_submit,      // Redis: a record reported delivered once queued for the worker, before Redis answered
+  http_retry_releases_key,  // HTTP: a request waiting to be tried again frees its key, so the key's later events pass it
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

@@ -14,6 +14,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include "walrelay/mutation.hpp"
+
 namespace walrelay {
 
 namespace {
@@ -489,7 +491,7 @@ void HttpSink::run_worker() {
         spdlog::debug("http: {}; attempt {} of {} in {} ms", message, t->entry.attempts + 1, config_.retries + 1,
                       wait.count());
         t->entry.not_before = Clock::now() + wait;
-        busy.insert(slot);
+        if (!mutation::active(mutation::Break::http_retry_releases_key)) busy.insert(slot);
         retrying.push_back(std::move(t->entry));
         continue;
       }
