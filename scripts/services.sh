@@ -4,7 +4,7 @@
 # only, free ports.
 #
 #   scripts/services.sh start [pg|kafka|all]   start (idempotent), write $RUN_DIR/env
-#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|redis|http|all]   stop what start started (idempotent; pg: the
+#   scripts/services.sh stop  [pg|kafka|registry|nats|rabbitmq|redis|http|sqs|all]   stop what start started (idempotent; pg: the
 #                                              standby too; all: the registry, NATS and RabbitMQ too)
 #   scripts/services.sh start registry         an Apicurio Registry (not part of `all`), below
 #   scripts/services.sh start nats             a nats-server with JetStream (not part of `all`), below
@@ -18,6 +18,8 @@
 #   scripts/services.sh start http             tests/integration/http/receiver.py (not part of `all`): the
 #                                              http sink's endpoint; WALRELAY_TEST_HTTP=127.0.0.1:<port>
 #   scripts/services.sh http-stop|http-start   the receiver only, back on its port with its store
+#   scripts/services.sh start sqs              an ElasticMQ server (not part of `all`), below
+#   scripts/services.sh sqs-stop|sqs-start     ElasticMQ only, back on its port with its queues and messages
 #   scripts/services.sh rabbitmq-stop|rabbitmq-start   RabbitMQ only, back on its port with its
 #                                              durable exchanges and queues
 #   scripts/services.sh env                    print the env file (source it)
@@ -57,6 +59,13 @@
 # (appendfsync always: what walrelay was told is stored survives a crash of
 # the server), its data in $RUN_DIR/redis, on loopback and a free port; `env`
 # then adds WALRELAY_TEST_REDIS (127.0.0.1:<port>). Log: $RUN_DIR/redis/redis.log.
+#
+# `start sqs` runs ElasticMQ $ELASTICMQ_VERSION (1.6.14 by default; an
+# SQS-compatible server, from Maven Central on first use, in
+# $CACHE_ROOT/elasticmq-<version>) on loopback and a free port, its queues
+# and messages kept in $RUN_DIR/sqs/data (a stop with SIGTERM keeps them; it
+# does not fsync); `env` then adds WALRELAY_TEST_SQS (http://127.0.0.1:<port>).
+# It takes any credentials. Log: $RUN_DIR/sqs/elasticmq.log.
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
 # that the postgres user can reach it even when the checkout is under /root.
@@ -596,6 +605,49 @@ http_start() {
 # http_stop [keep-port]
 http_stop() { daemon_stop http WALRELAY_TEST_HTTP "${1:-}"; }
 
+ELASTICMQ_VERSION="${ELASTICMQ_VERSION:-1.6.14}"
+sqs_running() { [[ -f "$RUN_DIR/sqs/pid" ]] && alive "$(cat "$RUN_DIR/sqs/pid")"; }
+
+# sqs_start [keep-port]: keep-port comes back on the port of the server
+# stopped by `sqs-stop`, with its queues and messages.
+sqs_start() {
+  local d="$RUN_DIR/sqs" home="$CACHE_ROOT/elasticmq-$ELASTICMQ_VERSION" port kept=""
+  sqs_running && return 0
+  mkdir -p "$CACHE_ROOT"
+  ( exec {lock}>"$CACHE_ROOT/.lock-elasticmq"; flock "$lock"
+    maven_fetch "$home" elasticmq "    <dependency><groupId>org.elasticmq</groupId>
+      <artifactId>elasticmq-server_2.13</artifactId><version>$ELASTICMQ_VERSION</version></dependency>" ) || return 1
+  [[ ${1:-} == keep-port && -f "$d/port" ]] && kept=$(cat "$d/port")
+  mkdir -p "$d/data"
+  port=${kept:-$(free_port)}
+  cat > "$d/elasticmq.conf" <<CONF
+include classpath("application.conf")
+node-address { protocol = http, host = 127.0.0.1, port = $port, context-path = "" }
+rest-sqs { enabled = true, bind-port = $port, bind-hostname = "127.0.0.1", sqs-limits = strict }
+rest-stats { enabled = false }
+messages-storage { enabled = true, uri = "jdbc:h2:$d/data/messages" }
+queues-storage { enabled = true, path = "$d/data/queues.conf" }
+CONF
+  (
+    cd "$d" || exit 1
+    nohup java -Xms32m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+      -Dconfig.file="$d/elasticmq.conf" -cp "$home/libs/*" org.elasticmq.server.Main \
+      </dev/null >"$d/elasticmq.log" 2>&1 &
+    echo $! > "$d/pid"
+  )
+  echo "$port" > "$d/port"
+  for _ in $(seq 1 240); do
+    if curl -s -o /dev/null "http://127.0.0.1:$port/"; then return 0; fi
+    sqs_running || { tail -20 "$d/elasticmq.log" >&2; echo "services: ElasticMQ died; see $d/elasticmq.log" >&2; return 1; }
+    sleep 0.25
+  done
+  echo "services: ElasticMQ did not answer in 60 s; see $d/elasticmq.log" >&2
+  return 1
+}
+
+# sqs_stop [keep-port]
+sqs_stop() { daemon_stop sqs WALRELAY_TEST_SQS "${1:-}"; }
+
 RABBIT_BIN=/usr/lib/rabbitmq/bin
 rabbit_env() {
   local d="$RUN_DIR/rabbitmq" port; port=$(cat "$d/port")
@@ -699,6 +751,9 @@ write_env() {
     if [[ -f "$RUN_DIR/http/port" ]]; then
       echo "export WALRELAY_TEST_HTTP=127.0.0.1:$(cat "$RUN_DIR/http/port")"
     fi
+    if [[ -f "$RUN_DIR/sqs/port" ]]; then
+      echo "export WALRELAY_TEST_SQS=http://127.0.0.1:$(cat "$RUN_DIR/sqs/port")"
+    fi
     echo "export WALRELAY_TEST_SCRIPTS='$here'"
   } > "$env.tmp.$$"
   mv "$env.tmp.$$" "$env"
@@ -717,8 +772,8 @@ case "${1:-}" in
 esac
 
 what="${2:-all}"
-if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq|redis|http)$ ]]; then
-  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|redis|http|all]" >&2; exit 2
+if [[ ${1:-} == start || ${1:-} == stop ]] && [[ ! $what =~ ^(all|pg|kafka|registry|nats|rabbitmq|redis|http|sqs)$ ]]; then
+  echo "usage: $0 $1 [pg|kafka|registry|nats|rabbitmq|redis|http|sqs|all]" >&2; exit 2
 fi
 case "${1:-}" in
   start)
@@ -730,6 +785,7 @@ case "${1:-}" in
     [[ $what == rabbitmq ]] && rabbit_start
     [[ $what == redis ]] && redis_start
     [[ $what == http ]] && http_start
+    [[ $what == sqs ]] && sqs_start
     write_env
     sed -n 's/^export //p' "$RUN_DIR/env" >&2 ;;
   stop)
@@ -738,6 +794,7 @@ case "${1:-}" in
     [[ $what == all || $what == rabbitmq ]] && rabbit_stop
     [[ $what == all || $what == redis ]] && redis_stop
     [[ $what == all || $what == http ]] && http_stop
+    [[ $what == all || $what == sqs ]] && sqs_stop
     [[ $what == all || $what == kafka ]] && kafka_stop
     [[ $what == all || $what == pg ]] && pg_stop
     true ;;
@@ -753,6 +810,8 @@ case "${1:-}" in
   redis-start) redis_start keep-port && write_env ;;
   http-stop) http_stop keep-port ;;
   http-start) http_start keep-port && write_env ;;
+  sqs-stop) sqs_stop keep-port ;;
+  sqs-start) sqs_start keep-port && write_env ;;
   rabbitmqctl) shift; (rabbit_env; "$RABBIT_BIN/rabbitmqctl" -n "$RABBITMQ_NODENAME" "$@") ;;
   pg-restart) as_pg "$(cur_bin)/pg_ctl" -D "$(pg_data_dir "$(cur_major)")" -m "${2:-fast}" -w -t 60 restart \
       -l "$(pg_log "$(cur_major)")" >/dev/null ;;
@@ -771,6 +830,6 @@ case "${1:-}" in
   status)  # exit 0 when both services run
     pg_running && [[ -f "$RUN_DIR/kafka/pid" ]] && alive "$(cat "$RUN_DIR/kafka/pid")" ;;
   clean) "$0" stop; rm -rf "$RUN_DIR" ;;  # the lock file stays: a waiter may hold it open
-  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | redis-stop | redis-start | http-stop | http-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
+  *) echo "usage: $0 start|stop [pg|kafka|registry|all] | env | status | kafka-stop | kafka-start | registry-stop | registry-start | nats-stop | nats-start | rabbitmq-stop | rabbitmq-start | redis-stop | redis-start | http-stop | http-start | sqs-stop | sqs-start | rabbitmqctl ARGS | pg-restart [fast|immediate]" \
        "| standby start|promote|stop [fast|immediate] | primary stop [fast|immediate] | clean" >&2; exit 2 ;;
 esac

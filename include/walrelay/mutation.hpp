@@ -37,6 +37,7 @@ enum class Break {
   zombie_not_fenced,        // exactly once: each producer a transactional.id of its own, so a new one fences no zombie
   redis_ack_at_submit,      // Redis: a record reported delivered once queued for the worker, before Redis answered
   http_retry_releases_key,  // HTTP: a request waiting to be tried again frees its key, so the key's later events pass it
+  sqs_call_ok_is_delivered, // SQS: a call answered 200 counts every entry delivered, its Failed ones too
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

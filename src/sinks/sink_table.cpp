@@ -8,6 +8,7 @@
 #include "walrelay/sinks/nats/nats_sink.hpp"
 #include "walrelay/sinks/rabbitmq/rabbitmq_sink.hpp"
 #include "walrelay/sinks/redis/redis_sink.hpp"
+#include "walrelay/sinks/sqs/sqs_sink.hpp"
 
 namespace walrelay {
 
@@ -47,12 +48,19 @@ std::unique_ptr<Sink> make_http(boost::asio::io_context& io, const Config& confi
 
 void validate_http(const Config& config) { (void)http_config(config); }
 
+std::unique_ptr<Sink> make_sqs(boost::asio::io_context& io, const Config& config) {
+  return std::make_unique<SqsSink>(io, sqs_config(config));
+}
+
+void validate_sqs(const Config& config) { (void)sqs_config(config); }
+
 const SinkKind kinds[] = {
     {"kafka", {}, validate_kafka, make_kafka},
     {"nats-jetstream", nats_jetstream_keys(), validate_nats, make_nats},
     {"rabbitmq", rabbitmq_keys(), validate_rabbitmq, make_rabbitmq},
     {"redis", redis_keys(), validate_redis, make_redis},
     {"http", http_keys(), validate_http, make_http},
+    {"sqs", sqs_keys(), validate_sqs, make_sqs},
 };
 
 }  // namespace

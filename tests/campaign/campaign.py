@@ -2,7 +2,7 @@
 """The fault campaign (issue #38): every outbox shape, faults at random
 moments, one checker of the whole history, for one sink and mode.
 
-  campaign.py --sink kafka|kafka-eos|nats|rabbitmq|redis|http [--seed N] [--duration S] [--no-faults]
+  campaign.py --sink kafka|kafka-eos|nats|rabbitmq|redis|http|sqs [--seed N] [--duration S] [--no-faults]
 
 Runs on the `campaign` services group's servers (WALRELAY_SERVICES_GROUP,
 default `campaign`; start them with `scripts/services.sh start`, and `start
@@ -319,7 +319,7 @@ class Campaign:
         self.dir = args.workdir or f"/tmp/walrelay-campaign-{self.name}"
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
-        if args.sink in ("nats", "rabbitmq", "redis", "http"):
+        if args.sink in ("nats", "rabbitmq", "redis", "http", "sqs"):
             # On demand, as the sink tests start theirs (`stop` stops them).
             subprocess.run([f"{ROOT}/scripts/services.sh", "start", args.sink], check=True, capture_output=True,
                            env=dict(os.environ, WALRELAY_SERVICES_GROUP=args.group))
@@ -427,6 +427,18 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             cfg += ["sink.type=http", f"sink.http.url=http://127.0.0.1:{port}/${{topic}}", "sink.http.timeout.ms=5000",
                     "sink.http.retry.interval.ms=200", "sink.http.retries=3"]
             self.http("fault", "--prefix", self.topic, "--status", "413", "--min-size", str(SIZE_LIMIT))
+        elif sink == "sqs":
+            # ElasticMQ behind the proxy, FIFO queues made here (walrelay
+            # makes none); the main queue refuses a message over the limit
+            # (the oversized rows go to the dead letters).
+            upstream = s["WALRELAY_TEST_SQS"].split("//", 1)[1]
+            port = self.toxi.proxy("broker", "127.0.0.1:0", upstream)
+            self.broker_port = port
+            cfg += ["sink.type=sqs", f"sink.sqs.queue.url=http://127.0.0.1:{port}/000000000000/${{topic}}.fifo",
+                    "sink.sqs.region=us-east-1", "sink.sqs.timeout.ms=5000", "sink.sqs.retry.interval.ms=200",
+                    "sink.sqs.retries=3"]
+            self.sqs("create", "--queue", self.sqs_queue(self.topic) + ".fifo", "--max-size", str(SIZE_LIMIT))
+            self.sqs("create", "--queue", self.sqs_queue(self.dead) + ".fifo")
         with open(f"{self.dir}/walrelay.properties", "w") as f:
             f.write("\n".join(cfg) + "\n")
 
@@ -478,6 +490,17 @@ COMMIT;
                             f"{self.run_dir}/http/store"], capture_output=True, text=True, timeout=600)
         if check and r.returncode != 0:
             raise RuntimeError(f"http read.py {a}: {r.stderr}")
+        return r.stdout
+
+    @staticmethod
+    def sqs_queue(topic):
+        return "".join(c if c.isalnum() or c in "-_" else "_" for c in topic)
+
+    def sqs(self, *a, check=True):
+        r = subprocess.run([PY, f"{ROOT}/tests/integration/sqs/read.py", "--endpoint", self.s["WALRELAY_TEST_SQS"],
+                            "--store", f"{self.run_dir}/sqs/store", *a], capture_output=True, text=True, timeout=600)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"sqs read.py {a}: {r.stderr}")
         return r.stdout
 
     def redis(self, *a, check=True):
@@ -620,7 +643,7 @@ COMMIT;
 
     def broker(self):
         return {"kafka": "kafka", "kafka-eos": "kafka", "nats": "nats", "rabbitmq": "rabbitmq",
-                "redis": "redis", "http": "http"}[self.args.sink]
+                "redis": "redis", "http": "http", "sqs": "sqs"}[self.args.sink]
 
     def broker_pid(self):
         with open(f"{self.run_dir}/{self.broker()}/pid") as f:
@@ -768,7 +791,7 @@ COMMIT;
         except OSError:
             return []
         prefix = {"rabbitmq": "wr-rabbitmq", "kafka": "rdk:broker", "redis": "wr-redis",
-                  "http": "wr-http"}.get(self.broker(), "")
+                  "http": "wr-http", "sqs": "wr-sqs"}.get(self.broker(), "")
         return sorted(t for t, n in names.items() if t != pid and n.startswith(prefix))
 
     def sink_thread_ahead(self, rng, entry):
@@ -961,6 +984,9 @@ COMMIT;
         if sink == "http":
             return {"main": parse(self.http("read", "--prefix", self.topic)),
                     "dead": parse(self.http("read", "--prefix", self.dead))}
+        if sink == "sqs":
+            return {"main": parse(self.sqs("read", "--prefix", self.sqs_queue(self.topic) + ".fifo")),
+                    "dead": parse(self.sqs("read", "--prefix", self.sqs_queue(self.dead) + ".fifo"))}
         return {"main": parse(self.rabbit("read", "--queue", f"{n}_q")),
                 "dead": parse(self.rabbit("read", "--queue", f"{n}_dlq"))}
 
@@ -1252,6 +1278,9 @@ COMMIT;
         elif self.args.sink == "http":
             self.http("delete", "--prefix", self.topic, check=False)
             self.http("delete", "--prefix", self.dead, check=False)
+        elif self.args.sink == "sqs":
+            self.sqs("delete", "--prefix", self.sqs_queue(self.topic), check=False)
+            self.sqs("delete", "--prefix", self.sqs_queue(self.dead), check=False)
         elif self.args.sink.startswith("kafka"):
             from confluent_kafka.admin import AdminClient
             AdminClient({"bootstrap.servers": self.s["WALRELAY_TEST_KAFKA"]}).delete_topics([self.topic, self.dead])
@@ -1259,7 +1288,7 @@ COMMIT;
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sink", required=True, choices=["kafka", "kafka-eos", "nats", "rabbitmq", "redis", "http"])
+    p.add_argument("--sink", required=True, choices=["kafka", "kafka-eos", "nats", "rabbitmq", "redis", "http", "sqs"])
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--no-faults", action="store_true")

@@ -10,7 +10,9 @@
 // every event exactly once. RabbitMQ keeps repeats (consumers deduplicate by
 // message_id): there every event at least once, each repeat within the
 // in-flight bound.
+#include <algorithm>
 #include <csignal>
+#include <set>
 #include <fstream>
 #include <future>
 
@@ -296,6 +298,83 @@ struct Http {
   static void start() { Services::control("http-start"); }
 };
 
+// Amazon SQS: ElasticMQ (started by scripts/services.sh), read back with
+// boto3 (tests/integration/sqs/read.py), into FIFO queues made beforehand
+// (SQS makes none at a send): each key's order kept by its message group,
+// and what a restart sends again within 5 minutes dropped by its
+// MessageDeduplicationId, the event id: exactly once there.
+struct Sqs {
+  static constexpr bool deduplicates = true;
+  static constexpr bool reads_consume = false;  // read.py keeps what it takes in a store
+  static constexpr const char* sink = "sqs";
+  static constexpr const char* message_id_header = "message_id";  // MessageDeduplicationId (read.py)
+  static constexpr const char* ack_timeout_key = "timeout.ms";
+  static std::string endpoint() {
+    static const bool started = [] {
+      Services::control("start sqs");
+      // As the AWS CLI reads them; ElasticMQ takes any.
+      ::setenv("AWS_ACCESS_KEY_ID", "walrelay-test", 1);
+      ::setenv("AWS_SECRET_ACCESS_KEY", "walrelay-test-secret", 1);
+      return true;
+    }();
+    (void)started;
+    auto a = Services::current("WALRELAY_TEST_SQS");
+    REQUIRE_FALSE(a.empty());
+    return a;
+  }
+  static CommandResult py(const std::string& args) {
+    return run_command(test_python() + " " + WALRELAY_SOURCE_DIR + "/tests/integration/sqs/read.py --endpoint " +
+                       endpoint() + " --store '" + Services::current("WALRELAY_RUN_DIR") + "/sqs/store' " + args +
+                       " 2>&1");
+  }
+  // A topic's queue name, as walrelay makes it ('.' as '_').
+  static std::string queue_name(const std::string& topic) {
+    std::string out = topic;
+    for (auto& c : out)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_')) c = '_';
+    return out;
+  }
+  // The FIFO queues of `topic_prefix` + each of `types`, made now, deleted at the end.
+  class Destination {
+   public:
+    Destination(std::string topic_prefix, const std::vector<std::string>& types, long max_size = 0)
+        : subject_prefix_(std::move(topic_prefix)), prefix_(queue_name(subject_prefix_)) {
+      std::string names;
+      for (auto& t : types) names += " '" + prefix_ + queue_name(t) + ".fifo'";
+      auto r = py("create --queue" + names + (max_size ? " --max-size " + std::to_string(max_size) : ""));
+      INFO(r.output);
+      REQUIRE(r.status == 0);
+    }
+    ~Destination() { py("delete --prefix '" + prefix_ + "'"); }
+    Destination(const Destination&) = delete;
+    Destination& operator=(const Destination&) = delete;
+    std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
+      return records_of(py("read --prefix '" + prefix_ + "' --subject-prefix '" + subject_prefix_ + "' --count " +
+                           std::to_string(at_least) + " --timeout " + std::to_string(timeout_s)));
+    }
+
+   private:
+    std::string subject_prefix_, prefix_;
+  };
+  // The types the templates route to.
+  static std::unique_ptr<Destination> topics(Fixture& f, long max_size = 0) {
+    return std::make_unique<Destination>(
+        f.topic_prefix, std::vector<std::string>{"Order", "Crash", "Outage", "Freeze", "Standby", "Pause", "Lost", "Stray"},
+        max_size);
+  }
+  static std::string dead_letter_topic(Fixture& f) { return f.slot + "-dead"; }
+  static std::unique_ptr<Destination> dead_letters(Fixture& f) {
+    return std::make_unique<Destination>(dead_letter_topic(f), std::vector<std::string>{""});
+  }
+  static std::string config(Fixture& f, const std::string& extra = "") {
+    return without_kafka(f, "sink.type=sqs\nsink.sqs.queue.url=" + endpoint() +
+                                "/000000000000/${topic}.fifo\nsink.sqs.region=us-east-1\n" + extra);
+  }
+  static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/sqs/pid"; }
+  static void stop() { Services::control("sqs-stop"); }
+  static void start() { Services::control("sqs-start"); }
+};
+
 // Kafka in the same shape, for the tests of every sink: the fixture's
 // "Pause" topic, read with kcat (every read sees everything).
 struct Kafka {
@@ -434,7 +513,7 @@ std::uint64_t event_inside(Fixture& f, const std::string& type, const std::strin
 TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit order per key, with the event id as "
                    "the message id, its key and headers, persistent - never a rolled-back one - and /slot, /readyz "
                    "and /metrics name the sink",
-                   "[nats][rabbitmq][redis][http]", Nats, RabbitMq, Redis, Http) {
+                   "[nats][rabbitmq][redis][http][sqs]", Nats, RabbitMq, Redis, Http, Sqs) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);
@@ -463,7 +542,7 @@ TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit o
 }
 
 TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed event arrives, in order per key",
-                   "[nats][rabbitmq][redis][http][fault]", Nats, RabbitMq, Redis, Http) {
+                   "[nats][rabbitmq][redis][http][sqs][fault]", Nats, RabbitMq, Redis, Http, Sqs) {
   const long total = scaled(8000, 40000);
   const int kills = static_cast<int>(scaled(3, 8));
   const long inflight_limit = 500;
@@ -508,7 +587,7 @@ TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed
 
 TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the slot holds below an event written "
                    "meanwhile, /readyz names the sink, and afterwards every event is there, in order",
-                   "[nats][rabbitmq][redis][http][fault][solo]", Nats, RabbitMq, Redis, Http) {
+                   "[nats][rabbitmq][redis][http][sqs][fault][solo]", Nats, RabbitMq, Redis, Http, Sqs) {
   const long inflight_limit = 500;
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -553,7 +632,7 @@ TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the
 
 TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is "
                    "held back and RSS stays flat - thawed, everything arrives",
-                   "[nats][rabbitmq][redis][http][fault][solo]", Nats, RabbitMq, Redis, Http) {
+                   "[nats][rabbitmq][redis][http][sqs][fault][solo]", Nats, RabbitMq, Redis, Http, Sqs) {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
   Fixture f;
@@ -703,7 +782,7 @@ TEMPLATE_TEST_CASE("sinks: a message the broker refuses for good (over the strea
 }
 
 TEMPLATE_TEST_CASE("sinks: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
-                   "[nats][rabbitmq][redis][http][fault]", Nats, RabbitMq, Redis, Http) {
+                   "[nats][rabbitmq][redis][http][sqs][fault]", Nats, RabbitMq, Redis, Http, Sqs) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);
@@ -1991,4 +2070,162 @@ TEST_CASE("http: a retry that is due while every request place is taken waits wi
   CHECK(used < 0.5);
   (void)read_settled(f, *to);
   CHECK(http_lines("read", f.topic("A")).size() == 1);
+}
+
+TEST_CASE("sqs: a queue that is not there holds the slot with QueueDoesNotExist on /readyz and dead-letters "
+          "nothing; once it is made every event arrives, in order per key",
+          "[sqs][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto dead = Sqs::dead_letters(f);
+  Walrelay relay(Sqs::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + Sqs::dead_letter_topic(f) +
+                                    "\nsink.sqs.retry.interval.ms=200\n"));
+  relay.start();
+  relay.wait_streaming();
+  auto in_first = event_inside(f, "Later", "k");
+  for (int i = 0; i < 3; ++i)
+    f.db().exec(insert_event(f.table, "Later", "k" + std::to_string(i % 2), "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+  HttpResponse ready;
+  REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).body.find("QueueDoesNotExist") != std::string::npos; }, 30s));
+  INFO(ready.body);
+  CHECK(ready.status == 503);
+  CHECK(ready.body.find("broker unreachable (sqs)") != std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) < in_first);
+  Sqs::Destination later(f.topic_prefix, {"Later"});
+  auto recs = read_settled(f, later);
+  check_delivered<Sqs>(f, recs, 4);
+  for (auto& r : recs) CHECK(r.topic == f.topic("Later"));
+  CHECK(dead->read().empty());
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 0);
+  CHECK(eventually([&] { return relay.get("/readyz").status == 200; }, 20s));
+}
+
+TEST_CASE("sqs: a message SQS refuses fails on its own - one over the size limit, one with a character SQS does "
+          "not take - dead-lettered without the value its queue would refuse too, with the reason, its id and key, "
+          "the others on in order; a standard queue takes every event, attributes as the headers",
+          "[sqs][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Sqs::topics(f);
+  auto dead = Sqs::dead_letters(f);
+  Walrelay relay(Sqs::config(f, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" +
+                                    Sqs::dead_letter_topic(f) + "\nerrors.deadletterqueue.context.headers.enable=true\n"));
+  relay.start();
+  relay.wait_streaming();
+  // One transaction: its records go in one call, the refused one (U+FFFF, a
+  // character SQS refuses in a body) in its middle, answered as that entry's
+  // own failure; then one over 256 KiB, refused whole, alone.
+  f.db().exec("BEGIN; " + insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 1)") + "; " +
+              insert_event(f.table, "Order", "b", "jsonb_build_object('seq', 2, 'bad', chr(65535))") + "; " +
+              insert_event(f.table, "Order", "c", "jsonb_build_object('seq', 3)") + "; COMMIT");
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 4)"));
+  f.db().exec(insert_event(f.table, "Order", "d", "jsonb_build_object('seq', 5, 'pad', repeat('x', 300000))"));
+  f.db().exec(insert_event(f.table, "Order", "a", "jsonb_build_object('seq', 6)"));
+  auto invalid_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE payload->>'seq' = '2'");
+  auto large_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE payload->>'seq' = '5'");
+  auto recs = read_settled(f, *to);
+  std::vector<std::string> seqs;
+  for (auto& r : recs) seqs.push_back(json::parse(*r.value)["seq"].dump());
+  std::sort(seqs.begin(), seqs.end());
+  CHECK(seqs == std::vector<std::string>{"1", "3", "4", "6"});
+  check_order_per_key(recs);
+  auto dead_recs = dead->read(2);
+  REQUIRE(dead_recs.size() == 2);
+  std::map<std::string, KafkaRecord> by_id;
+  for (auto& d : dead_recs) by_id[d.header("id").value_or("")] = d;
+  REQUIRE(by_id.count(invalid_id) == 1);
+  REQUIRE(by_id.count(large_id) == 1);
+  auto& invalid = by_id[invalid_id];
+  auto& large = by_id[large_id];
+  INFO(invalid.header("__connect.errors.exception.message").value_or(""));
+  CHECK(invalid.key == std::optional<std::string>("b"));
+  CHECK(invalid.header("walrelay.error.reason") == std::optional<std::string>("invalid_record"));
+  CHECK(invalid.header("__connect.errors.exception.message").value_or("").find("SendMessageBatch") != std::string::npos);
+  CHECK(large.key == std::optional<std::string>("d"));
+  CHECK(large.header("walrelay.error.reason") == std::optional<std::string>("msg_size_too_large"));
+  CHECK(std::stol(large.header("walrelay.value.dropped.bytes").value_or("0")) > 300000);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 2);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+
+  // A standard queue: every event, with its attributes (no order promised).
+  const std::string plain = Sqs::queue_name(f.topic_prefix) + "Plain";
+  auto made = Sqs::py("create --queue '" + plain + "'");
+  REQUIRE(made.status == 0);
+  auto cfg = Sqs::config(f);
+  cfg.replace(cfg.find("${topic}.fifo"), std::string("${topic}.fifo").size(), "${topic}");
+  Walrelay standard(cfg);
+  standard.start();
+  standard.wait_streaming();
+  Writer writer(f.table, "Plain", 300, 10, 0ms);
+  writer.join();
+  auto got = Sqs::py("read --prefix '" + plain + "' --count 300 --timeout 60");
+  auto plain_recs = records_of(got);
+  std::set<std::string> ids;
+  for (auto& r : plain_recs) {
+    ids.insert(r.header("id").value_or(""));
+    CHECK(r.key.has_value());
+    CHECK(r.header("message_id") == std::nullopt);  // no deduplication id on a standard queue
+  }
+  CHECK(ids.size() == 300);
+  Sqs::py("delete --prefix '" + plain + "'");
+}
+
+TEST_CASE("sqs: calls signed with AWS Signature V4 by the environment's credentials; an answer refusing them "
+          "(InvalidClientTokenId) halts naming it, never dead-lettered, nothing confirmed past it",
+          "[sqs][http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  (void)Sqs::endpoint();  // the credentials in the environment
+  // The project's HTTP receiver stands for SQS here: ElasticMQ takes any
+  // signature. Its rule matches this test's queue in the body.
+  const std::string queue = Sqs::queue_name(f.topic("Denied")) + ".fifo";
+  Http::fault("", "--status 403 --match '" + queue + "' --reply "
+                  "'{\"__type\":\"com.amazonaws.sqs#InvalidClientTokenId\",\"message\":\"The security token included "
+                  "in the request is invalid.\"}'");
+  auto dead = Sqs::dead_letters(f);
+  Walrelay relay(without_kafka(f, "sink.type=sqs\nsink.sqs.queue.url=http://" + Http::address() +
+                                      "/000000000000/${topic}.fifo\nsink.sqs.region=eu-north-1\nerrors.tolerance=all\n"
+                                      "errors.deadletterqueue.topic.name=" + Sqs::dead_letter_topic(f) + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  const auto before = f.db().current_wal_lsn();
+  f.db().exec(insert_event(f.table, "Denied", "a", "jsonb_build_object('seq', 1)"));
+  CHECK(relay.wait_exit(60s) != 0);
+  INFO(relay.log());
+  CHECK(relay.log().find("answered 403 InvalidClientTokenId: The security token included in the request is invalid") !=
+        std::string::npos);
+  CHECK(relay.log().find("walrelay-test-secret") == std::string::npos);
+  CHECK(f.db().confirmed_flush(f.slot) <= before);
+  CHECK(dead->read().empty());
+  // What the receiver got: the call, signed (SigV4, the region and service
+  // named), the signature checked by read.py's own HMAC over what arrived.
+  auto r = Http::py("attempts --prefix _root");
+  REQUIRE(r.status == 0);
+  auto checked = Http::py("sigv4 --prefix _root --secret walrelay-test-secret");
+  REQUIRE(checked.status == 0);
+  std::map<long, json> signature_of;
+  std::istringstream verdicts(checked.output);
+  for (std::string line; std::getline(verdicts, line);) {
+    auto v = json::parse(line, nullptr, false);
+    if (v.is_object()) signature_of[v["seq"].get<long>()] = v;
+  }
+  int seen = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    auto a = json::parse(line, nullptr, false);
+    if (!a.is_object() || a.value("body", "").find(queue) == std::string::npos) continue;
+    ++seen;
+    INFO(signature_of[a["seq"].get<long>()].dump());
+    CHECK(signature_of[a["seq"].get<long>()]["ok"] == true);
+    CHECK(a["status"] == 403);
+    const std::string auth = a["headers"].value("Authorization", "");
+    INFO(auth);
+    CHECK(auth.starts_with("AWS4-HMAC-SHA256 Credential=walrelay-test/"));
+    CHECK(auth.find("/eu-north-1/sqs/aws4_request") != std::string::npos);
+    CHECK(auth.find("Signature=") != std::string::npos);
+    CHECK(a["headers"].value("X-Amz-Target", "") == "AmazonSQS.SendMessageBatch");
+    CHECK(a["headers"].value("Content-Type", "") == "application/x-amz-json-1.0");
+  }
+  CHECK(seen == 1);  // refused credentials halt at the first answer, never tried again
 }

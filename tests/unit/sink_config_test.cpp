@@ -7,6 +7,14 @@
 #include "walrelay/sinks/http/http_config.hpp"
 #include "walrelay/sinks/nats/nats_config.hpp"
 #include "walrelay/sinks/redis/redis_config.hpp"
+#include "walrelay/sinks/sqs/sqs_config.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 
 using namespace walrelay;
 
@@ -50,7 +58,7 @@ TEST_CASE("sink config: kafka is the default, nats-jetstream takes Debezium Serv
 }
 
 TEST_CASE("sink config: what a sink does not take is refused, naming the key and why", "[config][sink]") {
-  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream, rabbitmq, redis or http") !=
+  CHECK(error_of("sink.type=rabbit\n").find("sink.type: expected kafka, nats-jetstream, rabbitmq, redis, http or sqs") !=
         std::string::npos);
   CHECK(error_of("sink.type=nats-jetstream\nkafka.bootstrap.servers=x:1\n")
             .find("kafka.bootstrap.servers: sink.type is nats-jetstream") != std::string::npos);
@@ -164,4 +172,86 @@ TEST_CASE("sink config: http takes Debezium Server's keys (url, timeout.ms, retr
         std::string::npos);
   CHECK(error_of(base + "sink.http.nonsense=1\n").find("sink.http.nonsense: unknown key of the http sink") !=
         std::string::npos);
+}
+
+// The process's AWS_* variables for one test, put back after.
+struct AwsEnvironment {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  explicit AwsEnvironment(std::vector<std::pair<std::string, std::string>> set) {
+    for (const char* name : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+                             "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+      const char* v = std::getenv(name);
+      saved.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      ::unsetenv(name);
+    }
+    for (auto& [k, v] : set) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~AwsEnvironment() {
+    for (auto& [k, v] : saved)
+      if (v) ::setenv(k.c_str(), v->c_str(), 1);
+      else ::unsetenv(k.c_str());
+  }
+};
+
+TEST_CASE("sink config: sqs - the queue URL's ${topic} a queue name, the region from the host, credentials as the "
+          "AWS CLI finds them, FIFO by the name, ids SQS takes",
+          "[config][sink][sqs]") {
+  const std::string base = "sink.type=sqs\nsink.sqs.queue.url=https://sqs.eu-west-1.amazonaws.com/123456789012/${topic}.fifo\n";
+  {
+    AwsEnvironment env({{"AWS_ACCESS_KEY_ID", "AKIDENV"}, {"AWS_SECRET_ACCESS_KEY", "s3cret-env"}, {"AWS_SESSION_TOKEN", "tok"}});
+    auto s = sqs_config(parse_config(base, "t", {}));
+    CHECK(s.region == "eu-west-1");
+    CHECK(s.access_key_id == "AKIDENV");
+    CHECK(s.secret_access_key == "s3cret-env");
+    CHECK(s.session_token == "tok");
+    CHECK(s.batch_size == 10);
+    CHECK(s.batch_max_bytes == 262144);
+    CHECK(sqs_queue_url(s, "outbox.event.Order") ==
+          "https://sqs.eu-west-1.amazonaws.com/123456789012/outbox_event_Order.fifo");
+    CHECK(sqs_is_fifo(sqs_queue_url(s, "x")));
+    CHECK_FALSE(sqs_is_fifo("https://sqs.eu-west-1.amazonaws.com/1/plain"));
+    CHECK(sqs_endpoint(sqs_queue_url(s, "x")) == "https://sqs.eu-west-1.amazonaws.com/");
+    CHECK(sqs_endpoint("http://127.0.0.1:9324/000000000000/q") == "http://127.0.0.1:9324/");
+    // Neither the credentials nor the secret key is shown.
+    auto shown = parse_config(base, "t", {}).describe();
+    CHECK(shown.find("s3cret-env") == std::string::npos);
+    CHECK(error_of(base + "sink.sqs.batch.size=11\n").find("sink.sqs.batch.size") != std::string::npos);
+    CHECK(error_of(base + "sink.sqs.endpoint=http://x\n").find("sink.sqs.endpoint: walrelay calls") != std::string::npos);
+    CHECK(error_of(base + "sink.sqs.bogus=1\n").find("sink.sqs.bogus: unknown key of the sqs sink") != std::string::npos);
+    CHECK(error_of("sink.type=sqs\n").find("sink.sqs.queue.url: sink.type=sqs needs the queue URL") != std::string::npos);
+    // A host that names no region needs one.
+    CHECK(error_of("sink.type=sqs\nsink.sqs.queue.url=http://127.0.0.1:9324/0/q\n").find("sink.sqs.region") !=
+          std::string::npos);
+    auto local = sqs_config(parse_config("sink.type=sqs\nsink.sqs.queue.url=http://127.0.0.1:9324/0/q\nsink.sqs.region=us-east-1\n", "t", {}));
+    CHECK(local.region == "us-east-1");
+  }
+  {
+    // A profile in the shared credentials file; named in the configuration,
+    // it wins over the environment's keys.
+    const std::string dir = "/tmp/walrelay-sqs-unit-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/credentials") << "[default]\naws_access_key_id = AKIDDEF\naws_secret_access_key = def\n"
+                                           "# a comment\n[ops]\naws_access_key_id=AKIDOPS\naws_secret_access_key=ops-s3cret\n";
+    std::ofstream(dir + "/config") << "[profile cfg]\naws_access_key_id=AKIDCFG\naws_secret_access_key=cfg\n";
+    AwsEnvironment env({{"AWS_SHARED_CREDENTIALS_FILE", dir + "/credentials"}, {"AWS_CONFIG_FILE", dir + "/config"},
+                        {"AWS_ACCESS_KEY_ID", "AKIDENV"}, {"AWS_SECRET_ACCESS_KEY", "env"}});
+    auto ops = sqs_config(parse_config(base + "sink.sqs.credentials.profile=ops\n", "t", {}));
+    CHECK(ops.access_key_id == "AKIDOPS");
+    CHECK(ops.secret_access_key == "ops-s3cret");
+    CHECK(ops.session_token.empty());
+    auto cfg = sqs_config(parse_config(base + "sink.sqs.credentials.profile=cfg\n", "t", {}));
+    CHECK(cfg.access_key_id == "AKIDCFG");
+    CHECK(sqs_config(parse_config(base, "t", {})).access_key_id == "AKIDENV");
+    auto missing = error_of(base + "sink.sqs.credentials.profile=nope\n");
+    CHECK(missing.find("sink.sqs.credentials.profile: no AWS credentials") != std::string::npos);
+    CHECK(missing.find("profile \"nope\"") != std::string::npos);
+    std::filesystem::remove_all(dir);
+  }
+  // MessageGroupId and MessageDeduplicationId: as they are when SQS takes them.
+  CHECK(sqs_id_of("order-42") == "order-42");
+  CHECK(sqs_id_of("9c5b7b7e-1f2a-4d7c-9a0e-3b8c2f1d4e5a") == "9c5b7b7e-1f2a-4d7c-9a0e-3b8c2f1d4e5a");
+  CHECK(sqs_id_of("with space").starts_with("sha256:"));
+  CHECK(sqs_id_of(std::string(129, 'a')).size() == 7 + 64);
+  CHECK(sqs_id_of("with space") == sqs_id_of("with space"));
+  CHECK(sqs_id_of("") != "");
 }

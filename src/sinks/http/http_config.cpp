@@ -172,9 +172,10 @@ HttpConfig http_config(const Config& config) {
   return h;
 }
 
-std::string http_url(const HttpConfig& config, std::string_view topic) {
+std::string http_url(const HttpConfig& config, std::string_view topic) { return url_with_topic(config.url, topic); }
+
+std::string url_with_topic(std::string_view tpl, std::string_view topic) {
   std::string out;
-  const std::string_view tpl = config.url;
   constexpr std::string_view placeholder = "${topic}";
   std::size_t at = 0;
   while (true) {

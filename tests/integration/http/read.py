@@ -10,6 +10,8 @@ is given (Standard Webhooks, checked here with Python's hmac).
   read.py fault --store DIR --prefix P --status N [--count N] [--retry-after S] [--match TEXT] [--min-size BYTES]
           [--delay-ms N] [--reply TEXT]    the next N requests (every one without --count) answered so
   read.py delete --store DIR --prefix P
+  read.py sigv4 --store DIR --prefix P --secret KEY   each attempt's AWS Signature V4 checked with KEY
+          (hashlib and hmac, as AWS's documents say; the sqs sink's calls)
 """
 import argparse
 import base64
@@ -47,6 +49,29 @@ def signature_ok(secret, headers, body):
     return any(hmac.compare_digest(expected, g) for g in given)
 
 
+def sigv4_check(attempt, secret):
+    """{"ok": the signature is the one KEY makes, "signed": the signed headers}:
+    the canonical request from the headers the Authorization names, the path,
+    no query and the body's SHA-256; the key derived from the date, region
+    and service of its credential scope."""
+    h = {k.lower(): v for k, v in attempt["headers"].items()}
+    fields = dict(part.strip().split("=", 1) for part in h.get("authorization", "").split(" ", 1)[-1].split(","))
+    _, date, region, service, _ = fields["Credential"].split("/")
+    signed = fields["SignedHeaders"].split(";")
+    canonical_headers = "".join("%s:%s\n" % (n, " ".join(h.get(n, "").split())) for n in signed)
+    body = attempt.get("body", "").encode()
+    canonical = "\n".join(["POST", "/" + attempt["path"], "", canonical_headers, ";".join(signed),
+                           hashlib.sha256(body).hexdigest()])
+    scope = "/".join([date, region, service, "aws4_request"])
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", h["x-amz-date"], scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + secret).encode()
+    for part in (date, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return {"seq": attempt["seq"], "ok": hmac.compare_digest(expected, fields["Signature"]), "signed": signed,
+            "credential": fields["Credential"]}
+
+
 def shaped(rec, secret):
     headers = {}
     for name, value in rec["headers"].items():
@@ -69,7 +94,7 @@ def shaped(rec, secret):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["read", "attempts", "fault", "delete"])
+    p.add_argument("command", choices=["read", "attempts", "fault", "delete", "sigv4"])
     p.add_argument("--store", required=True)
     p.add_argument("--prefix", required=True)
     p.add_argument("--count", type=int, default=0)
@@ -114,6 +139,10 @@ def main():
     if a.command == "attempts":
         for rec in load(a.store, a.prefix, ".attempts.jsonl"):
             print(json.dumps(rec))
+        return
+    if a.command == "sigv4":
+        for rec in load(a.store, a.prefix, ".attempts.jsonl"):
+            print(json.dumps(sigv4_check(rec, a.secret)))
         return
     deadline = time.time() + a.timeout
     recs = load(a.store, a.prefix, ".jsonl")

@@ -2,7 +2,7 @@
 """The tests' HTTP endpoint for walrelay's http sink: Python's standard
 library only, independent of walrelay's code.
 
-Each POST to /<topic> is answered 2xx once its request is appended to
+Each POST to /<topic> (/ is "_root") is answered 2xx once its request is appended to
 STORE/<topic>.jsonl (flushed first: a 2xx means it is stored), or with a
 fault the tests asked for (STORE/faults.json, read at each request). Every
 attempt, answered or not, goes to STORE/<topic>.attempts.jsonl. HEAD answers
@@ -62,15 +62,18 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(length)
         body = raw.decode("utf-8", errors="replace")
-        topic = urllib.parse.unquote(self.path.lstrip("/"))
+        path = self.path.lstrip("/")
+        topic = urllib.parse.unquote(path) or "_root"  # (an SQS call's path is "/")
         headers = {name: value for name, value in self.headers.items()}
         store = self.server.store
         with lock:
             sequence += 1
             seq = sequence
             rule = fault_for(store, topic, body)
-            attempt = {"seq": seq, "t": time.time(), "topic": topic, "headers": headers,
+            attempt = {"seq": seq, "t": time.time(), "topic": topic, "path": path, "headers": headers,
                        "status": rule["status"] if rule else 200}
+            if topic == "_root":
+                attempt["body"] = body  # (an SQS call's, for its signature's check)
             with open(os.path.join(store, topic + ".attempts.jsonl"), "a") as f:
                 f.write(json.dumps(attempt) + "\n")
             if not rule or 200 <= rule["status"] < 300:

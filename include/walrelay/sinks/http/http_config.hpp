@@ -49,6 +49,9 @@ std::span<const std::string_view> http_keys();
 HttpConfig http_config(const Config& config);
 // The URL of a record routed to `topic`.
 std::string http_url(const HttpConfig& config, std::string_view topic);
+// A URL template with each ${topic} replaced by `topic` as one path segment
+// (what would end or escape it percent-encoded).
+std::string url_with_topic(std::string_view tpl, std::string_view topic);
 // The URL as messages show it: scheme, host and port (user info, path and
 // query may hold secrets).
 std::string http_url_for_log(std::string_view url);
