@@ -146,6 +146,12 @@ void Relay::start() {
 }
 
 void Relay::request_stop() {
+  if (restart_requested_) {
+    // A signal during a restart's winding down: the process stops instead,
+    // and says so (CI run 33 logged "session ended for the restart" last).
+    restart_requested_ = false;
+    spdlog::info("{} stop requested during the restart: no new session begins", context());
+  }
   if (stop_requested_) return;
   spdlog::info("{} stop requested: finishing in-flight records", context());
   begin_stop();

@@ -93,12 +93,29 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(reply)
 
 
+def last_sequence(store):
+    """The highest seq the store holds: a receiver started again on its store
+    (http-start) goes on from there, so that seq stays the arrival order."""
+    last = 0
+    for name in os.listdir(store):
+        if name.endswith(".jsonl"):
+            with open(os.path.join(store, name)) as f:
+                for line in f:
+                    try:
+                        last = max(last, json.loads(line)["seq"])
+                    except (ValueError, KeyError):
+                        pass
+    return last
+
+
 def main():
+    global sequence
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--store", required=True)
     a = p.parse_args()
     os.makedirs(a.store, exist_ok=True)
+    sequence = last_sequence(a.store)
     server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     server.daemon_threads = True
     server.store = a.store

@@ -5,8 +5,9 @@ messages, so each read drains the queues into a store of JSON lines
 (--store, one file per queue, under a lock) and prints the whole store: every
 read sees everything, as a stream's reader would. Lines are shaped like the
 other brokers' readers': subject (the queue's name, --prefix replaced by
---subject-prefix, ".fifo" left off), seq (the queue's SequenceNumber order on
-a FIFO queue, arrival order otherwise), data (the body), headers (the message
+--subject-prefix, ".fifo" left off), seq (the order the queue gave them in:
+a FIFO queue gives each group's in its order; ElasticMQ's SequenceNumber
+starts again after a restart, so it cannot order them), data (the body), headers (the message
 attributes; the key as `key`), message_id (MessageDeduplicationId) and group
 (MessageGroupId).
 
@@ -83,8 +84,6 @@ def read(args):
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 drain(sqs, url, path)
                 got = stored(path)
-            if name.endswith(".fifo"):
-                got.sort(key=lambda r: int(r["sequence"]))
             subject = name[:-len(".fifo")] if name.endswith(".fifo") else name
             if args.subject_prefix is not None and subject.startswith(args.prefix):
                 subject = args.subject_prefix + subject[len(args.prefix):]
