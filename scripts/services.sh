@@ -63,8 +63,8 @@
 # `start sqs` runs ElasticMQ $ELASTICMQ_VERSION (1.6.14 by default; an
 # SQS-compatible server, from Maven Central on first use, in
 # $CACHE_ROOT/elasticmq-<version>) on loopback and a free port, its queues
-# and messages kept in $RUN_DIR/sqs/data (a stop with SIGTERM keeps them; it
-# does not fsync); `env` then adds WALRELAY_TEST_SQS (http://127.0.0.1:<port>).
+# and messages kept in $RUN_DIR/sqs/data (H2, written at each commit:
+# a kill -9 keeps what it answered; no fsync, a machine crash may not); `env` then adds WALRELAY_TEST_SQS (http://127.0.0.1:<port>).
 # It takes any credentials. Log: $RUN_DIR/sqs/elasticmq.log.
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
@@ -625,7 +625,7 @@ include classpath("application.conf")
 node-address { protocol = http, host = 127.0.0.1, port = $port, context-path = "" }
 rest-sqs { enabled = true, bind-port = $port, bind-hostname = "127.0.0.1", sqs-limits = strict }
 rest-stats { enabled = false }
-messages-storage { enabled = true, uri = "jdbc:h2:$d/data/messages" }
+messages-storage { enabled = true, uri = "jdbc:h2:$d/data/messages;WRITE_DELAY=0" }
 queues-storage { enabled = true, path = "$d/data/queues.conf" }
 CONF
   (

@@ -55,12 +55,12 @@ std::unique_ptr<Sink> make_sqs(boost::asio::io_context& io, const Config& config
 void validate_sqs(const Config& config) { (void)sqs_config(config); }
 
 const SinkKind kinds[] = {
-    {"kafka", {}, validate_kafka, make_kafka},
-    {"nats-jetstream", nats_jetstream_keys(), validate_nats, make_nats},
-    {"rabbitmq", rabbitmq_keys(), validate_rabbitmq, make_rabbitmq},
-    {"redis", redis_keys(), validate_redis, make_redis},
-    {"http", http_keys(), validate_http, make_http},
-    {"sqs", sqs_keys(), validate_sqs, make_sqs},
+    {"kafka", {}, validate_kafka, make_kafka, "kafka.bootstrap.servers"},
+    {"nats-jetstream", nats_jetstream_keys(), validate_nats, make_nats, "sink.nats-jetstream.url"},
+    {"rabbitmq", rabbitmq_keys(), validate_rabbitmq, make_rabbitmq, "sink.rabbitmq.connection.host"},
+    {"redis", redis_keys(), validate_redis, make_redis, "sink.redis.address"},
+    {"http", http_keys(), validate_http, make_http, "sink.http.url"},
+    {"sqs", sqs_keys(), validate_sqs, make_sqs, "sink.sqs.queue.url"},
 };
 
 }  // namespace

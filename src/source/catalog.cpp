@@ -3,6 +3,7 @@
 
 #include "walrelay/exit_codes.hpp"
 #include "walrelay/mutation.hpp"
+#include "walrelay/sinks/sink_table.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -1280,10 +1281,8 @@ asio::awaitable<CheckReport> check_setup(asio::io_context& io, const Config& con
     sink.check_connectivity(config.database_connect_timeout_ms);
   } catch (const std::exception& e) {
     // The key a reader looks at first for the sink's address.
-    const std::string where = config.sink_type == "kafka"            ? "kafka.bootstrap.servers"
-                              : config.sink_type == "nats-jetstream" ? "sink.nats-jetstream.url"
-                                                                     : "sink." + config.sink_type + ".connection.host";
-    report.problems.push_back(where + ": " + e.what());
+    const SinkKind* kind = find_sink_kind(config.sink_type);
+    report.problems.push_back(std::string(kind ? kind->address_key : "sink.type") + ": " + e.what());
   }
   co_return report;
 }

@@ -56,6 +56,7 @@ PY = sys.executable
 # An oversized row's payload, and the limit the sink enforces below it (the
 # producer's kafka.message.max.bytes, the NATS stream's max_msg_size).
 OVERSIZE = 150_000
+SQS_OVERSIZE = 300_000
 SIZE_LIMIT = 100_000
 # walrelay's RSS bound: its in-flight records are bounded by max.inflight.*
 # (2048 records; the largest event here is the oversized row, 150 kB), and the
@@ -429,15 +430,17 @@ CREATE TABLE {n}_p1 PARTITION OF {n}_p FOR VALUES WITH (MODULUS 2, REMAINDER 1);
             self.http("fault", "--prefix", self.topic, "--status", "413", "--min-size", str(SIZE_LIMIT))
         elif sink == "sqs":
             # ElasticMQ behind the proxy, FIFO queues made here (walrelay
-            # makes none); the main queue refuses a message over the limit
-            # (the oversized rows go to the dead letters).
+            # makes none); SQS refuses a message over 256 KiB (the
+            # oversized rows, SQS_OVERSIZE, go to the dead letters).
             upstream = s["WALRELAY_TEST_SQS"].split("//", 1)[1]
             port = self.toxi.proxy("broker", "127.0.0.1:0", upstream)
             self.broker_port = port
             cfg += ["sink.type=sqs", f"sink.sqs.queue.url=http://127.0.0.1:{port}/000000000000/${{topic}}.fifo",
                     "sink.sqs.region=us-east-1", "sink.sqs.timeout.ms=5000", "sink.sqs.retry.interval.ms=200",
                     "sink.sqs.retries=3"]
-            self.sqs("create", "--queue", self.sqs_queue(self.topic) + ".fifo", "--max-size", str(SIZE_LIMIT))
+            # As the AWS CLI reads them (ElasticMQ takes any), for walrelay.
+            os.environ.update(AWS_ACCESS_KEY_ID="walrelay-campaign", AWS_SECRET_ACCESS_KEY="walrelay-campaign-secret")
+            self.sqs("create", "--queue", self.sqs_queue(self.topic) + ".fifo")
             self.sqs("create", "--queue", self.sqs_queue(self.dead) + ".fifo")
         with open(f"{self.dir}/walrelay.properties", "w") as f:
             f.write("\n".join(cfg) + "\n")
@@ -541,7 +544,8 @@ COMMIT;
         the events it makes."""
         table = table or rng.choice(["a", "b", "p"])
         ids = [f"t{tx}_{idx + i}" for i in range(n)]
-        size = OVERSIZE if oversized else pad
+        # (SQS takes 256 KiB whatever a queue's MaximumMessageSize says, in ElasticMQ.)
+        size = (SQS_OVERSIZE if self.args.sink == "sqs" else OVERSIZE) if oversized else pad
         sql = (f"WITH s AS (UPDATE {self.name}_keyseq SET seq = seq + {n} WHERE k = '{key}' RETURNING seq) "
                f"INSERT INTO {self.name}_{table} (id, aggregatetype, aggregateid, type, payload) "
                f"SELECT 't{tx}_' || ({idx} + g - 1), 'campaign', '{key}', 'row', "

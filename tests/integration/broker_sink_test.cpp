@@ -2246,3 +2246,91 @@ TEST_CASE("sqs: calls signed with AWS Signature V4 by the environment's credenti
   }
   CHECK(seen == 1);  // refused credentials halt at the first answer, never tried again
 }
+
+TEST_CASE("sqs: dead-letter copies always fit a FIFO queue - two logical messages of one transaction without an "
+          "id both arrive, a value that is not UTF-8 goes in base64 - and a bytea payload that is not UTF-8 is "
+          "refused before sending and dead-lettered, never a halt",
+          "[sqs][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint", "text");
+  auto to = Sqs::topics(f);
+  auto dead = Sqs::dead_letters(f);
+  const std::string prefix = f.slot;
+  Walrelay relay(Sqs::config(f, "message.prefix.include.list=" + prefix + "\nerrors.tolerance=all\n"
+                                "errors.deadletterqueue.topic.name=" + Sqs::dead_letter_topic(f) +
+                                "\nerrors.deadletterqueue.context.headers.enable=true\n"));
+  relay.start();
+  relay.wait_streaming();
+  // Adversarial review: two copies without an event id shared one
+  // deduplication id, and SQS dropped the second as a repeat.
+  f.db().exec("BEGIN; SELECT pg_logical_emit_message(true, '" + prefix + "', 'not json one'); "
+              "SELECT pg_logical_emit_message(true, '" + prefix + "', 'not json two'); "
+              "SELECT pg_logical_emit_message(true, '" + prefix + "', convert_to('not utf8 ', 'UTF8') || '\\xff'::bytea); COMMIT");
+  // A text payload that is not JSON goes as a JSON string (valid UTF-8): this
+  // one is the good event after them.
+  f.db().exec(insert_event(f.table, "Order", "k", "'{\"seq\": 1}'"));
+  auto recs = read_settled(f, *to);
+  REQUIRE(recs.size() == 1);
+  auto dead_recs = dead->read(3);
+  INFO(dead_recs.size());
+  REQUIRE(dead_recs.size() == 3);
+  std::set<std::string> bodies;
+  for (auto& d : dead_recs) {
+    CHECK(d.header("walrelay.error.reason") == std::optional<std::string>("bad_content"));
+    bodies.insert(d.header("walrelay.value.base64") ? "base64:" + *d.value : *d.value);
+  }
+  CHECK(bodies.count("not json one") == 1);
+  CHECK(bodies.count("not json two") == 1);
+  CHECK(bodies.count("base64:bm90IHV0Zjgg/w==") == 1);
+  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 3);
+  CHECK(relay.running());
+
+  // A value SQS cannot take as a body: the record's own failure, its copy
+  // in base64 (the review saw the copy refused in turn, and a halt).
+  Fixture g;
+  create_outbox(g.db(), g.table, "bigint", "bytea");
+  auto g_to = Sqs::topics(g);
+  auto g_dead = Sqs::dead_letters(g);
+  Walrelay binary(Sqs::config(g, "errors.tolerance=all\nerrors.deadletterqueue.topic.name=" + Sqs::dead_letter_topic(g) +
+                                     "\nerrors.deadletterqueue.context.headers.enable=true\n"));
+  binary.start();
+  binary.wait_streaming();
+  g.db().exec(insert_event(g.table, "Order", "b", "'\\xff00'::bytea"));
+  g.db().exec(insert_event(g.table, "Order", "b", "convert_to('{\"seq\": 2}', 'UTF8')"));
+  auto g_recs = read_settled(g, *g_to);
+  REQUIRE(g_recs.size() == 1);
+  auto g_dead_recs = g_dead->read(1);
+  REQUIRE(g_dead_recs.size() == 1);
+  INFO(g_dead_recs[0].header("__connect.errors.exception.message").value_or(""));
+  CHECK(g_dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("invalid_record"));
+  CHECK(g_dead_recs[0].header("__connect.errors.exception.message").value_or("").find("not UTF-8") != std::string::npos);
+  CHECK(g_dead_recs[0].key == std::optional<std::string>("b"));
+  CHECK(binary.running());
+}
+
+TEST_CASE("sqs: an answer walrelay cannot read (a SenderFault that is a string) is sent again, never a crash",
+          "[sqs][http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  (void)Sqs::endpoint();
+  const std::string queue = Sqs::queue_name(f.topic("Odd")) + ".fifo";
+  // The adversarial review's answer: nlohmann threw in the worker thread, and
+  // the process aborted at every start.
+  Http::fault("", "--status 200 --match '" + queue + "' --reply '{\"Failed\":[{\"Id\":\"0\",\"Code\":\"X\",\"SenderFault\":\"true\"}]}'");
+  Walrelay relay(without_kafka(f, "sink.type=sqs\nsink.sqs.queue.url=http://" + Http::address() +
+                                      "/000000000000/${topic}.fifo\nsink.sqs.region=eu-north-1\n"
+                                      "sink.sqs.retry.interval.ms=100\n"));
+  relay.start();
+  relay.wait_streaming();
+  const auto before = f.db().current_wal_lsn();
+  f.db().exec(insert_event(f.table, "Odd", "a", "jsonb_build_object('seq', 1)"));
+  // Tried again (three calls for the one event), the process up, the slot held.
+  REQUIRE(eventually([&] {
+    auto r = Http::py("attempts --prefix _root");
+    std::size_t n = 0;
+    for (auto at = r.output.find(queue); at != std::string::npos; at = r.output.find(queue, at + 1)) ++n;
+    return n >= 3;
+  }, 30s));
+  CHECK(relay.running());
+  CHECK(f.db().confirmed_flush(f.slot) <= before);
+}

@@ -254,4 +254,8 @@ TEST_CASE("sink config: sqs - the queue URL's ${topic} a queue name, the region 
   CHECK(sqs_id_of(std::string(129, 'a')).size() == 7 + 64);
   CHECK(sqs_id_of("with space") == sqs_id_of("with space"));
   CHECK(sqs_id_of("") != "");
+  // Messages show no user info and no account id, the queue's name.
+  CHECK(sqs_url_for_log("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo") ==
+        "https://sqs.eu-west-1.amazonaws.com/.../orders.fifo");
+  CHECK(sqs_url_for_log("http://user:pw@127.0.0.1:9324/000000000000/q") == "http://***@127.0.0.1:9324/.../q");
 }

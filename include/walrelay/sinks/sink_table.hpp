@@ -24,6 +24,8 @@ struct SinkKind {
   void (*validate)(const Config& config);
   // The sink; throws ConfigError for what only the client library can judge.
   std::unique_ptr<Sink> (*make)(boost::asio::io_context& io, const Config& config);
+  // The key that says where the broker is (--check names it when it does not answer).
+  std::string_view address_key;
 };
 
 // Every sink, Kafka first (the default).

@@ -285,7 +285,9 @@ class RequestWorker {
       }
       if (!it->refusal.empty()) {  // its turn came: the record's own failure
         std::string why = std::move(it->refusal);
-        out_.push_back(Done{std::move(*it), Outcome::record_error, "refused", std::move(why)});
+        // (invalid_record, as Kafka's: the dead-letter copy goes without the
+        // value the sink would refuse again.)
+        out_.push_back(Done{std::move(*it), Outcome::record_error, "invalid_record", std::move(why)});
         it = waiting_.erase(it);
         continue;
       }
@@ -380,7 +382,14 @@ class RequestWorker {
     curl_off_t retry_after = 0;
     curl_easy_getinfo(r.easy, CURLINFO_RETRY_AFTER, &retry_after);
     std::vector<HttpRequestSink::Verdict> verdicts;
-    sink_.judge(r, result, status, verdicts);
+    try {
+      sink_.judge(r, result, status, verdicts);
+    } catch (const std::exception& ex) {
+      // An answer walrelay cannot read is no answer: sent again, never a
+      // crash (which would meet the same answer at every start).
+      verdicts.assign(r.entries.size(), {Outcome::transient, "bad_answer",
+                                         sink_.describe(r) + ": an answer walrelay cannot read: " + ex.what()});
+    }
     verdicts.resize(r.entries.size(), {Outcome::transient, "no_verdict", sink_.describe(r) + ": no answer for it"});
     note_health(verdicts);
     for (std::size_t i = 0; i < r.entries.size(); ++i) settle(std::move(r.entries[i]), verdicts[i], retry_after);

@@ -183,6 +183,13 @@ bool sqs_is_fifo(std::string_view queue_url) {
   return queue_url.ends_with(".fifo");
 }
 
+std::string sqs_url_for_log(std::string_view queue_url) {
+  const std::string shown = http_url_for_log(queue_url);  // scheme://host[:port] and "/..." (user info, account id)
+  const auto last = queue_url.substr(0, queue_url.find_first_of("?#")).rfind('/');
+  if (last == std::string_view::npos || !shown.ends_with("/...")) return shown;
+  return shown + std::string(queue_url.substr(last, queue_url.find_first_of("?#") - last));
+}
+
 std::string sqs_endpoint(std::string_view queue_url) {
   const auto scheme = queue_url.find("://");
   const auto path = queue_url.find('/', scheme == std::string_view::npos ? 0 : scheme + 3);

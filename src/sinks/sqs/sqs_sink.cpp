@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <random>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -27,26 +28,67 @@ std::string base64(std::string_view bytes) {
 
 bool is_utf8(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
 
-// An attribute's name: letters, digits, '_', '-' and '.', what else a
-// header's name holds as '_' (SQS refuses the rest).
+// An attribute's name as SQS takes it: letters, digits, '_', '-' and '.'
+// (what else a header's name holds as '_'), no '.' first, last or twice in
+// a row, not starting with AWS. or Amazon. (those get a '_' before them).
 std::string attribute_name(std::string_view name) {
-  std::string out(name.substr(0, 256));
-  for (auto& c : out)
+  std::string out(name.substr(0, 255));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    char& c = out[i];
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) c = '_';
-  return out;
-}
-
-// SQS's message attributes of a record: the key as "key", then its headers.
-// An attribute cannot be empty: a header without a value is left out.
-std::vector<std::pair<std::string, const std::string*>> attributes_of(const HttpRequestSink::Entry& e) {
-  std::vector<std::pair<std::string, const std::string*>> out;
-  if (e.key && !e.key->empty()) out.emplace_back("key", &*e.key);
-  for (auto& [name, value] : e.headers)
-    if (value && !value->empty()) out.emplace_back(attribute_name(name), &*value);
+    if (c == '.' && (i == 0 || i + 1 == out.size() || out[i - 1] == '.')) c = '_';
+  }
+  auto starts = [&](std::string_view p) {
+    return out.size() >= p.size() &&
+           std::equal(p.begin(), p.end(), out.begin(), [](char a, char b) { return std::tolower(a) == std::tolower(b); });
+  };
+  if (starts("aws.") || starts("amazon.")) out.insert(out.begin(), '_');
+  if (out.empty()) out = "_";
   return out;
 }
 
 constexpr std::size_t max_attributes = 10;  // SQS's
+
+// SQS's message attributes of a record: the key as "key", then its headers.
+// An attribute cannot be empty: a header without a value is left out. Two
+// headers of one name (after attribute_name) or more than 10 refuse the
+// record (`clash` says why); a dead-letter copy keeps what fits instead, the
+// key, the id and the reason first, and says when its body is base64.
+struct Attributes {
+  std::vector<std::pair<std::string, const std::string*>> list;
+  std::string clash;
+};
+Attributes attributes_of(const HttpRequestSink::Entry& e, bool body_base64) {
+  static const std::string yes = "true";
+  Attributes out;
+  auto add = [&](std::string name, const std::string* value) {
+    for (auto& [n, v] : out.list)
+      if (n == name) {
+        if (out.clash.empty()) out.clash = "two message attributes would be named " + name;
+        return;
+      }
+    out.list.emplace_back(std::move(name), value);
+  };
+  if (e.key && !e.key->empty()) add("key", &*e.key);
+  if (!e.dead_letter) {
+    for (auto& [name, value] : e.headers)
+      if (value && !value->empty()) add(attribute_name(name), &*value);
+    return out;
+  }
+  if (e.value && !body_base64 && !is_utf8(*e.value)) add("walrelay.value.base64", &yes);
+  const std::string_view first[] = {"id", "walrelay.error.reason", "__connect.errors.topic",
+                                    "__connect.errors.exception.message", "walrelay.value.dropped.bytes"};
+  for (auto want : first)
+    for (auto& [name, value] : e.headers)
+      if (name == want && value && !value->empty()) add(attribute_name(name), &*value);
+  for (auto& [name, value] : e.headers)
+    if (value && !value->empty() && std::find(std::begin(first), std::end(first), name) == std::end(first))
+      add(attribute_name(name), &*value);
+  out.clash.clear();
+  if (out.list.size() > max_attributes) out.list.resize(max_attributes);
+  return out;
+}
+
 
 bool one_of(std::string_view code, std::initializer_list<std::string_view> codes) {
   return std::find(codes.begin(), codes.end(), code) != codes.end();
@@ -84,7 +126,7 @@ void escape_noncharacters(std::string& json) {
 // SQS says the same (the dead-letter copy then goes without the value, which
 // its queue would refuse the same way), else SQS's code.
 std::string reason_of(const std::string& code, const std::string& message) {
-  if (one_of(code, {"MessageTooLong", "BatchRequestTooLong"}) || message.find("MessageTooLong") != std::string::npos ||
+  if (one_of(code, {"MessageTooLong", "BatchRequestTooLong", "http_413"}) || message.find("MessageTooLong") != std::string::npos ||
       message.find("must be shorter than") != std::string::npos)
     return "msg_size_too_large";
   if (code == "InvalidMessageContents" || message.find("InvalidMessageContents") != std::string::npos)
@@ -102,12 +144,16 @@ SqsSink::SqsSink(boost::asio::io_context& io, SqsConfig config)
                                  .max_inflight_requests = config.max_inflight_requests,
                                  .max_pending = config.max_pending,
                                  .batch_entries = static_cast<std::size_t>(config.batch_size),
-                                 .batch_bytes = static_cast<std::size_t>(config.batch_max_bytes),
+                                 // (base64 makes a body a third larger)
+                                 .batch_bytes = static_cast<std::size_t>(config.body_base64 ? config.batch_max_bytes / 4 * 3
+                                                                                            : config.batch_max_bytes),
                                  .response_bytes = 65536,
                                  .thread_name = "wr-sqs",
                                  .name = "sqs"}),
       config_(std::move(config)),
       sigv4_("aws:amz:" + config_.region + ":sqs") {
+  std::random_device random;
+  nonce_ = std::to_string((static_cast<std::uint64_t>(random()) << 32) | random());
   start_worker();
 }
 
@@ -121,18 +167,22 @@ std::string SqsSink::order_slot(const Entry& e) const {
   return e.url + '\n' + (e.key ? "k" + *e.key : std::string("n"));
 }
 
+// A dead-letter copy is never refused here: without its value it goes with
+// the body null, a value that is not UTF-8 in base64 (saying so), its
+// attributes cut to what fits. What the copy could not carry, the record's
+// dead-letter reason and the log name.
 std::string SqsSink::refusal_of(const Entry& e) const {
-  // (A dead-letter copy without its value goes with the body null.)
-  if ((!e.value || e.value->empty()) && !e.dead_letter)
-    return "SQS takes no empty message body, and the record's value is empty";
-  if (e.value && !config_.body_base64 && !is_utf8(*e.value))
+  if (e.dead_letter) return {};
+  if (!e.value || e.value->empty()) return "SQS takes no empty message body, and the record's value is empty";
+  if (!config_.body_base64 && !is_utf8(*e.value))
     return "the record's value is not UTF-8 text, and an SQS message body is text: set sink.sqs.body.base64=true "
            "for a binary format (Avro, Protobuf)";
-  const auto attributes = attributes_of(e);
-  if (attributes.size() > max_attributes) {
+  const auto attributes = attributes_of(e, config_.body_base64);
+  if (!attributes.clash.empty()) return attributes.clash;
+  if (attributes.list.size() > max_attributes) {
     std::string names;
-    for (auto& [name, value] : attributes) names += (names.empty() ? "" : ", ") + name;
-    return "SQS takes at most 10 message attributes, and the record has " + std::to_string(attributes.size()) +
+    for (auto& [name, value] : attributes.list) names += (names.empty() ? "" : ", ") + name;
+    return "SQS takes at most 10 message attributes, and the record has " + std::to_string(attributes.list.size()) +
            " (" + names + ")";
   }
   return {};
@@ -140,7 +190,7 @@ std::string SqsSink::refusal_of(const Entry& e) const {
 
 std::string SqsSink::describe(const Request& r) const {
   const Entry& e = r.entries.front();
-  return "SendMessageBatch " + e.url + " (topic " + e.topic + ")";
+  return "SendMessageBatch " + sqs_url_for_log(e.url) + " (topic " + e.topic + ")";
 }
 
 void SqsSink::sign(void* easy, curl_slist*& headers, const std::string& target) const {
@@ -172,17 +222,22 @@ void SqsSink::prepare(Request& r) const {
     Json m = Json::object();
     m["Id"] = std::to_string(i);
     if (!e.value || e.value->empty()) m["MessageBody"] = "null";  // a dead-letter copy without its value
-    else m["MessageBody"] = config_.body_base64 ? base64(*e.value) : *e.value;
+    else if (config_.body_base64 || !is_utf8(*e.value)) m["MessageBody"] = base64(*e.value);  // (refused unless a copy)
+    else m["MessageBody"] = *e.value;
     Json attributes = Json::object();
-    for (auto& [name, value] : attributes_of(e)) {
+    for (auto& [name, value] : attributes_of(e, config_.body_base64).list) {
       if (is_utf8(*value)) attributes[name] = {{"DataType", "String"}, {"StringValue", *value}};
       else attributes[name] = {{"DataType", "Binary"}, {"BinaryValue", base64(*value)}};
     }
     if (!attributes.empty()) m["MessageAttributes"] = std::move(attributes);
     if (fifo) {
       m["MessageGroupId"] = sqs_id_of(e.key ? *e.key : std::string_view("walrelay.no-key"));
+      // Without an event id (a dead-letter copy of a logical message, of a
+      // row whose id is null): an id of this record only. A restart sends
+      // it again under another: at least once, never dropped as a repeat
+      // of another record.
       m["MessageDeduplicationId"] =
-          sqs_id_of(e.event_id.empty() ? "walrelay-" + std::to_string(e.token) : e.event_id);
+          sqs_id_of(e.event_id.empty() ? "walrelay-" + nonce_ + "-" + std::to_string(e.seq) : e.event_id);
     }
     entries.push_back(std::move(m));
   }
@@ -216,9 +271,15 @@ void SqsSink::judge(const Request& r, int curl_result, long status, std::vector<
     if (status == 403 || one_of(code, {"InvalidClientTokenId", "SignatureDoesNotMatch", "AccessDenied",
                                        "AccessDeniedException", "UnrecognizedClientException",
                                        "MissingAuthenticationToken", "IncompleteSignature", "InvalidSecurity",
-                                       "ExpiredToken", "RequestExpired", "KMS.AccessDeniedException"}))
+                                       "ExpiredToken", "RequestExpired", "KMS.AccessDeniedException",
+                                       "KmsAccessDenied", "KmsDisabled", "KmsNotFound", "KmsInvalidState",
+                                       "KmsOptInRequired", "KmsInvalidKeyUsage", "InvalidAddress",
+                                       "UnsupportedOperation"}) ||
+        (status >= 300 && status < 400))
+      // Credentials, the queue's key, the endpoint (a redirect: another
+      // region's): walrelay's configuration, never the records' fault.
       v.outcome = Outcome::denied;
-    else if (status == 400 && !one_of(code, {"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue",
+    else if ((status == 400 || status == 413) && !one_of(code, {"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue",
                                              "ThrottlingException", "RequestThrottled", "KmsThrottled",
                                              "KMS.ThrottlingException", "OverLimit", "ServiceUnavailable"}))
       // Refused whole for what an entry holds (too long together, a bad
@@ -233,6 +294,7 @@ void SqsSink::judge(const Request& r, int curl_result, long status, std::vector<
   verdicts.assign(r.entries.size(), Verdict{Outcome::transient, "no_verdict", describe(r) + ": the answer did not name the entry"});
   auto j = nlohmann::json::parse(r.response, nullptr, false);
   auto index_of = [&](const nlohmann::json& item) -> std::optional<std::size_t> {
+    if (!item.is_object()) return std::nullopt;
     auto id = item.find("Id");
     if (id == item.end() || !id->is_string()) return std::nullopt;
     const std::string text = id->get<std::string>();
@@ -252,9 +314,14 @@ void SqsSink::judge(const Request& r, int curl_result, long status, std::vector<
     for (auto& item : *failed) {
       auto i = index_of(item);
       if (!i) continue;
-      const std::string code = item.value("Code", std::string("Failed"));
-      const bool sender = item.value("SenderFault", false);
-      const std::string message = item.value("Message", std::string());
+      auto text = [&](const char* field) {
+        auto f = item.find(field);
+        return f != item.end() && f->is_string() ? f->get<std::string>() : std::string();
+      };
+      const std::string code = text("Code").empty() ? "Failed" : text("Code");
+      auto fault = item.find("SenderFault");
+      const bool sender = fault != item.end() && fault->is_boolean() && fault->get<bool>();
+      const std::string message = text("Message");
       verdicts[*i] = Verdict{sender ? Outcome::record_error : Outcome::transient, sender ? reason_of(code, message) : code,
                              describe(r) + ": " + code + ": " + message};
     }
@@ -271,6 +338,8 @@ void SqsSink::check_connectivity(int timeout_ms) {
   std::string response;
   curl_easy_setopt(r.easy, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(r.easy, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
+  curl_easy_setopt(r.easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::min(timeout_ms, config_.connect_timeout_ms)));
+  curl_easy_setopt(r.easy, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(r.easy, CURLOPT_URL, endpoint.c_str());
   curl_easy_setopt(r.easy, CURLOPT_POSTFIELDS, r.body.c_str());
   curl_easy_setopt(r.easy, CURLOPT_ERRORBUFFER, r.error);
@@ -288,6 +357,9 @@ void SqsSink::check_connectivity(int timeout_ms) {
   curl_easy_getinfo(r.easy, CURLINFO_RESPONSE_CODE, &status);
   if (status != 200) {
     auto [code, message] = error_of(response);
+    // Signed right, but a send-only role may not list queues: the
+    // credentials were taken, which is what this checks.
+    if (one_of(code, {"AccessDenied", "AccessDeniedException"})) return;
     throw std::runtime_error("ListQueues " + endpoint + " answered " + std::to_string(status) + " " + code + ": " +
                              message + " (credentials from " + config_.credentials_source + ")");
   }

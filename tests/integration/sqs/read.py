@@ -24,11 +24,14 @@ import sys
 import time
 
 import boto3
+from botocore.config import Config
 
 
 def client(endpoint):
+    # ElasticMQ answers 503 when busy (a large queue kept in H2): tried again.
     return boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="walrelay-test", aws_secret_access_key="walrelay-test-secret")
+                        aws_access_key_id="walrelay-test", aws_secret_access_key="walrelay-test-secret",
+                        config=Config(retries={"max_attempts": 20, "mode": "standard"}, read_timeout=120))
 
 
 def queues(sqs, prefix):

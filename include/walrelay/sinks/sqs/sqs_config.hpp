@@ -45,6 +45,9 @@ SqsConfig sqs_config(const Config& config);
 std::string sqs_queue_url(const SqsConfig& config, std::string_view topic);
 // A FIFO queue's URL ends in .fifo.
 bool sqs_is_fifo(std::string_view queue_url);
+// The queue URL as messages show it: scheme://host[:port]/.../<queue name>
+// (no user info, no account id).
+std::string sqs_url_for_log(std::string_view queue_url);
 // The endpoint a queue URL's calls go to: scheme://host[:port]/.
 std::string sqs_endpoint(std::string_view queue_url);
 // MessageGroupId and MessageDeduplicationId take 1 to 128 characters of
