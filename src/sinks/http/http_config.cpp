@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 
@@ -48,6 +49,14 @@ bool is_token(std::string_view s) {
 }
 
 }  // namespace
+
+std::string encode_base64(std::string_view bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
+  out.resize(static_cast<std::size_t>(std::max(n, 0)));
+  return out;
+}
 
 std::optional<std::string> decode_base64(std::string_view text) {
   // (Padding may be left off, as secrets are often pasted.)

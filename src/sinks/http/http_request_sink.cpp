@@ -95,15 +95,8 @@ SubmitStatus HttpRequestSink::enqueue(Entry e) {
 
 SubmitStatus HttpRequestSink::submit(const OutboxRecord& record, std::uint64_t token) {
   Entry e;
-  e.token = token;
-  e.bytes = record.size_bytes();
-  e.topic.assign(record.topic);
+  e.take(record, token);
   e.url = url_of(record.topic);
-  e.event_id.assign(record.event_id);
-  if (record.key) e.key.emplace(*record.key);
-  if (record.value) e.value.emplace(*record.value);
-  for (auto& h : record.headers)
-    e.headers.emplace_back(std::string(h.name), h.value ? std::optional<std::string>(std::string(*h.value)) : std::nullopt);
   return enqueue(std::move(e));
 }
 
@@ -113,18 +106,8 @@ SubmitStatus HttpRequestSink::submit_dead_letter(std::string_view reason, std::s
                                                  const std::vector<OutboxRecord::Header>& headers,
                                                  std::uint64_t token, std::size_t bytes) {
   Entry e;
-  e.token = token;
-  e.bytes = bytes;
-  e.topic.assign(topic);
+  e.take_dead_letter(reason, topic, key, value, headers, token, bytes);
   e.url = url_of(topic);
-  if (key) e.key.emplace(*key);
-  if (value) e.value.emplace(*value);
-  for (auto& h : headers) {
-    e.headers.emplace_back(std::string(h.name), h.value ? std::optional<std::string>(std::string(*h.value)) : std::nullopt);
-    if (h.name == "id" && h.value) e.event_id.assign(*h.value);
-  }
-  e.dead_letter = true;
-  e.reason.assign(reason);
   return enqueue(std::move(e));
 }
 
@@ -150,22 +133,10 @@ void HttpRequestSink::poll() {
 
 void HttpRequestSink::report(Done& done) {
   if (outstanding_ > 0) --outstanding_;
-  Entry& e = done.entry;
-  Delivery d;
-  d.token = e.token;
-  d.bytes = e.bytes;
-  d.dead_lettered = e.dead_letter;
-  d.dead_letter_reason = e.reason;
-  d.topic = e.topic;
+  Delivery d = done.entry.delivery(done.outcome == Outcome::record_error);
   d.ok = done.outcome == Outcome::delivered;
   d.transient = done.outcome == Outcome::transient;
   d.denied = done.outcome == Outcome::denied;
-  if (done.outcome == Outcome::record_error) {
-    d.key = e.key;
-    d.value = e.value;
-    for (auto& [name, value] : e.headers)
-      d.headers.push_back({name, value ? std::optional<std::string_view>(*value) : std::nullopt});
-  }
   d.error_code = done.code;
   d.error_message = done.message;
   if (on_delivery_) on_delivery_(d);

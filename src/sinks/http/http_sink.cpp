@@ -17,13 +17,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string base64(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
-  out.resize(static_cast<std::size_t>(std::max(n, 0)));
-  return out;
-}
+std::string base64(std::string_view bytes) { return encode_base64(bytes); }
 
 std::string hmac_sha256(std::string_view key, std::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];

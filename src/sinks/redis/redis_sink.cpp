@@ -287,19 +287,12 @@ SubmitStatus RedisStreamsSink::enqueue(Entry e) {
 
 SubmitStatus RedisStreamsSink::submit(const OutboxRecord& record, std::uint64_t token) {
   Entry e;
-  e.token = token;
-  e.bytes = record.size_bytes();
-  e.topic.assign(record.topic);
+  e.take(record, token);
   e.stream = redis_stream_name(config_, record.topic);
   if (record.position) {
     e.id = std::to_string(record.position->commit_lsn) + "-" + std::to_string(record.position->index);
     e.source = source_;
   }
-  e.event_id.assign(record.event_id);
-  if (record.key) e.key.emplace(*record.key);
-  if (record.value) e.value.emplace(*record.value);
-  for (auto& h : record.headers)
-    e.headers.emplace_back(std::string(h.name), h.value ? std::optional<std::string>(std::string(*h.value)) : std::nullopt);
   return enqueue(std::move(e));
 }
 
@@ -309,18 +302,8 @@ SubmitStatus RedisStreamsSink::submit_dead_letter(std::string_view reason, std::
                                                   const std::vector<OutboxRecord::Header>& headers,
                                                   std::uint64_t token, std::size_t bytes) {
   Entry e;
-  e.token = token;
-  e.bytes = bytes;
-  e.topic.assign(topic);
+  e.take_dead_letter(reason, topic, key, value, headers, token, bytes);
   e.stream = redis_stream_name(config_, topic);
-  if (key) e.key.emplace(*key);
-  if (value) e.value.emplace(*value);
-  for (auto& h : headers) {
-    e.headers.emplace_back(std::string(h.name), h.value ? std::optional<std::string>(std::string(*h.value)) : std::nullopt);
-    if (h.name == "id" && h.value) e.event_id.assign(*h.value);
-  }
-  e.dead_letter = true;
-  e.reason.assign(reason);
   return enqueue(std::move(e));
 }
 
@@ -348,12 +331,7 @@ void RedisStreamsSink::report(Done& done) {
   if (outstanding_ > 0) --outstanding_;
   Entry& e = done.entry;
   if (e.reported) return;
-  Delivery d;
-  d.token = e.token;
-  d.bytes = e.bytes;
-  d.dead_lettered = e.dead_letter;
-  d.dead_letter_reason = e.reason;
-  d.topic = e.topic;
+  Delivery d = e.delivery(done.outcome == Outcome::record_error);
   switch (done.outcome) {
     case Outcome::stored:
     case Outcome::duplicate:
@@ -370,10 +348,6 @@ void RedisStreamsSink::report(Done& done) {
     case Outcome::record_error:
       d.ok = false;
       d.transient = false;
-      d.key = e.key;
-      d.value = e.value;
-      for (auto& [name, value] : e.headers)
-        d.headers.push_back({name, value ? std::optional<std::string_view>(*value) : std::nullopt});
       break;
   }
   d.error_code = done.code;

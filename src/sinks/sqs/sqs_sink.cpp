@@ -12,19 +12,14 @@
 #include <simdjson.h>
 
 #include "walrelay/json.hpp"
+#include "walrelay/sinks/http/http_config.hpp"
 #include "walrelay/mutation.hpp"
 
 namespace walrelay {
 
 namespace {
 
-std::string base64(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
-  out.resize(static_cast<std::size_t>(std::max(n, 0)));
-  return out;
-}
+std::string base64(std::string_view bytes) { return encode_base64(bytes); }
 
 bool is_utf8(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
 

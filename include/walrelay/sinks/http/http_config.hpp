@@ -55,6 +55,8 @@ std::string url_with_topic(std::string_view tpl, std::string_view topic);
 // The URL as messages show it: scheme, host and port (user info, path and
 // query may hold secrets).
 std::string http_url_for_log(std::string_view url);
+// Base64 of `bytes`, padded.
+std::string encode_base64(std::string_view bytes);
 // Base64 (padding optional); nullopt when not base64.
 std::optional<std::string> decode_base64(std::string_view text);
 

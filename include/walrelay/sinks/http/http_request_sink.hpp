@@ -27,6 +27,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "walrelay/sinks/owned_record.hpp"
 #include "walrelay/sinks/sink.hpp"
 
 typedef void CURL;
@@ -53,17 +54,10 @@ class HttpRequestSink : public Sink {
   };
 
   // One record to send.
-  struct Entry {
-    std::uint64_t token = 0;
-    std::size_t bytes = 0;
+  struct Entry : OwnedRecord {
     std::uint64_t epoch = 0;  // abort_queued() counts these: older ones are not sent
     std::uint64_t seq = 0;    // submission order
-    std::string topic, url;
-    std::string event_id;
-    std::optional<std::string> key, value;
-    std::vector<std::pair<std::string, std::optional<std::string>>> headers;
-    bool dead_letter = false;
-    std::string reason;    // for a dead-letter copy: why
+    std::string url;
     std::string refusal;   // the sink cannot send it at all: the record's own failure, in its turn
     bool alone = false;    // to go in a request of its own (a batch was refused whole)
     int attempts = 0;

@@ -42,6 +42,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "walrelay/sinks/owned_record.hpp"
 #include "walrelay/sinks/sink.hpp"
 #include "walrelay/sinks/redis/redis_config.hpp"
 
@@ -70,20 +71,13 @@ class RedisStreamsSink final : public Sink {
   void source_identified(const SourceIdentity& source) override;
 
   // One XADD to be.
-  struct Entry {
-    std::uint64_t token = 0;
-    std::size_t bytes = 0;
+  struct Entry : OwnedRecord {
     std::uint64_t epoch = 0;       // abort_queued() counts these: older ones are not sent
-    std::string topic, stream;
+    std::string stream;
     std::string id;                // <ms>-<seq>; empty: after the stream's last entry
     // The source when it was submitted: a queue that outlives a reconnection
     // (to a promoted standby, another cluster) keeps the old one.
     std::shared_ptr<const std::string> source;
-    std::string event_id;
-    std::optional<std::string> key, value;
-    std::vector<std::pair<std::string, std::optional<std::string>>> headers;
-    bool dead_letter = false;
-    std::string reason;            // for a dead-letter copy: why
     bool reported = false;         // (redis_ack_at_submit) reported already
   };
   enum class Outcome { stored, duplicate, transient, record_error, denied };
