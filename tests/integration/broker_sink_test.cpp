@@ -590,9 +590,14 @@ TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed
                             static_cast<std::size_t>(kills * (inflight_limit + 3 * rate * 0.2)));
 }
 
+// (Not Sqs: ElasticMQ loses messages it answered Successful when it is
+// stopped under load - CI run 35 missed 3 of 12,001 with 4 repeats, its
+// deduplication ids forgotten too - so a restart cannot tell walrelay's loss
+// from the server's. The campaign's broker_restart and network faults cover
+// SQS instead.)
 TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the slot holds below an event written "
                    "meanwhile, /readyz names the sink, and afterwards every event is there, in order",
-                   "[nats][rabbitmq][redis][http][sqs][fault][solo]", Nats, RabbitMq, Redis, Http, Sqs) {
+                   "[nats][rabbitmq][redis][http][fault][solo]", Nats, RabbitMq, Redis, Http) {
   const long inflight_limit = 500;
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -2090,7 +2095,7 @@ TEST_CASE("http: a retry that is due while every request place is taken waits wi
 }
 
 TEST_CASE("sqs: a queue that is not there holds the slot with QueueDoesNotExist on /readyz and dead-letters "
-          "nothing; once it is made every event arrives, in order per key",
+          "nothing - once it is made every event arrives, in order per key",
           "[sqs][fault]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -2119,7 +2124,7 @@ TEST_CASE("sqs: a queue that is not there holds the slot with QueueDoesNotExist 
 
 TEST_CASE("sqs: a message SQS refuses fails on its own - one over the size limit, one with a character SQS does "
           "not take - dead-lettered without the value its queue would refuse too, with the reason, its id and key, "
-          "the others on in order; a standard queue takes every event, attributes as the headers",
+          "the others on in order - a standard queue takes every event, attributes as the headers",
           "[sqs][fault]") {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
@@ -2188,7 +2193,7 @@ TEST_CASE("sqs: a message SQS refuses fails on its own - one over the size limit
   Sqs::py("delete --prefix '" + plain + "'");
 }
 
-TEST_CASE("sqs: calls signed with AWS Signature V4 by the environment's credentials; an answer refusing them "
+TEST_CASE("sqs: calls signed with AWS Signature V4 by the environment's credentials - an answer refusing them "
           "(InvalidClientTokenId) halts naming it, never dead-lettered, nothing confirmed past it",
           "[sqs][http][fault]") {
   Fixture f;
