@@ -514,7 +514,10 @@ TEST_CASE("retention: an initial snapshot whose snapshot.select.statement.overri
 TEST_CASE("retention: a slot whose view the server cannot export (more unfinished transactions than a snapshot "
           "holds: initial slot snapshot too large) is made without it - walrelay streams, and retention gives the "
           "table its floor at its first run",
-          "[relay][retention]") {
+          "[relay][retention][solo]") {
+  // [solo]: it holds transactions open while its slot is made, and every
+  // other test's slot made meanwhile on a shared server waits on them (CI
+  // run 35: this one and "the floors are kept" each timed out waiting).
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   // The walsender making the slot waits on this transaction's lock.
