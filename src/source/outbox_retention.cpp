@@ -515,10 +515,46 @@ std::string frozen_sql(PgConnection& conn, const std::string& relation) {
 }  // namespace
 
 // The partitions of `table` whose range ended more than table.retention.ms
-// ago (by the partition key's own clock: now() for timestamptz, the
-// session's local time, UTC, for timestamp and date), frozen and detached.
+// ago, frozen and detached; also those an earlier run left frozen or half
+// detached. A partition can fail for a while (its lock not to be had, a
+// time-out): the others go on, and the next run tries it again.
 asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const TableName& table, const Fence& fence) {
-  const std::string root = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
+  TablePartitions parts;
+  parts.root = conn.quote_identifier(table.schema) + "." + conn.quote_identifier(table.name);
+  const PgRows partitions = co_await list_partitions(conn, table, parts.root);
+  for (const auto& row : partitions.rows) {
+    parts.has_default = parts.has_default || row[4] == "true";
+    parts.pending = parts.pending || row[3] == "true";
+  }
+  for (const auto& row : partitions.rows) {
+    if (!may_delete(fence)) co_return;
+    std::exception_ptr failure;
+    try {
+      if (!co_await resume_partition(conn, table, row, parts)) co_await retire_partition(conn, table, row, parts);
+    } catch (const PgError& e) {
+      if (!retry_later(e)) throw;
+      failure = std::current_exception();
+    }
+    if (failure) {
+      co_await restore_lock_timeout(conn);
+      partition_failed_ = true;
+      try {
+        std::rethrow_exception(failure);
+      } catch (const PgError& e) {
+        spdlog::warn("retention: partition {} of {}: {}; the next run tries again", row[1].value_or("?"),
+                     table.qualified(), e.primary().empty() ? e.what() : e.primary());
+      }
+    }
+  }
+}
+
+// The partitions of `table`, a half-detached one first; each row: oid,
+// name, relkind, detach pending, DEFAULT, expired (its range ended more than
+// table.retention.ms ago by the partition key's own clock: now() for
+// timestamptz, the session's local time, UTC, for timestamp and date),
+// comment, frozen. Records the partition key's column.
+asio::awaitable<PgRows> OutboxRetention::list_partitions(PgConnection& conn, const TableName& table,
+                                                          const std::string& root) {
   const std::vector<std::string> no_params;
   auto key = co_await conn.query("SELECT a.attname, a.atttypid::regtype::text AS type FROM "
                                  "pg_catalog.pg_partitioned_table p JOIN pg_catalog.pg_attribute a ON a.attrelid = "
@@ -538,93 +574,83 @@ asio::awaitable<void> OutboxRetention::detach_expired(PgConnection& conn, const 
       frozen_sql(conn, "c.oid") + "::text AS frozen FROM pg_catalog.pg_inherits i JOIN "
       "pg_catalog.pg_class c ON c.oid = i.inhrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE "
       "i.inhparent = " + conn.quote_literal(root) + "::regclass ORDER BY i.inhdetachpending DESC, 2";
-  auto partitions = co_await conn.query(sql, no_params, 30s);
-  bool has_default = false, pending = false;
-  for (const auto& row : partitions.rows) {
-    has_default = has_default || row[4] == "true";
-    pending = pending || row[3] == "true";
+  co_return co_await conn.query(sql, no_params, 30s);
+}
+
+// A partition an earlier run (or someone else) began with: half detached,
+// or frozen. Finishes what is this slot's; false for any other partition.
+asio::awaitable<bool> OutboxRetention::resume_partition(PgConnection& conn, const TableName& table,
+                                                         const Row& row,
+                                                         TablePartitions& parts) {
+  const std::string name = row[1].value_or("?"), comment = " " + row[6].value_or("");
+  const bool frozen = row[7] == "true";
+  const bool ours = comment_value(comment, "slot") == config_.slot_name;
+  if (row[3] == "true") {  // a CONCURRENTLY interrupted (a time-out, a crash)
+    if (frozen && ours) {
+      co_await finish_detach(conn, parts.root, name);
+      parts.pending = false;
+    } else {
+      warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                          " is being detached by someone else (DETACH ... CONCURRENTLY not finished): no other "
+                          "partition of it can be detached until it is finalized");
+    }
+    co_return true;
   }
-  for (const auto& row : partitions.rows) {
-    if (!may_delete(fence)) co_return;
-    const std::string name = row[1].value_or("?"), comment = " " + row[6].value_or("");
-    const bool frozen = row[7] == "true";
-    const bool ours = comment_value(comment, "slot") == config_.slot_name;
-    // A partition can fail for a while (its lock not to be had, a time-out):
-    // the others go on, and the next run tries it again.
-    std::exception_ptr failure;
-    try {
-      if (row[3] == "true") {  // a CONCURRENTLY interrupted (a time-out, a crash)
-        if (frozen && ours) {
-          co_await finish_detach(conn, root, name);
-          pending = false;
-        } else {
-          warn_once(name, "retention: partition " + name + " of " + table.qualified() +
-                              " is being detached by someone else (DETACH ... CONCURRENTLY not finished): no other "
-                              "partition of it can be detached until it is finalized");
-        }
-        continue;
-      }
-      if (frozen) {
-        // Frozen by an earlier run that did not get to detach it (expired
-        // or not: it refuses new rows either way), or by another slot's
-        // walrelay, which detaches and drops it itself.
-        if (!ours)
-          warn_once(name, "retention: partition " + name + " of " + table.qualified() +
-                              " was frozen by the walrelay of another slot (" + comment_value(comment, "slot") +
-                              "): left to it");
-        else if (!pending || has_default) {
-          pending = !has_default;  // a CONCURRENTLY that fails stays pending
-          co_await detach(conn, root, name, has_default);
-          pending = false;
-        }
-        continue;
-      }
-      if (row[5] != "true") continue;  // not ended long enough ago (or DEFAULT, or MAXVALUE)
-      if (row[2] != "r") {
-        warn_once(name, "retention: partition " + name + " of " + table.qualified() +
-                            " is not a plain table (partitioned itself, or foreign): drop-partitions detaches "
-                            "leaf partitions only; it stays");
-        continue;
-      }
-      // Held once (rows from before its floor): for good, since an xmin
-      // does not last (2^32 transactions later an old one reads as new).
-      if (comment.rfind(" " + std::string(held_word) + " ", 0) == 0) {
-        warn_once(name, "retention: partition " + name + " of " + table.qualified() +
-                            " is held (it had rows from before walrelay relayed it); once they are known to be in "
-                            "the broker, drop it by hand (or delete them and remove its comment)");
-        continue;
-      }
-      const auto floor = floors_.floors.find(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
-      if (floor == floors_.floors.end()) continue;  // not published, or no floor yet
-      // The drop needs to know the slot is the one that carried the rows.
-      if (floors_.slot_identity.empty()) {
-        warn_once(table.qualified(), "retention: drop-partitions needs the slot's marker in publication " +
-                                         config_.publication_name + "'s comment (walrelay's role must own the "
-                                         "publication to write it): no partition of " + table.qualified() +
-                                         " is frozen until it is there");
-        continue;
-      }
-      // One pending detach at a time per table (PostgreSQL's rule): a frozen
-      // partition waits for it.
-      if (co_await freeze(conn, root, name, floor->second, has_default) && !has_default && !pending) {
-        pending = true;  // a CONCURRENTLY that fails stays pending
-        co_await detach(conn, root, name, has_default);
-        pending = false;
-      }
-    } catch (const PgError& e) {
-      if (!retry_later(e)) throw;
-      failure = std::current_exception();
-    }
-    if (failure) {
-      co_await restore_lock_timeout(conn);
-      partition_failed_ = true;
-      try {
-        std::rethrow_exception(failure);
-      } catch (const PgError& e) {
-        spdlog::warn("retention: partition {} of {}: {}; the next run tries again", name, table.qualified(),
-                     e.primary().empty() ? e.what() : e.primary());
-      }
-    }
+  if (!frozen) co_return false;
+  // Frozen by an earlier run that did not get to detach it (expired or
+  // not: it refuses new rows either way), or by another slot's walrelay,
+  // which detaches and drops it itself.
+  if (!ours) {
+    warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                        " was frozen by the walrelay of another slot (" + comment_value(comment, "slot") +
+                        "): left to it");
+  } else if (!parts.pending || parts.has_default) {
+    parts.pending = !parts.has_default;  // a CONCURRENTLY that fails stays pending
+    co_await detach(conn, parts.root, name, parts.has_default);
+    parts.pending = false;
+  }
+  co_return true;
+}
+
+// An expired partition of this table, neither frozen nor half detached:
+// frozen at the floor the slot carried its rows from, then detached, unless
+// it cannot be (not a leaf, held, no floor or marker yet).
+asio::awaitable<void> OutboxRetention::retire_partition(PgConnection& conn, const TableName& table,
+                                                         const Row& row,
+                                                         TablePartitions& parts) {
+  const std::string name = row[1].value_or("?"), comment = " " + row[6].value_or("");
+  if (row[5] != "true") co_return;  // not ended long enough ago (or DEFAULT, or MAXVALUE)
+  if (row[2] != "r") {
+    warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                        " is not a plain table (partitioned itself, or foreign): drop-partitions detaches "
+                        "leaf partitions only; it stays");
+    co_return;
+  }
+  // Held once (rows from before its floor): for good, since an xmin does
+  // not last (2^32 transactions later an old one reads as new).
+  if (comment.rfind(" " + std::string(held_word) + " ", 0) == 0) {
+    warn_once(name, "retention: partition " + name + " of " + table.qualified() +
+                        " is held (it had rows from before walrelay relayed it); once they are known to be in "
+                        "the broker, drop it by hand (or delete them and remove its comment)");
+    co_return;
+  }
+  const auto floor = floors_.floors.find(static_cast<std::uint32_t>(std::stoul(row[0].value_or("0"))));
+  if (floor == floors_.floors.end()) co_return;  // not published, or no floor yet
+  // The drop needs to know the slot is the one that carried the rows.
+  if (floors_.slot_identity.empty()) {
+    warn_once(table.qualified(), "retention: drop-partitions needs the slot's marker in publication " +
+                                     config_.publication_name + "'s comment (walrelay's role must own the "
+                                     "publication to write it): no partition of " + table.qualified() +
+                                     " is frozen until it is there");
+    co_return;
+  }
+  // One pending detach at a time per table (PostgreSQL's rule): a frozen
+  // partition waits for it.
+  if (co_await freeze(conn, parts.root, name, floor->second, parts.has_default) && !parts.has_default &&
+      !parts.pending) {
+    parts.pending = true;  // a CONCURRENTLY that fails stays pending
+    co_await detach(conn, parts.root, name, parts.has_default);
+    parts.pending = false;
   }
 }
 

@@ -1324,7 +1324,7 @@ TEST_CASE("sinks: RabbitMQ - an unroutable record whose dead-letter copy finds t
     release.set_value();
     // status() runs on the loop after the poll the return's report posted.
     CHECK(p.status().state != walrelay::RelayState::halted);
-    p.wait_status_updates_or(3, [&] { return f.db().confirmed_flush(f.slot) >= in_lost; });
+    p.wait_status_updates_or(10, [&] { return f.db().confirmed_flush(f.slot) >= in_lost; });
     CHECK(p.status().state != walrelay::RelayState::halted);
     CHECK(f.db().confirmed_flush(f.slot) < in_lost);
     CHECK(p.metrics.delivery_errors("unroutable").Value() == 1);

@@ -226,7 +226,7 @@ TEST_CASE("relay with a fake sink: the dead-letter copy of a row that cannot be 
   CHECK(dead[0].reason == "null_value");
   auto good = p.sink->wait_for(1, [](auto& r) { return !r.dead_letter; });
   p.sink->acknowledge(good[0]);
-  p.wait_status_updates_or(3, [&] { return f.db().confirmed_flush(f.slot) >= in_poison; });
+  p.wait_status_updates_or(10, [&] { return f.db().confirmed_flush(f.slot) >= in_poison; });
   CHECK(f.db().confirmed_flush(f.slot) < in_poison);
   p.sink->acknowledge(dead[0]);
   CHECK(eventually([&] { return f.db().confirmed_flush(f.slot) > in_good; }, 10s, 20ms));
@@ -246,7 +246,7 @@ TEST_CASE("relay with a fake sink: a record the broker refuses for its own reaso
   event(f, "good");
   auto good = p.sink->wait_for(1, [&](auto& r) { return !r.dead_letter && r.token != recs[0].token; });
   p.sink->acknowledge(good[0]);
-  p.wait_status_updates_or(3, [&] { return f.db().confirmed_flush(f.slot) >= in_big; });
+  p.wait_status_updates_or(10, [&] { return f.db().confirmed_flush(f.slot) >= in_big; });
   CHECK(f.db().confirmed_flush(f.slot) < in_big);
   p.sink->acknowledge(dead[0]);
   // Settled: the slot passes the refused record. (No upper bound here: with

@@ -277,6 +277,7 @@ verdict() { head -n 1 "$work/$1.verdict" 2>/dev/null || echo ERROR; }
 said() { sed -n 2p "$work/$1.verdict" 2>/dev/null || echo "no verdict"; }
 bad=0
 report=()
+missed=()  # said again at the very end: a CI page that shows only the output's ends still names them
 for n in "${!p_break[@]}"; do
   base="base.${p_base[n]}" pair="pair.$n"
   if [[ $(verdict "$base") != passed ]]; then
@@ -286,7 +287,10 @@ for n in "${!p_break[@]}"; do
   else
     result="$(verdict "$pair"): $(said "$pair")"
   fi
-  [[ $result == caught* ]] || bad=$((bad + 1))
+  if [[ $result != caught* ]]; then
+    bad=$((bad + 1))
+    missed+=("  ${p_break[n]} / ${p_spec[n]}: ${result:0:300}")
+  fi
   if [[ $result != caught* && -f $work/$pair.log ]]; then
     echo "--- ${p_break[n]} / ${p_spec[n]}: the end of its output"
     tail -n 20 "$work/$pair.log" | sed 's/^/    /'
@@ -301,7 +305,8 @@ printf '%s\n' "${report[@]}"
 echo
 took=$(($(date +%s) - started_at))
 if ((bad)); then
-  echo "mutation: $bad of ${#p_break[@]} pair(s) not caught on their named assertion (${took} s)"
+  echo "mutation: $bad of ${#p_break[@]} pair(s) not caught on their named assertion (${took} s):"
+  printf '%s\n' "${missed[@]}"
   exit 1
 fi
 echo "mutation: every named test failed on its named assertion against its break, and passed without it (${took} s)"

@@ -81,7 +81,20 @@ class OutboxRetention {
   boost::asio::awaitable<void> measure_table(PgConnection& conn, const TableName& table);
   // drop-partitions (outbox_retention.cpp says how).
   boost::asio::awaitable<void> drop_partitions(PgConnection& conn, const Fence& fence);
+  // One table's partitions in one run. PostgreSQL's rules: one detach
+  // pending per table at a time; with a DEFAULT partition, no CONCURRENTLY.
+  struct TablePartitions {
+    std::string root;  // the partitioned table, quoted
+    bool has_default = false;
+    bool pending = false;  // a detach is pending
+  };
+  using Row = std::vector<std::optional<std::string>>;
   boost::asio::awaitable<void> detach_expired(PgConnection& conn, const TableName& table, const Fence& fence);
+  boost::asio::awaitable<PgRows> list_partitions(PgConnection& conn, const TableName& table, const std::string& root);
+  boost::asio::awaitable<bool> resume_partition(PgConnection& conn, const TableName& table, const Row& row,
+                                                TablePartitions& parts);
+  boost::asio::awaitable<void> retire_partition(PgConnection& conn, const TableName& table, const Row& row,
+                                                TablePartitions& parts);
   boost::asio::awaitable<bool> freeze(PgConnection& conn, const std::string& root, const std::string& name,
                                       std::uint64_t floor, bool has_default);
   boost::asio::awaitable<void> detach(PgConnection& conn, const std::string& root, const std::string& name,

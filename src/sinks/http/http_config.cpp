@@ -75,79 +75,101 @@ std::optional<std::string> decode_base64(std::string_view text) {
 
 std::span<const std::string_view> http_keys() { return keys; }
 
-HttpConfig http_config(const Config& config) {
-  HttpConfig h;
-  for (auto& [key, v] : config.sink_settings) {
-    if (!key.starts_with(prefix)) continue;
-    const std::string_view k = std::string_view(key).substr(prefix.size());
-    if (k == "url") {
-      if (!v.starts_with("http://") && !v.starts_with("https://"))
-        throw ConfigError(key, "expected an http:// or https:// URL");  // (the value may hold a secret)
-      h.url = v;
-    } else if (k == "timeout.ms") {
-      h.timeout_ms = static_cast<int>(parse_int(key, v, 100, 3600000));
-    } else if (k == "connection.timeout.ms") {
-      h.connect_timeout_ms = static_cast<int>(parse_int(key, v, 100, 600000));
-    } else if (k == "retries") {
-      h.retries = static_cast<int>(parse_int(key, v, 0, 1000));
-    } else if (k == "retry.interval.ms") {
-      h.retry_interval_ms = static_cast<int>(parse_int(key, v, 1, 3600000));
-    } else if (k == "retry.after.max.ms") {
-      h.retry_after_max_ms = static_cast<int>(parse_int(key, v, 0, 86400000));
-    } else if (k == "headers.prefix") {
-      // Not empty: the record's headers (names from the rows) must never
-      // become Content-Length, Host or Authorization.
-      if (v.empty() || !is_token(v))
-        throw ConfigError(key, "\"" + v + "\" cannot start a header name (letters, digits, -_. ..., not empty: "
-                               "the record's header names come from the rows)");
-      h.headers_prefix = v;
-    } else if (k == "headers.encode.base64") {
-      h.headers_encode_base64 = parse_bool(key, v);
-    } else if (k == "content.type") {
-      if (v.empty() || v.find_first_of("\r\n") != std::string::npos) throw ConfigError(key, "not a content type");
-      h.content_type = v;
-    } else if (k == "max.inflight.requests") {
-      h.max_inflight_requests = static_cast<int>(parse_int(key, v, 1, 1024));
-    } else if (k == "max.pending") {
-      h.max_pending = static_cast<int>(parse_int(key, v, 1, 1000000));
-    } else if (k == "authentication.type") {
-      if (v == "none") h.authentication = HttpAuthentication::none;
-      else if (v == "standard-webhooks") h.authentication = HttpAuthentication::standard_webhooks;
-      else if (v == "bearer") h.authentication = HttpAuthentication::bearer;
-      else if (v == "basic") h.authentication = HttpAuthentication::basic;
-      else if (v == "jwt" || v == "oauth2")
-        throw ConfigError(key, v + " (Debezium Server's token exchange) is not in walrelay: use bearer with a "
-                               "long-lived token (read at start: restart walrelay to renew it), basic, or "
-                               "standard-webhooks");
-      else
-        throw ConfigError(key, "expected none, standard-webhooks, bearer or basic, got \"" + v + "\"");
-    } else if (k == "authentication.webhook.secret") {
-      h.webhook_secret = v;
-    } else if (k == "authentication.bearer.token") {
-      h.bearer_token = v;
-    } else if (k == "authentication.basic.user") {
-      h.basic_user = v;
-    } else if (k == "authentication.basic.password") {
-      h.basic_password = v;
-    } else if (k == "ssl.ca.location") {
-      h.ssl_ca_location = v;
-    } else if (k == "ssl.certificate.location") {
-      h.ssl_certificate_location = v;
-    } else if (k == "ssl.key.location") {
-      h.ssl_key_location = v;
-    } else if (k == "ssl.key.password") {
-      h.ssl_key_password = v;
-    } else if (k == "batch.enabled") {
-      if (parse_bool(key, v))
-        throw ConfigError(key, "batches (a JSON array per request) are not in this build: each event is its own "
-                               "POST, up to max.inflight.requests at once");
-    } else if (k == "batch.max-size") {
-      throw ConfigError(key, "batches are not in this build (sink.http.batch.enabled); remove the key");
-    } else {
-      throw ConfigError(key, "unknown key of the http sink");
-    }
+namespace {
+
+// One family of sink.http.* keys each: true when `k` (the key without its
+// prefix) is of the family and was taken.
+
+// Where and how long: the URL, time-outs and retries.
+bool take_delivery_key(HttpConfig& h, std::string_view k, const std::string& key, const std::string& v) {
+  if (k == "url") {
+    if (!v.starts_with("http://") && !v.starts_with("https://"))
+      throw ConfigError(key, "expected an http:// or https:// URL");  // (the value may hold a secret)
+    h.url = v;
+  } else if (k == "timeout.ms") {
+    h.timeout_ms = static_cast<int>(parse_int(key, v, 100, 3600000));
+  } else if (k == "connection.timeout.ms") {
+    h.connect_timeout_ms = static_cast<int>(parse_int(key, v, 100, 600000));
+  } else if (k == "retries") {
+    h.retries = static_cast<int>(parse_int(key, v, 0, 1000));
+  } else if (k == "retry.interval.ms") {
+    h.retry_interval_ms = static_cast<int>(parse_int(key, v, 1, 3600000));
+  } else if (k == "retry.after.max.ms") {
+    h.retry_after_max_ms = static_cast<int>(parse_int(key, v, 0, 86400000));
+  } else if (k == "max.inflight.requests") {
+    h.max_inflight_requests = static_cast<int>(parse_int(key, v, 1, 1024));
+  } else if (k == "max.pending") {
+    h.max_pending = static_cast<int>(parse_int(key, v, 1, 1000000));
+  } else {
+    return false;
   }
-  if (h.url.empty()) throw ConfigError("sink.http.url", "sink.type=http needs the URL to POST the events to");
+  return true;
+}
+
+// What a request looks like: its headers, content type and batching.
+bool take_request_key(HttpConfig& h, std::string_view k, const std::string& key, const std::string& v) {
+  if (k == "headers.prefix") {
+    // Not empty: the record's headers (names from the rows) must never
+    // become Content-Length, Host or Authorization.
+    if (v.empty() || !is_token(v))
+      throw ConfigError(key, "\"" + v + "\" cannot start a header name (letters, digits, -_. ..., not empty: "
+                             "the record's header names come from the rows)");
+    h.headers_prefix = v;
+  } else if (k == "headers.encode.base64") {
+    h.headers_encode_base64 = parse_bool(key, v);
+  } else if (k == "content.type") {
+    if (v.empty() || v.find_first_of("\r\n") != std::string::npos) throw ConfigError(key, "not a content type");
+    h.content_type = v;
+  } else if (k == "batch.enabled") {
+    if (parse_bool(key, v))
+      throw ConfigError(key, "batches (a JSON array per request) are not in this build: each event is its own "
+                             "POST, up to max.inflight.requests at once");
+  } else if (k == "batch.max-size") {
+    throw ConfigError(key, "batches are not in this build (sink.http.batch.enabled); remove the key");
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Who walrelay is to the receiver: the authentication and TLS keys.
+bool take_credential_key(HttpConfig& h, std::string_view k, const std::string& key, const std::string& v) {
+  if (k == "authentication.type") {
+    if (v == "none") h.authentication = HttpAuthentication::none;
+    else if (v == "standard-webhooks") h.authentication = HttpAuthentication::standard_webhooks;
+    else if (v == "bearer") h.authentication = HttpAuthentication::bearer;
+    else if (v == "basic") h.authentication = HttpAuthentication::basic;
+    else if (v == "jwt" || v == "oauth2")
+      throw ConfigError(key, v + " (Debezium Server's token exchange) is not in walrelay: use bearer with a "
+                             "long-lived token (read at start: restart walrelay to renew it), basic, or "
+                             "standard-webhooks");
+    else
+      throw ConfigError(key, "expected none, standard-webhooks, bearer or basic, got \"" + v + "\"");
+  } else if (k == "authentication.webhook.secret") {
+    h.webhook_secret = v;
+  } else if (k == "authentication.bearer.token") {
+    h.bearer_token = v;
+  } else if (k == "authentication.basic.user") {
+    h.basic_user = v;
+  } else if (k == "authentication.basic.password") {
+    h.basic_password = v;
+  } else if (k == "ssl.ca.location") {
+    h.ssl_ca_location = v;
+  } else if (k == "ssl.certificate.location") {
+    h.ssl_certificate_location = v;
+  } else if (k == "ssl.key.location") {
+    h.ssl_key_location = v;
+  } else if (k == "ssl.key.password") {
+    h.ssl_key_password = v;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The keys that only make sense together: each authentication type's
+// secrets, a client certificate's two halves.
+void check_credentials(HttpConfig& h) {
   switch (h.authentication) {
     case HttpAuthentication::standard_webhooks: {
       const std::string why = "standard-webhooks needs a secret whsec_<base64 of 24 to 64 random bytes>";
@@ -178,6 +200,20 @@ HttpConfig http_config(const Config& config) {
   if (h.ssl_key_location.empty() != h.ssl_certificate_location.empty())
     throw ConfigError(h.ssl_key_location.empty() ? "sink.http.ssl.key.location" : "sink.http.ssl.certificate.location",
                       "a client certificate needs both ssl.certificate.location and ssl.key.location");
+}
+
+}  // namespace
+
+HttpConfig http_config(const Config& config) {
+  HttpConfig h;
+  for (auto& [key, v] : config.sink_settings) {
+    if (!key.starts_with(prefix)) continue;
+    const std::string_view k = std::string_view(key).substr(prefix.size());
+    if (!take_delivery_key(h, k, key, v) && !take_request_key(h, k, key, v) && !take_credential_key(h, k, key, v))
+      throw ConfigError(key, "unknown key of the http sink");
+  }
+  if (h.url.empty()) throw ConfigError("sink.http.url", "sink.type=http needs the URL to POST the events to");
+  check_credentials(h);
   return h;
 }
 

@@ -13,6 +13,7 @@
 #include <boost/asio/post.hpp>
 
 #include "walrelay/mutation.hpp"
+#include "walrelay/sinks/loop_wake.hpp"
 
 namespace walrelay {
 
@@ -451,25 +452,8 @@ class RequestWorker {
 
 void HttpRequestSink::run_worker() {
   ::pthread_setname_np(::pthread_self(), limits_.thread_name);  // (the fault campaign finds it by name)
-  auto hand_over = [this](std::vector<Done>& out) {
-    if (out.empty()) return;
-    std::lock_guard lock(shared_->mu);
-    for (auto& d : out) shared_->done.push_back(std::move(d));
-    out.clear();
-    if (shared_->wake_posted || !shared_->sink) return;
-    shared_->wake_posted = true;
-    boost::asio::post(io_, [self = std::weak_ptr<Shared>(shared_)] {
-      auto s = self.lock();
-      if (!s) return;
-      HttpRequestSink* sink = nullptr;
-      {
-        std::lock_guard lock(s->mu);
-        s->wake_posted = false;
-        sink = s->sink;
-      }
-      if (sink) sink->poll();
-    });
-  };
+  auto hand_over = [this](std::vector<Done>& out) { walrelay::hand_over(io_, shared_, out); };
+
   RequestWorker worker(*this, limits_, static_cast<CURLM*>(multi_), hand_over);
   worker.sink_shared_ = shared_.get();
   std::deque<Entry> queued;

@@ -12,6 +12,7 @@
 
 #include "walrelay/config.hpp"
 #include "walrelay/mutation.hpp"
+#include "walrelay/sinks/loop_wake.hpp"
 
 namespace walrelay {
 
@@ -27,31 +28,14 @@ using Inbox = NatsJetStreamSink::Inbox;
 using Completion = NatsJetStreamSink::Completion;
 
 // Hands the loop what a nats.c thread saw; one wake-up however many come.
-void wake_locked(Inbox* inbox, boost::asio::io_context& io, const std::weak_ptr<Inbox>& self);
-
 using InboxRef = NatsJetStreamSink::CallbackRef;
 
 void push(InboxRef* ref, Completion c) {
   std::lock_guard lock(ref->inbox->mu);
   ref->inbox->done.push_back(std::move(c));
-  wake_locked(ref->inbox, *ref->io, ref->self);
+  post_poll_locked(*ref->io, *ref->inbox, ref->self);
 }
 
-void wake_locked(Inbox* inbox, boost::asio::io_context& io, const std::weak_ptr<Inbox>& self) {
-  if (inbox->wake_posted || !inbox->sink) return;
-  inbox->wake_posted = true;
-  boost::asio::post(io, [self] {
-    auto in = self.lock();
-    if (!in) return;
-    NatsJetStreamSink* sink = nullptr;
-    {
-      std::lock_guard lock(in->mu);
-      in->wake_posted = false;
-      sink = in->sink;
-    }
-    if (sink) sink->poll();
-  });
-}
 
 // nats.c's callbacks: each only records what happened.
 void on_ack(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void* closure) {
@@ -74,7 +58,7 @@ void on_closed(natsConnection*, void* closure) {
   ref->inbox->closed = true;
   ref->inbox->close_seen = true;
   ref->inbox->cv.notify_all();
-  wake_locked(ref->inbox, *ref->io, ref->self);
+  post_poll_locked(*ref->io, *ref->inbox, ref->self);
 }
 
 void on_async_error(natsConnection* nc, natsSubscription*, natsStatus err, void* closure) {
@@ -84,7 +68,7 @@ void on_async_error(natsConnection* nc, natsSubscription*, natsStatus err, void*
   std::lock_guard lock(ref->inbox->mu);
   ref->inbox->async_error = redact_url(text && *text ? text : natsStatus_GetText(err));
   ref->inbox->async_error_new = true;
-  wake_locked(ref->inbox, *ref->io, ref->self);
+  post_poll_locked(*ref->io, *ref->inbox, ref->self);
 }
 
 std::string joined(const std::vector<std::string>& v) {

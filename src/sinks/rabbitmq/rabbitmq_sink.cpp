@@ -26,6 +26,7 @@
 #include <boost/asio/post.hpp>
 
 #include "walrelay/mutation.hpp"
+#include "walrelay/sinks/loop_wake.hpp"
 
 namespace walrelay {
 
@@ -118,21 +119,7 @@ class Connection {
     return shared_->stop;
   }
 
-  void wake_loop_locked() {
-    if (shared_->wake_posted || !shared_->sink) return;
-    shared_->wake_posted = true;
-    boost::asio::post(io_, [w = std::weak_ptr<Shared>(shared_)] {
-      auto s = w.lock();
-      if (!s) return;
-      RabbitMqSink* sink = nullptr;
-      {
-        std::lock_guard lock(s->mu);
-        s->wake_posted = false;
-        sink = s->sink;
-      }
-      if (sink) sink->poll();
-    });
-  }
+  void wake_loop_locked() { post_poll_locked(io_, *shared_, std::weak_ptr<Shared>(shared_)); }
 
   void set_state(bool connected, const std::string& error) {
     std::lock_guard lock(shared_->mu);

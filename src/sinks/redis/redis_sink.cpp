@@ -12,6 +12,7 @@
 
 #include "walrelay/json.hpp"
 #include "walrelay/mutation.hpp"
+#include "walrelay/sinks/loop_wake.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -357,266 +358,268 @@ void RedisStreamsSink::report(Done& done) {
 
 void RedisStreamsSink::run_worker() {
   ::pthread_setname_np(::pthread_self(), "wr-redis");  // (the fault campaign finds it by name)
-  redisContext* ctx = nullptr;
-  std::string sha;
-  auto backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
-  std::uint64_t poisoned = 0;  // entries of epochs up to this one fail: one before them failed
+  Worker w;
+  w.backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
   std::vector<Entry> batch;
-  std::vector<Done> out;
-  auto hand_over = [&] {
-    if (out.empty()) return;
-    std::lock_guard lock(shared_->mu);
-    for (auto& d : out) shared_->done.push_back(std::move(d));
-    out.clear();
-    if (shared_->wake_posted || !shared_->sink) return;
-    shared_->wake_posted = true;
-    boost::asio::post(io_, [self = std::weak_ptr<Shared>(shared_)] {
-      auto s = self.lock();
-      if (!s) return;
-      RedisStreamsSink* sink = nullptr;
-      {
-        std::lock_guard lock(s->mu);
-        s->wake_posted = false;
-        sink = s->sink;
-      }
-      if (sink) sink->poll();
-    });
-  };
-  auto fail = [&](Entry& e, const std::string& code, const std::string& message) {
-    poisoned = std::max(poisoned, e.epoch);
-    out.push_back(Done{std::move(e), Outcome::transient, code, message});
-  };
-  // (With shared_->mu held.) The connection dropped: not ready until a new one.
-  auto lost = [&](const std::string& why) {
-    shared_->connected = false;
-    shared_->last_error = "the connection to Redis at " + where(config_) + " broke" + why;
-    spdlog::warn("redis: {}; connecting again", shared_->last_error);
-  };
   while (true) {
     std::uint64_t taken_back = 0;
     std::string source;  // the batch's (one source a batch: its mark is that source's)
     {
       std::unique_lock lock(shared_->mu);
-      if (ctx) {
-        // Idle: a PING a second, so that a server gone while nothing is sent
-        // shows on /readyz.
-        if (!shared_->cv.wait_for(lock, std::chrono::seconds(1),
-                                  [&] { return shared_->stop || !shared_->queue.empty(); })) {
-          lock.unlock();
-          std::string error;
-          try {
-            command(ctx, {"PING"});
-          } catch (const std::runtime_error& e) {
-            error = e.what();
-          }
-          lock.lock();
-          if (!error.empty() && ctx->err) {
-            redisFree(ctx);
-            ctx = nullptr;
-            lost(": " + error);
-          }
-          continue;
-        }
-      } else if (!shared_->stop) {
-        // Not connected: try again after the backoff, sooner at the start.
-        lock.unlock();
-        std::string error;
-        try {
-          ctx = connect(config_, config_.connect_timeout_ms, sha);
-        } catch (const std::runtime_error& e) {
-          error = e.what();
-        }
-        lock.lock();
-        if (ctx) {
-          if (!shared_->connected) spdlog::info("redis: connected to {}", where(config_));
-          shared_->connected = true;
-          shared_->last_error.clear();
-          backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
-        } else {
-          if (shared_->last_error != error) spdlog::error("redis: {}", error);
-          shared_->connected = false;
-          shared_->last_error = error;
-          shared_->cv.wait_for(lock, backoff, [&] { return shared_->stop; });
-          backoff = std::min(backoff * 2, std::chrono::milliseconds(config_.retry_max_delay_ms));
-        }
-        // Entries queued while the connection was down fail below.
-      }
+      if (!wait_for_work(w, lock)) continue;
       if (shared_->stop) break;
-      const auto n = std::min<std::size_t>(shared_->queue.size(), static_cast<std::size_t>(config_.batch_size));
-      const std::string* batch_source = nullptr;
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto& next = shared_->queue.front().source;
-        if (next) {
-          if (batch_source && *batch_source != *next) break;
-          if (!batch_source) source = *next;
-          batch_source = next.get();
-        }
-        batch.push_back(std::move(shared_->queue.front()));
-        shared_->queue.pop_front();
-      }
+      source = take_batch_locked(batch);
       taken_back = shared_->taken_back;
     }
-    std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
-    std::vector<Entry> to_send;
-    for (auto& e : batch) {
-      if (e.epoch <= taken_back) fail(e, "taken_back", "taken back after an earlier record failed");
-      else if (e.epoch <= poisoned) fail(e, "after_failure", "not sent: an earlier record to Redis failed");
-      else if (!ctx) fail(e, "connection_lost", "no connection to Redis at " + where(config_));
-      else to_send.push_back(std::move(e));
-    }
-    batch.clear();
-    if (!to_send.empty()) {
-      const bool was_connected = ctx != nullptr;
-      send_batch(ctx, sha, source, to_send, out);
-      for (auto& d : out) {
-        if (d.outcome == Outcome::transient) poisoned = std::max(poisoned, d.entry.epoch);
-        if (d.outcome == Outcome::record_error || d.outcome == Outcome::denied) {
-          auto& epoch = refused_in_[d.entry.stream];
-          epoch = std::max(epoch, d.entry.epoch);
-        }
-      }
-      if (was_connected && !ctx) {
-        std::lock_guard lock(shared_->mu);
-        lost("");
-      }
-    }
-    hand_over();
+    send_or_fail(w, batch, source, taken_back);
+    hand_over(io_, shared_, w.out);
   }
-  if (ctx) redisFree(ctx);
+  if (w.ctx) redisFree(w.ctx);
   // What is still queued is never reported: the sink is going away, and the
   // relay confirms nothing past it.
 }
 
-void RedisStreamsSink::send_batch(redisContext*& ctx, std::string& sha, const std::string& source,
-                                  std::vector<Entry>& batch, std::vector<Done>& out) {
-  // One script per stream, its entries in submission order.
+// Connected: waits up to a second for entries, else PINGs, so that a server
+// gone while nothing is sent shows on /readyz (false: look again). Not
+// connected: tries once, then waits out the backoff on failure; entries
+// queued meanwhile fail in send_or_fail.
+bool RedisStreamsSink::wait_for_work(Worker& w, std::unique_lock<std::mutex>& lock) {
+  if (w.ctx) {
+    if (shared_->cv.wait_for(lock, std::chrono::seconds(1), [&] { return shared_->stop || !shared_->queue.empty(); }))
+      return true;
+    lock.unlock();
+    std::string error;
+    try {
+      command(w.ctx, {"PING"});
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    lock.lock();
+    if (!error.empty() && w.ctx->err) {
+      redisFree(w.ctx);
+      w.ctx = nullptr;
+      connection_lost_locked(": " + error);
+    }
+    return false;
+  }
+  if (shared_->stop) return true;
+  lock.unlock();
+  std::string error;
+  try {
+    w.ctx = connect(config_, config_.connect_timeout_ms, w.sha);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  lock.lock();
+  if (w.ctx) {
+    if (!shared_->connected) spdlog::info("redis: connected to {}", where(config_));
+    shared_->connected = true;
+    shared_->last_error.clear();
+    w.backoff = std::chrono::milliseconds(config_.retry_initial_delay_ms);
+  } else {
+    if (shared_->last_error != error) spdlog::error("redis: {}", error);
+    shared_->connected = false;
+    shared_->last_error = error;
+    shared_->cv.wait_for(lock, w.backoff, [&] { return shared_->stop; });
+    w.backoff = std::min(w.backoff * 2, std::chrono::milliseconds(config_.retry_max_delay_ms));
+  }
+  return true;
+}
+
+// The connection dropped: not ready until a new one.
+void RedisStreamsSink::connection_lost_locked(const std::string& why) {
+  shared_->connected = false;
+  shared_->last_error = "the connection to Redis at " + where(config_) + " broke" + why;
+  spdlog::warn("redis: {}; connecting again", shared_->last_error);
+}
+
+// Up to batch.size queued entries, all of one source (the mark a script
+// moves is that source's); returns the source ("" for dead-letter copies).
+std::string RedisStreamsSink::take_batch_locked(std::vector<Entry>& batch) {
+  std::string source;
+  const auto n = std::min<std::size_t>(shared_->queue.size(), static_cast<std::size_t>(config_.batch_size));
+  const std::string* batch_source = nullptr;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& next = shared_->queue.front().source;
+    if (next) {
+      if (batch_source && *batch_source != *next) break;
+      if (!batch_source) source = *next;
+      batch_source = next.get();
+    }
+    batch.push_back(std::move(shared_->queue.front()));
+    shared_->queue.pop_front();
+  }
+  return source;
+}
+
+// Entries taken back, behind a failure or without a connection fail here
+// (transiently: the relay sends them again); the others go in one round trip.
+// What fails transiently poisons its epoch; what is refused for good keeps
+// its stream's mark still until the relay has taken back what followed.
+void RedisStreamsSink::send_or_fail(Worker& w, std::vector<Entry>& batch, const std::string& source,
+                                   std::uint64_t taken_back) {
+  std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
+  auto fail = [&](Entry& e, const std::string& code, const std::string& message) {
+    w.poisoned = std::max(w.poisoned, e.epoch);
+    w.out.push_back(Done{std::move(e), Outcome::transient, code, message});
+  };
+  std::vector<Entry> to_send;
+  for (auto& e : batch) {
+    if (e.epoch <= taken_back) fail(e, "taken_back", "taken back after an earlier record failed");
+    else if (e.epoch <= w.poisoned) fail(e, "after_failure", "not sent: an earlier record to Redis failed");
+    else if (!w.ctx) fail(e, "connection_lost", "no connection to Redis at " + where(config_));
+    else to_send.push_back(std::move(e));
+  }
+  batch.clear();
+  if (to_send.empty()) return;
+  const bool was_connected = w.ctx != nullptr;
+  send_batch(w, source, to_send);
+  for (auto& d : w.out) {
+    if (d.outcome == Outcome::transient) w.poisoned = std::max(w.poisoned, d.entry.epoch);
+    if (d.outcome == Outcome::record_error || d.outcome == Outcome::denied) {
+      auto& epoch = refused_in_[d.entry.stream];
+      epoch = std::max(epoch, d.entry.epoch);
+    }
+  }
+  if (was_connected && !w.ctx) {
+    std::lock_guard lock(shared_->mu);
+    connection_lost_locked("");
+  }
+}
+
+// One round trip: the append script once per stream, its entries in
+// submission order, pipelined; then WAIT when configured. Outcomes go to
+// w.out in submission order, as the relay gave them.
+void RedisStreamsSink::send_batch(Worker& w, const std::string& source, std::vector<Entry>& batch) {
   std::map<std::string, std::vector<std::size_t>> by_stream;
   for (std::size_t i = 0; i < batch.size(); ++i) by_stream[batch[i].stream].push_back(i);
-  const std::string maxlen = std::to_string(config_.maxlen);
-  std::vector<std::vector<std::string>> commands;
-  commands.reserve(by_stream.size());
-  for (auto& [stream, indexes] : by_stream) {
-    // The mark may move unless an entry of this stream was refused in an
-    // epoch not yet taken back.
-    const auto refused = refused_in_.find(stream);
-    const bool may_move = refused == refused_in_.end() || refused->second < batch[indexes.front()].epoch;
-    std::vector<std::string> args{"EVALSHA", "", "2", stream, "walrelay:mark:{" + stream + "}", maxlen, source,
-                                  may_move ? "1" : "0"};
-    for (auto i : indexes) {
-      const Entry& e = batch[i];
-      args.push_back(e.id);
-      if (config_.extended) {
-        args.push_back("id");
-        std::vector<std::string> fields;
-        if (e.key) fields.insert(fields.end(), {"key", *e.key});
-        if (e.value) fields.insert(fields.end(), {"value", *e.value});
-        fields.insert(fields.end(), {"id", e.event_id, "headers", headers_json(e.headers)});
-        args.push_back(std::to_string(fields.size() / 2));
-        args.insert(args.end(), std::make_move_iterator(fields.begin()), std::make_move_iterator(fields.end()));
-      } else {
-        const std::string field = e.key ? *e.key : config_.null_key;
-        args.push_back(field);
-        args.push_back("1");
-        args.push_back(field);
-        args.push_back(e.value ? *e.value : config_.null_value);
-      }
-    }
-    commands.push_back(std::move(args));
-  }
-  // The script's SHA1: loaded on connect; loaded again here after a
-  // NOSCRIPT (a SCRIPT FLUSH meanwhile).
-  if (sha.empty()) {
-    try {
-      sha = reply_text(command(ctx, {"SCRIPT", "LOAD", append_script}).get());
-    } catch (const std::runtime_error& e) {
-      for (auto& entry : batch) out.push_back(Done{std::move(entry), Outcome::transient, "redis_error", e.what()});
-      if (ctx->err) {
-        redisFree(ctx);
-        ctx = nullptr;
-      }
-      return;
-    }
-  }
-  for (auto& args : commands) {
-    args[1] = sha;
-    append_command(ctx, args);
-  }
-  bool broken = false;
-  std::string broken_why;
+  if (w.sha.empty() && !load_script(w, batch)) return;
+  for (auto& [stream, indexes] : by_stream) append_command(w.ctx, append_args(w.sha, stream, indexes, batch, source));
+  std::optional<std::string> broken;  // why the connection broke
   std::vector<std::pair<std::size_t, Done>> results;
   for (auto& [stream, indexes] : by_stream) {
     redisReply* raw = nullptr;
-    if (!broken && redisGetReply(ctx, reinterpret_cast<void**>(&raw)) != REDIS_OK) {
-      broken = true;
-      broken_why = ctx->errstr[0] ? ctx->errstr : "the connection broke";
-    }
+    if (!broken && redisGetReply(w.ctx, reinterpret_cast<void**>(&raw)) != REDIS_OK)
+      broken = w.ctx->errstr[0] ? w.ctx->errstr : "the connection broke";
     Reply reply(raw);
     for (std::size_t k = 0; k < indexes.size(); ++k) {
       Entry& e = batch[indexes[k]];
-      Done d;
-      if (broken) {
-        d = Done{std::move(e), Outcome::transient, "connection_lost",
-                 "no answer from Redis at " + where(config_) + ": " + broken_why};
-      } else if (reply->type == REDIS_REPLY_ERROR) {
-        const std::string text = reply_text(reply.get());
-        if (text.rfind("NOSCRIPT", 0) == 0) sha.clear();
-        d = Done{std::move(e), outcome_of(text), code_of(text),
-                 "Redis refused the append to stream \"" + stream + "\": " + text};
-      } else if (reply->type != REDIS_REPLY_ARRAY) {
-        d = Done{std::move(e), Outcome::transient, "redis_error", "an unexpected reply from the append script"};
-      } else if (k >= reply->elements) {
-        d = Done{std::move(e), Outcome::transient, "after_failure",
-                 "not stored: an entry before it in stream \"" + stream + "\" failed"};
-      } else {
-        const std::string status = reply_text(reply->element[k]);
-        if (status == "ok") {
-          d = Done{std::move(e), Outcome::stored, "", ""};
-        } else if (status == "dup" || status == "gone") {
-          d = Done{std::move(e), Outcome::duplicate, "", ""};
-        } else if (status == "conflict") {
-          std::string message = "stream \"" + stream + "\" is past this event's id " + e.id +
-                                " and neither holds it nor was marked past it by this source (another writer's "
-                                "entries, or another database's): it cannot go there in commit order";
-          d = Done{std::move(e), Outcome::record_error, "id_conflict", std::move(message)};
-        } else {
-          const std::string text = status.rfind("err:", 0) == 0 ? status.substr(4) : status;
-          d = Done{std::move(e), outcome_of(text), code_of(text),
-                   "Redis refused the append to stream \"" + stream + "\": " + text};
-        }
-      }
-      results.emplace_back(indexes[k], std::move(d));
+      results.emplace_back(indexes[k], broken ? Done{std::move(e), Outcome::transient, "connection_lost",
+                                                     "no answer from Redis at " + where(config_) + ": " + *broken}
+                                              : verdict(e, reply.get(), k, stream, w.sha));
     }
   }
   if (broken) {
-    redisFree(ctx);
-    ctx = nullptr;
+    redisFree(w.ctx);
+    w.ctx = nullptr;
   } else if (config_.wait_enabled) {
-    // Stored on the primary is not yet safe from its loss: WAIT for replicas.
-    std::string problem;
-    try {
-      auto r = command(ctx, {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_timeout_ms)});
-      if (r->type != REDIS_REPLY_INTEGER || r->integer < config_.wait_replicas)
-        problem = std::to_string(r->type == REDIS_REPLY_INTEGER ? r->integer : 0) + " of " +
-                  std::to_string(config_.wait_replicas) + " replicas acknowledged within sink.redis.wait.timeout.ms=" +
-                  std::to_string(config_.wait_timeout_ms);
-    } catch (const std::runtime_error& e) {
-      problem = e.what();
-      if (ctx->err) {
-        redisFree(ctx);
-        ctx = nullptr;
-      }
-    }
-    if (!problem.empty())
-      for (auto& [i, d] : results)
-        if (d.outcome == Outcome::stored || d.outcome == Outcome::duplicate) {
-          d.outcome = Outcome::transient;
-          d.code = "wait_timeout";
-          d.message = "WAIT: " + problem;
-        }
+    wait_for_replicas(w, results);
   }
-  // Reported in submission order, as the relay gave them.
   std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [i, d] : results) out.push_back(std::move(d));
+  for (auto& [i, d] : results) w.out.push_back(std::move(d));
+}
+
+// The script's SHA1: loaded on connect; loaded again after a NOSCRIPT (a
+// SCRIPT FLUSH meanwhile). False: the batch failed, transiently.
+bool RedisStreamsSink::load_script(Worker& w, std::vector<Entry>& batch) {
+  try {
+    w.sha = reply_text(command(w.ctx, {"SCRIPT", "LOAD", append_script}).get());
+    return true;
+  } catch (const std::runtime_error& e) {
+    for (auto& entry : batch) w.out.push_back(Done{std::move(entry), Outcome::transient, "redis_error", e.what()});
+    if (w.ctx->err) {
+      redisFree(w.ctx);
+      w.ctx = nullptr;
+    }
+    return false;
+  }
+}
+
+// EVALSHA of the append script for one stream's entries (see append_script
+// for the arguments).
+std::vector<std::string> RedisStreamsSink::append_args(const std::string& sha, const std::string& stream,
+                                                       const std::vector<std::size_t>& indexes,
+                                                       const std::vector<Entry>& batch, const std::string& source) {
+  // The mark may move unless an entry of this stream was refused in an
+  // epoch not yet taken back.
+  const auto refused = refused_in_.find(stream);
+  const bool may_move = refused == refused_in_.end() || refused->second < batch[indexes.front()].epoch;
+  std::vector<std::string> args{"EVALSHA",    sha, "2", stream, "walrelay:mark:{" + stream + "}", std::to_string(config_.maxlen),
+                                source, may_move ? "1" : "0"};
+  for (auto i : indexes) {
+    const Entry& e = batch[i];
+    args.push_back(e.id);
+    if (config_.extended) {
+      args.push_back("id");
+      std::vector<std::string> fields;
+      if (e.key) fields.insert(fields.end(), {"key", *e.key});
+      if (e.value) fields.insert(fields.end(), {"value", *e.value});
+      fields.insert(fields.end(), {"id", e.event_id, "headers", headers_json(e.headers)});
+      args.push_back(std::to_string(fields.size() / 2));
+      args.insert(args.end(), std::make_move_iterator(fields.begin()), std::make_move_iterator(fields.end()));
+    } else {
+      const std::string field = e.key ? *e.key : config_.null_key;
+      args.push_back(field);
+      args.push_back("1");
+      args.push_back(field);
+      args.push_back(e.value ? *e.value : config_.null_value);
+    }
+  }
+  return args;
+}
+
+// The k-th entry's outcome from its stream's script reply (takes e).
+RedisStreamsSink::Done RedisStreamsSink::verdict(Entry& e, const redisReply* reply, std::size_t k,
+                                                 const std::string& stream, std::string& sha) {
+  if (reply->type == REDIS_REPLY_ERROR) {
+    const std::string text = reply_text(reply);
+    if (text.rfind("NOSCRIPT", 0) == 0) sha.clear();
+    return Done{std::move(e), outcome_of(text), code_of(text),
+                "Redis refused the append to stream \"" + stream + "\": " + text};
+  }
+  if (reply->type != REDIS_REPLY_ARRAY)
+    return Done{std::move(e), Outcome::transient, "redis_error", "an unexpected reply from the append script"};
+  if (k >= reply->elements)
+    return Done{std::move(e), Outcome::transient, "after_failure",
+                "not stored: an entry before it in stream \"" + stream + "\" failed"};
+  const std::string status = reply_text(reply->element[k]);
+  if (status == "ok") return Done{std::move(e), Outcome::stored, "", ""};
+  if (status == "dup" || status == "gone") return Done{std::move(e), Outcome::duplicate, "", ""};
+  if (status == "conflict") {
+    std::string message = "stream \"" + stream + "\" is past this event's id " + e.id +
+                          " and neither holds it nor was marked past it by this source (another writer's "
+                          "entries, or another database's): it cannot go there in commit order";
+    return Done{std::move(e), Outcome::record_error, "id_conflict", std::move(message)};
+  }
+  const std::string text = status.rfind("err:", 0) == 0 ? status.substr(4) : status;
+  return Done{std::move(e), outcome_of(text), code_of(text),
+              "Redis refused the append to stream \"" + stream + "\": " + text};
+}
+
+// Stored on the primary is not yet safe from its loss: WAIT for replicas,
+// and what was stored fails transiently when too few acknowledge in time.
+void RedisStreamsSink::wait_for_replicas(Worker& w, std::vector<std::pair<std::size_t, Done>>& results) {
+  std::string problem;
+  try {
+    auto r = command(w.ctx, {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_timeout_ms)});
+    if (r->type != REDIS_REPLY_INTEGER || r->integer < config_.wait_replicas)
+      problem = std::to_string(r->type == REDIS_REPLY_INTEGER ? r->integer : 0) + " of " +
+                std::to_string(config_.wait_replicas) + " replicas acknowledged within sink.redis.wait.timeout.ms=" +
+                std::to_string(config_.wait_timeout_ms);
+  } catch (const std::runtime_error& e) {
+    problem = e.what();
+    if (w.ctx->err) {
+      redisFree(w.ctx);
+      w.ctx = nullptr;
+    }
+  }
+  if (problem.empty()) return;
+  for (auto& [i, d] : results)
+    if (d.outcome == Outcome::stored || d.outcome == Outcome::duplicate) {
+      d.outcome = Outcome::transient;
+      d.code = "wait_timeout";
+      d.message = "WAIT: " + problem;
+    }
 }
 
 void RedisStreamsSink::check_connectivity(int timeout_ms) {

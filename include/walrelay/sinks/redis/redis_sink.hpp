@@ -28,6 +28,7 @@
 // the loop, where everything else runs.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -47,6 +48,7 @@
 #include "walrelay/sinks/redis/redis_config.hpp"
 
 struct redisContext;
+struct redisReply;
 
 namespace walrelay {
 
@@ -101,10 +103,26 @@ class RedisStreamsSink final : public Sink {
   };
 
  private:
+  // (Worker only.) The connection, and what carries from one batch to the next.
+  struct Worker {
+    redisContext* ctx = nullptr;
+    std::string sha;  // the append script's
+    std::chrono::milliseconds backoff{0};
+    std::uint64_t poisoned = 0;  // entries of epochs up to this one fail: one before them failed
+    std::vector<Done> out;       // outcomes not yet handed to the loop
+  };
   void run_worker();
-  // One round trip: the batch's entries, one script per stream.
-  void send_batch(redisContext*& ctx, std::string& sha, const std::string& source, std::vector<Entry>& batch,
-                  std::vector<Done>& out);
+  bool wait_for_work(Worker& w, std::unique_lock<std::mutex>& lock);
+  void connection_lost_locked(const std::string& why);
+  std::string take_batch_locked(std::vector<Entry>& batch);
+  void send_or_fail(Worker& w, std::vector<Entry>& batch, const std::string& source, std::uint64_t taken_back);
+  void send_batch(Worker& w, const std::string& source, std::vector<Entry>& batch);
+  bool load_script(Worker& w, std::vector<Entry>& batch);
+  std::vector<std::string> append_args(const std::string& sha, const std::string& stream,
+                                       const std::vector<std::size_t>& indexes, const std::vector<Entry>& batch,
+                                       const std::string& source);
+  Done verdict(Entry& e, const redisReply* reply, std::size_t k, const std::string& stream, std::string& sha);
+  void wait_for_replicas(Worker& w, std::vector<std::pair<std::size_t, Done>>& results);
   void report(Done& d);
   SubmitStatus enqueue(Entry e);
 
