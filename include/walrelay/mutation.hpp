@@ -38,6 +38,7 @@ enum class Break {
   redis_ack_at_submit,      // Redis: a record reported delivered once queued for the worker, before Redis answered
   http_retry_releases_key,  // HTTP: a request waiting to be tried again frees its key, so the key's later events pass it
   sqs_call_ok_is_delivered, // SQS: a call answered 200 counts every entry delivered, its Failed ones too
+  http_batch_not_split,     // HTTP: a batch refused with a 4xx fails every record in it, not the one refused
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

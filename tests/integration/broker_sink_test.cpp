@@ -269,19 +269,21 @@ struct Http {
                        " --store '" + Services::current("WALRELAY_RUN_DIR") + "/http/store' 2>&1");
   }
   // What reached the paths whose topic starts with `prefix`.
+  // (batches: a request's JSON array read as its records; see HttpBatch.)
   class Destination {
    public:
-    explicit Destination(std::string prefix) : prefix_(std::move(prefix)) {}
+    explicit Destination(std::string prefix, bool batches = false) : prefix_(std::move(prefix)), batches_(batches) {}
     ~Destination() { py("delete --prefix '" + prefix_ + "'"); }
     Destination(const Destination&) = delete;
     Destination& operator=(const Destination&) = delete;
     std::vector<KafkaRecord> read(std::size_t at_least = 0, int timeout_s = 60) const {
       return records_of(py("read --prefix '" + prefix_ + "' --count " + std::to_string(at_least) + " --timeout " +
-                           std::to_string(timeout_s)));
+                           std::to_string(timeout_s) + (batches_ ? " --batches" : "")));
     }
 
    private:
     std::string prefix_;
+    bool batches_;
   };
   static std::unique_ptr<Destination> topics(Fixture& f) { return std::make_unique<Destination>(f.topic_prefix); }
   static std::string dead_letter_topic(Fixture& f) { return f.slot + "_dead"; }
@@ -300,6 +302,23 @@ struct Http {
   static std::string pid_file() { return Services::current("WALRELAY_RUN_DIR") + "/http/pid"; }
   static void stop() { Services::control("http-stop"); }
   static void start() { Services::control("http-start"); }
+};
+
+// The HTTP sink with batches (sink.http.batch.enabled): a request carries
+// the waiting records of one URL, one per key, as a JSON array of records
+// with their id, key and headers (batch.format=records); read back element
+// by element, in the array's order.
+struct HttpBatch : Http {
+  static std::unique_ptr<Destination> topics(Fixture& f) {
+    return std::make_unique<Destination>(f.topic_prefix, true);
+  }
+  static std::unique_ptr<Destination> dead_letters(Fixture& f) {
+    return std::make_unique<Destination>(dead_letter_topic(f), true);
+  }
+  static std::string config(Fixture& f, const std::string& extra = "") {
+    return Http::config(f, "sink.http.batch.enabled=true\nsink.http.batch.format=records\n"
+                           "sink.http.batch.max-size=50\n" + extra);
+  }
 };
 
 // Amazon SQS: ElasticMQ (started by scripts/services.sh), read back with
@@ -518,7 +537,7 @@ std::uint64_t event_inside(Fixture& f, const std::string& type, const std::strin
 TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit order per key, with the event id as "
                    "the message id, its key and headers, persistent - never a rolled-back one - and /slot, /readyz "
                    "and /metrics name the sink",
-                   "[nats][rabbitmq][redis][http][sqs]", Nats, RabbitMq, Redis, Http, Sqs) {
+                   "[nats][rabbitmq][redis][http][sqs]", Nats, RabbitMq, Redis, Http, HttpBatch, Sqs) {
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   auto to = TestType::topics(f);
@@ -547,7 +566,7 @@ TEMPLATE_TEST_CASE("sinks: every committed event reaches the broker, in commit o
 }
 
 TEMPLATE_TEST_CASE("sinks: kill -9 under load, again and again - every committed event arrives, in order per key",
-                   "[nats][rabbitmq][redis][http][sqs][fault]", Nats, RabbitMq, Redis, Http, Sqs) {
+                   "[nats][rabbitmq][redis][http][sqs][fault]", Nats, RabbitMq, Redis, Http, HttpBatch, Sqs) {
   const long total = scaled(8000, 40000);
   const int kills = static_cast<int>(scaled(3, 8));
   const long inflight_limit = 500;
@@ -654,7 +673,7 @@ TEMPLATE_TEST_CASE("sinks: the broker restarted, then down 30 s under load - the
 
 TEMPLATE_TEST_CASE("sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is "
                    "held back and RSS stays flat - thawed, everything arrives",
-                   "[nats][rabbitmq][redis][http][sqs][fault][solo]", Nats, RabbitMq, Redis, Http, Sqs) {
+                   "[nats][rabbitmq][redis][http][sqs][fault][solo]", Nats, RabbitMq, Redis, Http, HttpBatch, Sqs) {
   const int max_pending = 200;
   const std::string pad = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 31))";
   Fixture f;
@@ -1874,6 +1893,72 @@ std::vector<json> http_lines(const std::string& command, const std::string& pref
 }
 
 }  // namespace
+
+TEST_CASE("http: batches (sink.http.batch.enabled) - Debezium Server's JSON array of the values, at most "
+          "batch.max-size and one record per key in a request - a batch refused for one record is sent again record by "
+          "record and only that one is dead-lettered, the others in order - a value that is not JSON goes alone",
+          "[http][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint", "text");
+  auto to = Http::topics(f);
+  auto dead = Http::dead_letters(f);
+  Http::fault(f.topic("Order"), "--status 400 --match poison --reply 'poison: refused'");
+  // One request at a time: what waits behind it forms the next batches.
+  Walrelay relay(Http::config(f, "sink.http.batch.enabled=true\nsink.http.batch.max-size=3\n"
+                                 "sink.http.max.inflight.requests=1\nerrors.tolerance=all\n"
+                                 "errors.deadletterqueue.topic.name=" + Http::dead_letter_topic(f) + "\n"));
+  relay.start();
+  relay.wait_streaming();
+  std::string values;
+  for (int seq = 1; seq <= 4; ++seq)
+    for (std::string key : {"a", "b", "c", "d"})
+      values += std::string(values.empty() ? "" : ",") + "('Order', '" + key + "', 'E', '{\"key\": \"" + key +
+                "\", \"seq\": " + std::to_string(seq) + "}')";
+  values += ",('Order', 'p', 'E', '{\"key\": \"p\", \"seq\": 1, \"note\": \"poison\"}')";
+  values += ",('Order', 'x', 'E', 'not json')";
+  for (std::string key : {"a", "b", "c", "d"})
+    values += ",('Order', '" + key + "', 'E', '{\"key\": \"" + key + "\", \"seq\": 5}')";
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES " + values);
+  read_settled(f, *to);
+  const auto requests = http_lines("read", f.topic("Order"));  // each request as the receiver stored it
+  std::map<std::string, int> last_seq;
+  std::size_t elements = 0, largest = 0;
+  bool plain_seen = false;
+  for (auto& req : requests) {
+    const std::string body = req["data"];
+    INFO(body);
+    if (body == "not json") {  // alone, as without batches: its id and key in the headers
+      plain_seen = true;
+      CHECK(req["headers"]["key"] == "x");
+      CHECK(req["message_id"] == f.db().scalar("SELECT id FROM " + f.table + " WHERE payload = 'not json'"));
+      continue;
+    }
+    auto array = json::parse(body, nullptr, false);
+    REQUIRE(array.is_array());
+    CHECK(req["message_id"].get<std::string>().rfind("batch-", 0) == 0);
+    std::set<std::string> keys;
+    for (auto& v : array) {
+      CHECK(v["key"] != "p");  // the poison never stored
+      CHECK(keys.insert(v["key"]).second);  // one record per key in a request
+      CHECK(v["seq"].get<int>() == last_seq[v["key"]] + 1);  // each once, in order per key
+      last_seq[v["key"]] = v["seq"];
+    }
+    elements += array.size();
+    largest = std::max(largest, array.size());
+  }
+  CHECK(plain_seen);
+  CHECK(elements == 20);
+  CHECK(largest == 3);
+  for (std::string key : {"a", "b", "c", "d"}) CHECK(last_seq[key] == 5);
+  // The batch holding the poison was refused whole, then sent record by record.
+  auto attempts = http_lines("attempts", f.topic("Order"));
+  CHECK(std::count_if(attempts.begin(), attempts.end(), [](auto& a) { return a["status"] == 400; }) >= 2);
+  auto dead_recs = dead->read(1);
+  REQUIRE(dead_recs.size() == 1);
+  CHECK(dead_recs[0].value->find("poison") != std::string::npos);
+  CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("http_400"));
+  CHECK(relay.metric("walrelay_dead_lettered_total") == std::optional<double>(1));
+}
 
 TEST_CASE("http: 503 and 429 are tried again in place - the key's later events wait behind, the Retry-After is "
           "honoured, nothing is lost, nothing sent twice, and the slot waits for the 2xx",

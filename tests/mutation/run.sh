@@ -62,6 +62,7 @@ catchers[json_schema_draft4]='schema registry: a draft-07 JSON Schema is checked
 catchers[nats_ack_at_publish]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Nats @@ inflight_peak == max_pending @@ alone nats'
 catchers[redis_ack_at_submit]='sinks: a frozen broker (SIGSTOP) - at most max.pending publishes wait while the walsender is held back and RSS stays flat - thawed\, everything arrives - Redis @@ inflight_peak == max_pending @@ alone redis'
 catchers[http_retry_releases_key]='http: 503 and 429 are tried again in place* @@ attempts[i]["headers"]["Idempotency-Key"] == attempts[0]["headers"]["Idempotency-Key"] @@ http'
+catchers[http_batch_not_split]='http: batches (sink.http.batch.enabled)* @@ elements == 20 @@ http'
 catchers[sqs_call_ok_is_delivered]='sqs: a message SQS refuses fails on its own* @@ dead_recs.size() == 2 @@ sqs'
 catchers[rabbitmq_keep_queued]='sinks: RabbitMQ - a connection lost with records still queued behind the ones on the wire* @@ seq > high @@ rabbitmq'
 catchers[dead_letter_drop_when_full]='relay with a fake sink: a dead-letter copy that finds the queue full waits for room* @@ dead_letters_refused() >= 3
@@ -84,7 +85,7 @@ breaks=("$@")
                              avro_decimal_rounds json_schema_draft4 ledger_unbounded redrive_read_uncommitted
                              operator_sql_simple_protocol dropped_slot_recreated inflight_unbounded
                              snapshot_stream_overlap secrets_shown zombie_not_fenced redis_ack_at_submit
-                             http_retry_releases_key sqs_call_ok_is_delivered)
+                             http_retry_releases_key sqs_call_ok_is_delivered http_batch_not_split)
 
 jobs_max=${WALRELAY_MUTATION_JOBS:-2}
 time_limit=${WALRELAY_MUTATION_TIMEOUT:-600}

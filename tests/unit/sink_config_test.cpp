@@ -147,7 +147,19 @@ TEST_CASE("sink config: http takes Debezium Server's keys (url, timeout.ms, retr
   CHECK(error_of("sink.type=http\n").find("sink.http.url: sink.type=http needs the URL") != std::string::npos);
   CHECK(error_of("sink.type=http\nsink.http.url=ftp://x/\n").find("sink.http.url: expected an http") !=
         std::string::npos);
-  CHECK(error_of(base + "sink.http.batch.enabled=true\n").find("sink.http.batch.enabled: batches") != std::string::npos);
+  // Batches: off by default, Debezium Server's keys and default size.
+  CHECK_FALSE(h.batch_enabled);
+  CHECK(h.batch_max_size == 200);
+  CHECK(h.batch_format == HttpBatchFormat::values);
+  auto batched = http_config(parse_config(base + "sink.http.batch.enabled=true\nsink.http.batch.max-size=50\n"
+                                                 "sink.http.batch.format=records\nsink.http.batch.max.bytes=65536\n", "t", {}));
+  CHECK(batched.batch_enabled);
+  CHECK(batched.batch_max_size == 50);
+  CHECK(batched.batch_format == HttpBatchFormat::records);
+  CHECK(batched.batch_max_bytes == 65536);
+  CHECK(error_of(base + "sink.http.batch.format=ndjson\n").find("sink.http.batch.format: expected values") !=
+        std::string::npos);
+  CHECK(error_of(base + "sink.http.batch.max-size=0\n").find("sink.http.batch.max-size") != std::string::npos);
   CHECK(error_of(base + "sink.http.authentication.type=jwt\n").find("not in walrelay") != std::string::npos);
   CHECK(error_of(base + "sink.http.authentication.type=standard-webhooks\nsink.http.authentication.webhook.secret=x\n")
             .find("whsec_") != std::string::npos);

@@ -14,7 +14,7 @@ namespace {
 
 constexpr std::string_view prefix = "sink.http.";
 
-constexpr std::array<std::string_view, 22> keys = {
+constexpr std::array<std::string_view, 24> keys = {
     "url",
     "timeout.ms",
     "connection.timeout.ms",
@@ -35,9 +35,10 @@ constexpr std::array<std::string_view, 22> keys = {
     "ssl.certificate.location",
     "ssl.key.location",
     "ssl.key.password",
-    // Debezium Server's, refused with the reason (below).
     "batch.enabled",
     "batch.max-size",
+    "batch.max.bytes",
+    "batch.format",
 };
 
 // A header name is a token (RFC 9110): the prefix must be one too.
@@ -121,11 +122,16 @@ bool take_request_key(HttpConfig& h, std::string_view k, const std::string& key,
     if (v.empty() || v.find_first_of("\r\n") != std::string::npos) throw ConfigError(key, "not a content type");
     h.content_type = v;
   } else if (k == "batch.enabled") {
-    if (parse_bool(key, v))
-      throw ConfigError(key, "batches (a JSON array per request) are not in this build: each event is its own "
-                             "POST, up to max.inflight.requests at once");
+    h.batch_enabled = parse_bool(key, v);
   } else if (k == "batch.max-size") {
-    throw ConfigError(key, "batches are not in this build (sink.http.batch.enabled); remove the key");
+    h.batch_max_size = static_cast<int>(parse_int(key, v, 1, 10000));
+  } else if (k == "batch.max.bytes") {
+    h.batch_max_bytes = static_cast<std::size_t>(parse_int(key, v, 1024, 64 * 1024 * 1024));
+  } else if (k == "batch.format") {
+    if (v == "values") h.batch_format = HttpBatchFormat::values;
+    else if (v == "records") h.batch_format = HttpBatchFormat::records;
+    else throw ConfigError(key, "expected values (a JSON array of the values, Debezium Server's) or records (of "
+                                "{\"id\", \"key\", \"headers\", \"value\"}), got \"" + v + "\"");
   } else {
     return false;
   }

@@ -85,6 +85,7 @@ SubmitStatus HttpRequestSink::enqueue(Entry e) {
   e.epoch = epoch_;
   e.seq = ++seq_;
   e.refusal = refusal_of(e);
+  e.own_request = needs_own_request(e);
   {
     std::lock_guard lock(shared_->mu);
     shared_->queue.push_back(std::move(e));
@@ -264,8 +265,9 @@ class RequestWorker {
         continue;
       }
       auto& batch = open[it->url];
-      const bool fits = !batch.empty() && !batch.front().alone && !it->alone &&
-                        batch.size() < limits_.batch_entries && open_bytes[it->url] + it->bytes <= limits_.batch_bytes;
+      const bool fits = !batch.empty() && !batch.front().alone && !it->alone && !batch.front().own_request &&
+                        !it->own_request && batch.size() < limits_.batch_entries &&
+                        open_bytes[it->url] + it->bytes <= limits_.batch_bytes;
       if (!batch.empty() && !fits) {
         start(std::move(batch));
         batch.clear();

@@ -5,11 +5,16 @@
 #include <openssl/hmac.h>
 #include <spdlog/spdlog.h>
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
 
+#include "walrelay/json.hpp"
+#include "walrelay/mutation.hpp"
 
+#include <nlohmann/json.hpp>
 
 namespace walrelay {
 
@@ -107,7 +112,9 @@ HttpSink::HttpSink(boost::asio::io_context& io, HttpConfig config)
                                  .retry_interval_ms = config.retry_interval_ms,
                                  .retry_after_max_ms = config.retry_after_max_ms,
                                  .max_inflight_requests = config.max_inflight_requests,
-                                 .max_pending = config.max_pending}),
+                                 .max_pending = config.max_pending,
+                                 .batch_entries = config.batch_enabled ? static_cast<std::size_t>(config.batch_max_size) : 1,
+                                 .batch_bytes = config.batch_max_bytes}),
       config_(std::move(config)) {
   start_worker();
 }
@@ -115,6 +122,14 @@ HttpSink::HttpSink(boost::asio::io_context& io, HttpConfig config)
 HttpSink::~HttpSink() { stop_worker(); }
 
 std::string HttpSink::url_of(std::string_view topic) const { return http_url(config_, topic); }
+
+// In batches, a record whose value is not a JSON text (none, a string
+// converter's, Avro's bytes) cannot be an element of a JSON array, and a
+// dead-letter copy's reason is in its headers, which a JSON array of values
+// leaves out: each goes alone, as without batches.
+bool HttpSink::needs_own_request(const Entry& e) const {
+  return config_.batch_enabled && (e.dead_letter || !e.value || !nlohmann::json::accept(*e.value));
+}
 
 // Which requests may not run at once: one key's.
 std::string HttpSink::order_slot(const Entry& e) const { return e.key ? "k" + *e.key : std::string("n"); }
@@ -139,12 +154,102 @@ void HttpSink::judge(const Request& r, int curl_result, long status, std::vector
     v.message = describe(r) + " answered " + std::to_string(status) +
                 (r.response.empty() ? std::string() : ": " + percent_encoded(r.response));
     v.outcome = outcome_of_status(status);
+    // A batch refused for what one of its records holds, not saying which:
+    // each is sent again alone, so that the refusal lands on its own.
+    if (v.outcome == Outcome::record_error && r.entries.size() > 1 &&
+        !mutation::active(mutation::Break::http_batch_not_split))
+      v.outcome = Outcome::alone;
   }
   verdicts.assign(r.entries.size(), v);
 }
 
-// The request for one record: its body, its headers, signed when configured.
 void HttpSink::prepare(Request& r) const {
+  if (config_.batch_enabled && !r.entries.front().own_request) prepare_batch(r);
+  else prepare_one(r);
+}
+
+namespace {
+
+// The Idempotency-Key of a record: its event id; a dead-letter copy is
+// another message.
+std::string idempotency_key(const HttpRequestSink::Entry& e) {
+  return percent_encoded(e.event_id) + (e.dead_letter && !e.event_id.empty() ? ".dead-letter" : "");
+}
+
+void add_headers(HttpRequestSink::Request& r, const std::vector<std::string>& lines) {
+  for (auto& l : lines) {
+    curl_slist* more = curl_slist_append(r.headers, l.c_str());
+    if (!more) throw std::runtime_error("libcurl could not make a header");
+    r.headers = more;
+  }
+  curl_easy_setopt(r.easy, CURLOPT_HTTPHEADER, r.headers);
+}
+
+}  // namespace
+
+// Standard Webhooks: HMAC-SHA256 of "<id>.<timestamp>.<body>", the id the
+// request's Idempotency-Key, so that a receiver's replay check sees a repeat
+// as one.
+void HttpSink::sign(const std::string& webhook_id, std::string_view body, std::vector<std::string>& lines) const {
+  if (config_.authentication != HttpAuthentication::standard_webhooks) return;
+  const std::string ts = std::to_string(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  lines.push_back("webhook-id: " + webhook_id);
+  lines.push_back("webhook-timestamp: " + ts);
+  lines.push_back("webhook-signature: v1," +
+                  base64(hmac_sha256(config_.webhook_key, webhook_id + "." + ts + "." + std::string(body))));
+}
+
+// A request of several records of one URL (one per key): a JSON array of
+// their values, or of records with their id, key and headers
+// (batch.format). Its Idempotency-Key stands for the records it carries,
+// in their order (a hash of their ids): the same records sent again carry
+// the same key; the records' own ids (batch.format=records) tell a repeat
+// when a restart sends them in other batches.
+void HttpSink::prepare_batch(Request& r) const {
+  const HttpConfig& c = config_;
+  common_options(r.easy, c, c.timeout_ms);
+  curl_easy_setopt(r.easy, CURLOPT_URL, r.entries.front().url.c_str());
+  curl_easy_setopt(r.easy, CURLOPT_POST, 1L);
+  std::string& body = r.body;
+  std::string ids;
+  bool every_id = true;
+  body.push_back('[');
+  for (const Entry& e : r.entries) {
+    if (body.size() > 1) body.push_back(',');
+    const std::string id = idempotency_key(e);
+    every_id = every_id && !id.empty();
+    ids += id + "\n";
+    if (c.batch_format == HttpBatchFormat::values) {
+      body += *e.value;
+      continue;
+    }
+    Json o = Json::object();
+    o["id"] = id.empty() ? Json(nullptr) : Json(e.event_id + (e.dead_letter ? ".dead-letter" : ""));
+    o["key"] = e.key ? Json(*e.key) : Json(nullptr);
+    Json headers = Json::object();
+    for (auto& [name, value] : e.headers) headers[name] = value ? Json(*value) : Json(nullptr);
+    o["headers"] = std::move(headers);
+    std::string element = to_json_text(o);
+    element.pop_back();  // the closing brace: the value follows as it is
+    body += element + ",\"value\":" + *e.value + "}";
+  }
+  body.push_back(']');
+  curl_easy_setopt(r.easy, CURLOPT_POSTFIELDS, body.data());
+  curl_easy_setopt(r.easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(ids.data()), ids.size(), digest);
+  static const char hex[] = "0123456789abcdef";
+  std::string key = "batch-";
+  for (int i = 0; i < 16; ++i) key += {hex[digest[i] >> 4], hex[digest[i] & 15]};
+  if (!every_id) key = "walrelay-" + std::to_string(r.entries.front().token) + "-" + std::to_string(r.entries.size());
+  std::vector<std::string> lines{"Expect:", "Idempotency-Key: " + key, "Content-Type: application/json"};
+  sign(key, body, lines);
+  add_headers(r, lines);
+}
+
+// The request for one record: its body, its headers, signed when configured.
+void HttpSink::prepare_one(Request& r) const {
   const HttpConfig& c = config_;
   const Entry& en = r.entries.front();
   CURL* easy = r.easy;
@@ -158,9 +263,8 @@ void HttpSink::prepare(Request& r) const {
   std::string content_type = c.content_type;
   std::vector<std::string> lines;
   lines.push_back("Expect:");  // no 100-continue round trip
-  // The event's id tells a repeat; a dead-letter copy is another message.
-  const std::string id =
-      percent_encoded(en.event_id) + (en.dead_letter && !en.event_id.empty() ? ".dead-letter" : "");
+  // The event's id tells a repeat.
+  const std::string id = idempotency_key(en);
   if (!id.empty()) lines.push_back("Idempotency-Key: " + id);
   if (en.key) lines.push_back(header_line(c.headers_prefix + "key", value_of(*en.key)));
   for (auto& [name, value] : en.headers) {
@@ -176,22 +280,8 @@ void HttpSink::prepare(Request& r) const {
     }
   }
   lines.push_back("Content-Type: " + content_type);
-  if (c.authentication == HttpAuthentication::standard_webhooks) {
-    // Standard Webhooks: HMAC-SHA256 of "<id>.<timestamp>.<body>", the id
-    // the event's, so that a receiver's replay check sees a repeat as one.
-    const std::string webhook_id = id.empty() ? "walrelay-" + std::to_string(en.token) : id;
-    const std::string ts = std::to_string(
-        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-    lines.push_back("webhook-id: " + webhook_id);
-    lines.push_back("webhook-timestamp: " + ts);
-    lines.push_back("webhook-signature: v1," + base64(hmac_sha256(c.webhook_key, webhook_id + "." + ts + "." + body)));
-  }
-  for (auto& l : lines) {
-    curl_slist* more = curl_slist_append(r.headers, l.c_str());
-    if (!more) throw std::runtime_error("libcurl could not make a header");
-    r.headers = more;
-  }
-  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, r.headers);
+  sign(id.empty() ? "walrelay-" + std::to_string(en.token) : id, body, lines);
+  add_headers(r, lines);
 }
 
 void HttpSink::check_connectivity(int timeout_ms) {

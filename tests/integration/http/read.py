@@ -5,7 +5,10 @@ data (the body), headers (the record's, their prefix and base64 undone; the
 key as `key`), message_id (Idempotency-Key), and signature_ok when --secret
 is given (Standard Webhooks, checked here with Python's hmac).
 
-  read.py read --store DIR --prefix P [--count N] [--timeout S] [--secret whsec_...]
+  read.py read --store DIR --prefix P [--count N] [--timeout S] [--secret whsec_...] [--batches]
+          --batches: a request whose body is a JSON array (sink.http.batch.enabled) is read as its
+          elements, each a record of its own in the array's order (seq: the request's x 100000 + its
+          place); batch.format=records elements give their id (message_id), key and headers
   read.py attempts --store DIR --prefix P    every attempt, answered or not
   read.py fault --store DIR --prefix P --status N [--count N] [--retry-after S] [--match TEXT] [--min-size BYTES]
           [--delay-ms N] [--reply TEXT]    the next N requests (every one without --count) answered so
@@ -92,6 +95,30 @@ def shaped(rec, secret):
     return out
 
 
+def elements(rec, secret):
+    """A batch request's records (see --batches); a request of one record as it is."""
+    body = rec["body"]
+    if not body.startswith("["):
+        out = shaped(rec, secret)
+        out["seq"] = rec["seq"] * 100000
+        return [out]
+    request = shaped(rec, secret)
+    out = []
+    for i, el in enumerate(json.loads(body)):
+        one = {"subject": rec["topic"], "seq": rec["seq"] * 100000 + i}
+        if isinstance(el, dict) and set(el) == {"id", "key", "headers", "value"}:
+            headers = dict(el["headers"])
+            if el["key"] is not None:
+                headers["key"] = el["key"]
+            one.update(data=json.dumps(el["value"]), headers=headers, message_id=el["id"])
+        else:
+            one.update(data=json.dumps(el), headers={}, message_id=request["message_id"])
+        if secret:
+            one["signature_ok"] = request["signature_ok"]
+        out.append(one)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("command", choices=["read", "attempts", "fault", "delete", "sigv4"])
@@ -106,6 +133,7 @@ def main():
     p.add_argument("--delay-ms", type=int)
     p.add_argument("--min-size", type=int)
     p.add_argument("--reply")
+    p.add_argument("--batches", action="store_true")
     a = p.parse_args()
     if a.command == "delete":
         for path in glob.glob(os.path.join(glob.escape(a.store), glob.escape(a.prefix) + "*.jsonl")):
@@ -144,13 +172,18 @@ def main():
         for rec in load(a.store, a.prefix, ".attempts.jsonl"):
             print(json.dumps(sigv4_check(rec, a.secret)))
         return
-    deadline = time.time() + a.timeout
-    recs = load(a.store, a.prefix, ".jsonl")
-    while len(recs) < a.count and time.time() < deadline:
-        time.sleep(0.2)
+    def read_all():
         recs = load(a.store, a.prefix, ".jsonl")
-    for rec in recs:
-        print(json.dumps(shaped(rec, a.secret)))
+        if not a.batches:
+            return [shaped(rec, a.secret) for rec in recs]
+        return [one for rec in recs for one in elements(rec, a.secret)]
+    deadline = time.time() + a.timeout
+    out = read_all()
+    while len(out) < a.count and time.time() < deadline:
+        time.sleep(0.2)
+        out = read_all()
+    for one in out:
+        print(json.dumps(one))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 // --print-config).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <span>
 #include <string>
@@ -15,6 +16,11 @@ namespace walrelay {
 struct Config;
 
 enum class HttpAuthentication { none, standard_webhooks, bearer, basic };
+// batch.format: the body of a request that carries several records.
+// values: a JSON array of the records' values (Debezium Server's batches);
+// records: a JSON array of {"id", "key", "headers", "value"} (walrelay's:
+// what one request per record says in its headers, for each record).
+enum class HttpBatchFormat { values, records };
 
 struct HttpConfig {
   // url: where each record is POSTed; ${topic} is its routed topic (the
@@ -30,6 +36,10 @@ struct HttpConfig {
   std::string content_type = "application/json";  // content.type (walrelay's)
   int max_inflight_requests = 16;  // max.inflight.requests: requests at once, at most one per key
   int max_pending = 4096;          // max.pending: records submitted and not yet answered
+  bool batch_enabled = false;      // batch.enabled: several records of one URL in one request, a JSON array
+  int batch_max_size = 200;        // batch.max-size: the most records a request carries
+  std::size_t batch_max_bytes = 1048576;  // batch.max.bytes (walrelay's): the most value bytes a request carries
+  HttpBatchFormat batch_format = HttpBatchFormat::values;  // batch.format (walrelay's)
   HttpAuthentication authentication = HttpAuthentication::none;  // authentication.type
   std::string webhook_secret;      // authentication.webhook.secret (whsec_<base64>): Standard Webhooks
   std::string webhook_key;         // its key, decoded

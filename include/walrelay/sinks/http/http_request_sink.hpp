@@ -60,6 +60,7 @@ class HttpRequestSink : public Sink {
     std::string url;
     std::string refusal;   // the sink cannot send it at all: the record's own failure, in its turn
     bool alone = false;    // to go in a request of its own (a batch was refused whole)
+    bool own_request = false;  // the sink cannot put it in a batch (needs_own_request)
     int attempts = 0;
     std::chrono::steady_clock::time_point not_before{};  // a retry waits until then
   };
@@ -115,6 +116,9 @@ class HttpRequestSink : public Sink {
   virtual std::string order_slot(const Entry& e) const = 0;
   // Why the sink cannot send this record at all (the record's own), or "".
   virtual std::string refusal_of(const Entry&) const { return {}; }
+  // Whether the record must go in a request of its own, in a form that
+  // carries one record only.
+  virtual bool needs_own_request(const Entry&) const { return false; }
   // Makes r's request on r.easy (time-outs, the answer's buffer and the
   // error buffer are set): its URL, body, headers.
   virtual void prepare(Request& r) const = 0;

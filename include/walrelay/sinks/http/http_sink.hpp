@@ -36,7 +36,11 @@ class HttpSink final : public HttpRequestSink {
  private:
   std::string url_of(std::string_view topic) const override;
   std::string order_slot(const Entry& e) const override;
+  bool needs_own_request(const Entry& e) const override;
   void prepare(Request& r) const override;
+  void prepare_one(Request& r) const;
+  void prepare_batch(Request& r) const;
+  void sign(const std::string& webhook_id, std::string_view body, std::vector<std::string>& lines) const;
   void judge(const Request& r, int curl_result, long status, std::vector<Verdict>& verdicts) const override;
   std::string describe(const Request& r) const override;
 
