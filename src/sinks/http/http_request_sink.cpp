@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include <boost/asio/post.hpp>
 
@@ -234,7 +235,10 @@ class RequestWorker {
         ++it;
       }
     }
-    std::sort(due.begin(), due.end(), [](const Entry& a, const Entry& b) { return a.seq < b.seq; });
+    // A group's records side by side, to go again as one request (each key
+    // has one record here at most: the order across keys is free).
+    std::sort(due.begin(), due.end(),
+              [](const Entry& a, const Entry& b) { return std::tie(a.group, a.seq) < std::tie(b.group, b.seq); });
     waiting_.insert(waiting_.begin(), std::make_move_iterator(due.begin()), std::make_move_iterator(due.end()));
   }
 
@@ -266,8 +270,8 @@ class RequestWorker {
       }
       auto& batch = open[it->url];
       const bool fits = !batch.empty() && !batch.front().alone && !it->alone && !batch.front().own_request &&
-                        !it->own_request && batch.size() < limits_.batch_entries &&
-                        open_bytes[it->url] + it->bytes <= limits_.batch_bytes;
+                        !it->own_request && batch.front().group == it->group &&
+                        batch.size() < limits_.batch_entries && open_bytes[it->url] + it->bytes <= limits_.batch_bytes;
       if (!batch.empty() && !fits) {
         start(std::move(batch));
         batch.clear();
@@ -366,7 +370,10 @@ class RequestWorker {
     }
     verdicts.resize(r.entries.size(), {Outcome::transient, "no_verdict", sink_.describe(r) + ": no answer for it"});
     note_health(verdicts);
-    for (std::size_t i = 0; i < r.entries.size(); ++i) settle(std::move(r.entries[i]), verdicts[i], retry_after);
+    const std::uint64_t group = ++groups_;
+    const auto now = Clock::now();  // (one instant: a group's records are due together)
+    for (std::size_t i = 0; i < r.entries.size(); ++i)
+      settle(std::move(r.entries[i]), verdicts[i], retry_after, group, now);
   }
 
   // Healthy: the endpoint takes records (an answer that is the record's
@@ -389,13 +396,16 @@ class RequestWorker {
     shared.last_error = reachable ? std::string() : failing->message;
   }
 
-  void settle(Entry e, const HttpRequestSink::Verdict& v, curl_off_t retry_after) {
+  // `group`: the request's: a retry in place is the same request again.
+  void settle(Entry e, const HttpRequestSink::Verdict& v, curl_off_t retry_after, std::uint64_t group,
+              Clock::time_point now) {
     const std::string slot = sink_.order_slot(e);
     busy_.erase(slot);
+    e.group = 0;
     if (v.outcome == Outcome::alone) {  // not an attempt of its own
       e.alone = true;
       --e.attempts;
-      e.not_before = Clock::now();
+      e.not_before = now;
       hold(slot, std::move(e));
       return;
     }
@@ -407,7 +417,8 @@ class RequestWorker {
                                   std::min<curl_off_t>(retry_after * 1000, limits_.retry_after_max_ms)));
       spdlog::debug("{}: {}; attempt {} of {} in {} ms", limits_.name, v.message, e.attempts + 1,
                     limits_.retries + 1, wait.count());
-      e.not_before = Clock::now() + wait;
+      e.not_before = now + wait;
+      e.group = group;
       hold(slot, std::move(e));
       return;
     }
@@ -449,6 +460,7 @@ class RequestWorker {
   std::set<std::string> busy_;                          // slots with a request running or retrying
   std::uint64_t poisoned_ = 0;  // entries of epochs up to this one fail: one before them failed for good
   std::uint64_t taken_back_ = 0;
+  std::uint64_t groups_ = 0;  // the last group given
   std::vector<Done> out_;
 };
 

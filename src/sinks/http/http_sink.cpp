@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <random>
 #include <stdexcept>
 
 #include "walrelay/json.hpp"
@@ -116,6 +117,8 @@ HttpSink::HttpSink(boost::asio::io_context& io, HttpConfig config)
                                  .batch_entries = config.batch_enabled ? static_cast<std::size_t>(config.batch_max_size) : 1,
                                  .batch_bytes = config.batch_max_bytes}),
       config_(std::move(config)) {
+  std::random_device random;
+  nonce_ = std::to_string((static_cast<std::uint64_t>(random()) << 32) | random());
   start_worker();
 }
 
@@ -127,8 +130,11 @@ std::string HttpSink::url_of(std::string_view topic) const { return http_url(con
 // converter's, Avro's bytes) cannot be an element of a JSON array, and a
 // dead-letter copy's reason is in its headers, which a JSON array of values
 // leaves out: each goes alone, as without batches.
+// (A UTF-8 byte order mark before a JSON text: nlohmann's accept() skips
+// it, but inside an array it is no JSON, where alone a receiver may take it.)
 bool HttpSink::needs_own_request(const Entry& e) const {
-  return config_.batch_enabled && (e.dead_letter || !e.value || !nlohmann::json::accept(*e.value));
+  return config_.batch_enabled && (e.dead_letter || !e.value || e.value->starts_with("\xEF\xBB\xBF") ||
+                                   !nlohmann::json::accept(*e.value));
 }
 
 // Which requests may not run at once: one key's.
@@ -187,6 +193,11 @@ void add_headers(HttpRequestSink::Request& r, const std::vector<std::string>& li
 
 }  // namespace
 
+// An id for a record that has none (webhook-id, a batch's key): this
+// process's random nonce and the record's submission number, never one an
+// earlier process gave (the records' tokens start again at every start).
+std::string HttpSink::unique_id(const Entry& e) const { return "walrelay-" + nonce_ + "-" + std::to_string(e.seq); }
+
 // Standard Webhooks: HMAC-SHA256 of "<id>.<timestamp>.<body>", the id the
 // request's Idempotency-Key, so that a receiver's replay check sees a repeat
 // as one.
@@ -227,8 +238,10 @@ void HttpSink::prepare_batch(Request& r) const {
     Json o = Json::object();
     o["id"] = id.empty() ? Json(nullptr) : Json(e.event_id + (e.dead_letter ? ".dead-letter" : ""));
     o["key"] = e.key ? Json(*e.key) : Json(nullptr);
-    Json headers = Json::object();
-    for (auto& [name, value] : e.headers) headers[name] = value ? Json(*value) : Json(nullptr);
+    // [name, value] pairs: a name may come twice (a headers column's member
+    // named like a router's header adds a second one).
+    Json headers = Json::array();
+    for (auto& [name, value] : e.headers) headers.push_back(Json::array({name, value ? Json(*value) : Json(nullptr)}));
     o["headers"] = std::move(headers);
     std::string element = to_json_text(o);
     element.pop_back();  // the closing brace: the value follows as it is
@@ -242,7 +255,9 @@ void HttpSink::prepare_batch(Request& r) const {
   static const char hex[] = "0123456789abcdef";
   std::string key = "batch-";
   for (int i = 0; i < 16; ++i) key += {hex[digest[i] >> 4], hex[digest[i] & 15]};
-  if (!every_id) key = "walrelay-" + std::to_string(r.entries.front().token) + "-" + std::to_string(r.entries.size());
+  // A record with no id: a key of this request's own, never one an earlier
+  // process gave (a receiver would take another event for a repeat).
+  if (!every_id) key = unique_id(r.entries.front()) + "-" + std::to_string(r.entries.size());
   std::vector<std::string> lines{"Expect:", "Idempotency-Key: " + key, "Content-Type: application/json"};
   sign(key, body, lines);
   add_headers(r, lines);
@@ -280,7 +295,7 @@ void HttpSink::prepare_one(Request& r) const {
     }
   }
   lines.push_back("Content-Type: " + content_type);
-  sign(id.empty() ? "walrelay-" + std::to_string(en.token) : id, body, lines);
+  sign(id.empty() ? unique_id(en) : id, body, lines);
   add_headers(r, lines);
 }
 

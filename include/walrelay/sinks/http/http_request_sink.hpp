@@ -61,6 +61,9 @@ class HttpRequestSink : public Sink {
     std::string refusal;   // the sink cannot send it at all: the record's own failure, in its turn
     bool alone = false;    // to go in a request of its own (a batch was refused whole)
     bool own_request = false;  // the sink cannot put it in a batch (needs_own_request)
+    // Records of one request tried again in place share a group, and go
+    // again together and alone: the same request (the same Idempotency-Key).
+    std::uint64_t group = 0;
     int attempts = 0;
     std::chrono::steady_clock::time_point not_before{};  // a retry waits until then
   };
