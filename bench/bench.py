@@ -489,10 +489,40 @@ def broker_tool(env, broker, args):
     subprocess.run([py, script, "--url", url] + args, check=True, capture_output=True, text=True)
 
 
+def test_tool(env, broker, args):
+    """tests/integration/{http,sqs}/read.py (the receiver's store; boto3) with the tests' venv."""
+    py = subprocess.run([os.path.join(env.args.bench_dir, "..", "scripts", "py-venv.sh")], check=True,
+                        capture_output=True, text=True).stdout.strip()
+    script = os.path.join(env.args.bench_dir, "..", "tests", "integration", broker, "read.py")
+    store = os.path.join(os.environ["WALRELAY_RUN_DIR"], broker, "store")
+    where = ["--endpoint", env.args.sqs] if broker == "sqs" else []
+    return subprocess.run([py, script] + args[:1] + where + ["--store", store] + args[1:], check=True,
+                          capture_output=True, text=True, env=dict(os.environ, **AWS_TEST_KEYS)).stdout
+
+
+# ElasticMQ takes any credentials; walrelay's SQS sink reads them as the AWS CLI does.
+AWS_TEST_KEYS = {"AWS_ACCESS_KEY_ID": "walrelay-bench", "AWS_SECRET_ACCESS_KEY": "walrelay-bench-secret"}
+
+
 def run_walrelay_sink(env, n, slot, end_lsn, sink):
-    """walrelay relaying one WAL to NATS JetStream or RabbitMQ: done when the slot
+    """walrelay relaying one WAL to another sink than Kafka: done when the slot
     is confirmed past the end (walrelay confirms only what the broker acknowledged)."""
-    if sink == "nats-jetstream":
+    extra_env = None
+    if sink == "http":
+        # Batches of up to 200 (Debezium Server's default size) of one route,
+        # to the tests' receiver (Python's standard library: each request
+        # appended to a file and flushed before its 200).
+        extra = {"sink.type": "http", "sink.http.url": f"http://{env.args.http}/${{topic}}",
+                 "sink.http.batch.enabled": "true"}
+        broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "http", "pid")).read().strip()
+    elif sink == "sqs":
+        # FIFO queues, one per route (ElasticMQ, persisted in H2).
+        test_tool(env, "sqs", ["create", "--queue"] + [f"{slot}_{t}.fifo" for t in TYPES])
+        extra = {"sink.type": "sqs", "sink.sqs.queue.url": f"{env.args.sqs}/000000000000/${{topic}}.fifo",
+                 "sink.sqs.region": "us-east-1"}
+        extra_env = AWS_TEST_KEYS
+        broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "sqs", "pid")).read().strip()
+    elif sink == "nats-jetstream":
         broker_tool(env, "nats", ["stream-add", "--name", slot, "--subjects", slot + ".>"])
         extra = {"sink.type": "nats-jetstream", "sink.nats-jetstream.url": env.args.nats}
         broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "nats", "pid")).read().strip()
@@ -510,20 +540,73 @@ def run_walrelay_sink(env, n, slot, end_lsn, sink):
                                                   "status.update.interval.ms": "100"}, **extra))
     b0 = proc_cpu_s(int(broker_pid))
     r = Run(env, "walrelay", [env.args.walrelay, "--config", props], n, slot=slot, end_lsn=end_lsn,
-            stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
+            extra_env=extra_env, stderr_path=os.path.join(env.args.work, f"{slot}.log")).go()
     b1 = proc_cpu_s(int(broker_pid))
     span = r.get("launch_to_slot_confirmed_s")
     r["events_per_s"] = round(n / span) if span else None
     if b0 is not None and b1 is not None:
         r["broker_cpu_us_per_event"] = round((b1 - b0) * 1e6 / n, 2)
     env.drop_slot(slot)
-    if sink == "nats-jetstream":
+    if sink in ("http", "sqs"):
+        test_tool(env, sink, ["delete", "--prefix", slot])
+    elif sink == "nats-jetstream":
         broker_tool(env, "nats", ["stream-delete", "--name", slot])
     elif sink == "redis":
         broker_tool(env, "redis", ["delete", "--prefix", slot])
     else:
         broker_tool(env, "rabbitmq", ["delete", "--exchange", slot, "--queue", slot])
     return r
+
+
+def curl_post_bench(env, n, per_request, parallel):
+    """events/s of curl -Z POSTing n events in JSON arrays of per_request
+    ~220-byte values to the tests' receiver, `parallel` at once."""
+    work = env.args.work
+    body = os.path.join(work, "curl_body.json")
+    with open(body, "w") as f:
+        f.write("[" + ",".join(json.dumps({"eventNo": i, "aggregate": f"agg-{i}", "amount": i, "currency": "EUR",
+                                           "pad": "x" * 120}) for i in range(per_request)) + "]")
+    conf = os.path.join(work, "curl_requests.conf")
+    with open(conf, "w") as f:
+        for _ in range(n // per_request):
+            f.write(f'url = "http://{env.args.http}/bench_curl_ref"\ndata-binary = "@{body}"\n'
+                    'header = "Content-Type: application/json"\noutput = "/dev/null"\n')
+    t0 = time.monotonic()
+    subprocess.run(["curl", "-s", "-Z", "--parallel-max", str(parallel), "-K", conf], check=True, timeout=900,
+                   capture_output=True)
+    took = time.monotonic() - t0
+    test_tool(env, "http", ["delete", "--prefix", "bench_curl_ref"])
+    return round(n // per_request * per_request / took)
+
+
+def boto3_sqs_bench(env, n, threads):
+    """messages/s of boto3's SendMessageBatch (10 a call) to one FIFO queue, `threads` at once."""
+    py = subprocess.run([os.path.join(env.args.bench_dir, "..", "scripts", "py-venv.sh")], check=True,
+                        capture_output=True, text=True).stdout.strip()
+    code = """
+import json, sys, threading, time, boto3
+endpoint, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+url = sqs.create_queue(QueueName="bench_boto3_ref.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+body = json.dumps({"eventNo": 0, "aggregate": "agg-0", "amount": 0, "currency": "EUR", "pad": "x" * 120})
+calls = n // 10
+def work(t):
+    c = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+    for k in range(t, calls, threads):
+        c.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": str(i), "MessageBody": body, "MessageGroupId": f"g{k * 10 + i}",
+             "MessageDeduplicationId": f"d{k * 10 + i}"} for i in range(10)])
+t0 = time.monotonic()
+ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+took = time.monotonic() - t0
+sqs.delete_queue(QueueUrl=url)
+print(round(calls * 10 / took))
+"""
+    out = subprocess.run([py, "-c", code, env.args.sqs, str(n), str(threads)], check=True, capture_output=True,
+                         text=True, timeout=900, env=dict(os.environ, **AWS_TEST_KEYS)).stdout
+    return int(out.strip().splitlines()[-1])
 
 
 def run_walrelay(env, n, slot, end_lsn, extra=None, binary=None):
@@ -1063,6 +1146,8 @@ def main():
     ap.add_argument("--nats", default="", help="sinks: a NATS server with JetStream (scripts/services.sh start nats)")
     ap.add_argument("--rabbitmq", default="", help="sinks: a RabbitMQ node, host:port (scripts/services.sh start rabbitmq)")
     ap.add_argument("--redis", default="", help="sinks: a Redis server, host:port (scripts/services.sh start redis)")
+    ap.add_argument("--http", default="", help="sinks: the tests' HTTP receiver, host:port (scripts/services.sh start http)")
+    ap.add_argument("--sqs", default="", help="sinks: ElasticMQ's endpoint URL (scripts/services.sh start sqs)")
     ap.add_argument("--registry", default="",
                     help="formats: a schema registry's Confluent-compatible API (scripts/services.sh start registry)")
     args = ap.parse_args()
@@ -1310,7 +1395,8 @@ def main():
         # same walrelay, rounds interleaved.
         wname, n, tx = ("300k_tx100", 300000, 100)
         repeats = reps("sinks")
-        sinks = ["kafka", "nats-jetstream", "rabbitmq"] + (["redis"] if args.redis else [])
+        sinks = (["kafka", "nats-jetstream", "rabbitmq"] + (["redis"] if args.redis else []) +
+                 (["http"] if args.http else []) + (["sqs"] if args.sqs else []))
         for rep in range(repeats):
             seq += 1
             names = {s: f"bench_sink{i}_{seq}" for i, s in enumerate(sinks)}
@@ -1357,6 +1443,20 @@ def main():
                 subprocess.run(["redis-cli", "-h", host, "-p", port, "DEL", "redisbench"], capture_output=True)
             except (OSError, subprocess.TimeoutExpired) as e:
                 log(f"sinks: redis-benchmark did not run: {e}")
+        if args.http:
+            # The receiver alone, POSTed by curl (libcurl, as walrelay's sink):
+            # the same batches of 200 values, 16 requests at once, kept-alive.
+            try:
+                tools["http_curl_events_per_s"] = curl_post_bench(env, n, 200, 16)
+            except (OSError, subprocess.SubprocessError) as e:
+                log(f"sinks: the curl reference did not run: {e}")
+        if args.sqs:
+            # ElasticMQ alone, fed by boto3 (the AWS SDK): SendMessageBatch of 10
+            # to a FIFO queue, 16 calls at once, each message its own group.
+            try:
+                tools["sqs_boto3_msgs_per_s"] = boto3_sqs_bench(env, min(n, 50000), 16)
+            except (OSError, subprocess.SubprocessError) as e:
+                log(f"sinks: the boto3 reference did not run: {e}")
         log(f"sinks: the brokers' own tools: {tools}")
         result["sinks_broker_tools"] = tools
         save()

@@ -474,7 +474,7 @@ def snapshot(data, folder):
 
 
 def sinks(data, folder):
-    """Kafka, NATS JetStream, RabbitMQ and Redis from one WAL per round: the full run's
+    """Kafka, NATS JetStream, RabbitMQ, Redis, HTTP and SQS from one WAL per round: the full run's
     section, or an explicit `--only sinks` run's file (sinks.json) beside it."""
     rows, source, data = section_rows(data, folder, "sinks")
     if not rows:
@@ -484,13 +484,17 @@ def sinks(data, folder):
     v = data.get("versions", {})
     out = [source_line(data, source, folder) + f" nats-server {v.get('nats_server', '?')}, nats.c {v.get('nats_c', '?')}; RabbitMQ "
            f"{v.get('rabbitmq', '?')}, rabbitmq-c {v.get('rabbitmq_c', '?')}"
-           + (f"; Redis {v.get('redis', '?')}, hiredis {v.get('hiredis', '?')}" if ("redis",) in g else "") + "; 300,000 events in 100-row transactions "
+           + (f"; Redis {v.get('redis', '?')}, hiredis {v.get('hiredis', '?')}" if ("redis",) in g else "")
+           + ("; HTTP: the tests' receiver (Python's standard library, each request appended to a file and flushed "
+              "before its 200), batches of up to 200" if ("http",) in g else "")
+           + ("; SQS: ElasticMQ 1.6.14 (persisted in H2), FIFO queues" if ("sqs",) in g else "")
+           + "; 300,000 events in 100-row transactions "
            "from one WAL, each broker on this machine, medians of the rounds; each run from walrelay's launch to the "
            "slot confirmed past the last event (walrelay confirms only what the broker acknowledged; status updates "
            "every 100 ms).", "",
            "| sink | events/s | share of Kafka | walrelay CPU µs/event | broker CPU µs/event | peak RSS MiB |",
            "|---|---|---|---|---|---|"]
-    for sink in ("kafka", "nats-jetstream", "rabbitmq", "redis"):
+    for sink in ("kafka", "nats-jetstream", "rabbitmq", "redis", "http", "sqs"):
         rs = g.get((sink,), [])
         if not rs:
             continue
@@ -504,7 +508,9 @@ def sinks(data, folder):
         parts = []
         for key, sink, name in (("nats_bench_msgs_per_s", "nats-jetstream", "`nats bench js pub async --dedup`"),
                                 ("rabbitmq_perftest_msgs_per_s", "rabbitmq", "RabbitMQ PerfTest (persistent, confirms)"),
-                                ("redis_benchmark_xadd_per_s", "redis", "`redis-benchmark` XADD (one connection, 16 pipelined)")):
+                                ("redis_benchmark_xadd_per_s", "redis", "`redis-benchmark` XADD (one connection, 16 pipelined)"),
+                                ("http_curl_events_per_s", "http", "curl -Z POSTing arrays of 200 values (16 at once) to the receiver"),
+                                ("sqs_boto3_msgs_per_s", "sqs", "boto3 SendMessageBatch of 10 (16 threads) to ElasticMQ")):
             if tools.get(key):
                 rate = med(g.get((sink,), []), "events_per_s")[0]
                 share = f", walrelay at {rate / tools[key]:.2f} of it" if rate else ""

@@ -129,9 +129,12 @@ if ((!quick)) && { ((!partial)) || [[ " ${args[*]} " == *sinks* ]]; }; then
   "$services" start nats 2>/dev/null
   "$services" start rabbitmq 2>/dev/null
   "$services" start redis 2>/dev/null
+  "$services" start http 2>/dev/null
+  "$services" start sqs 2>/dev/null
   # shellcheck disable=SC1090
   source <("$services" env)
-  brokers=(--nats "$WALRELAY_TEST_NATS" --rabbitmq "$WALRELAY_TEST_RABBITMQ" --redis "$WALRELAY_TEST_REDIS")
+  brokers=(--nats "$WALRELAY_TEST_NATS" --rabbitmq "$WALRELAY_TEST_RABBITMQ" --redis "$WALRELAY_TEST_REDIS"
+           --http "$WALRELAY_TEST_HTTP" --sqs "$WALRELAY_TEST_SQS")
 fi
 kafka_version=$(basename "$("$repo/scripts/kafka-jars.sh")")
 mode=()
