@@ -244,7 +244,8 @@ class RequestWorker {
 
   // Waiting records into requests, in order: a record whose slot is held
   // (or whose earlier record still waits) waits; records of one URL share a
-  // request up to the batch bounds; at most max.inflight.requests at once.
+  // request up to the batch bounds, a request tried again in place (a
+  // group) only with its own; at most max.inflight.requests at once.
   void schedule() {
     std::map<std::string, std::vector<Entry>> open;  // by URL: a request being filled
     std::map<std::string, std::size_t> open_bytes;
