@@ -1,6 +1,7 @@
 #include "walrelay/sinks/http/http_config.hpp"
 
 #include <openssl/evp.h>
+#include <openssl/sha.h>
 
 #include <algorithm>
 #include <array>
@@ -56,6 +57,18 @@ std::string encode_base64(std::string_view bytes) {
   const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
                                 reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
   out.resize(static_cast<std::size_t>(std::max(n, 0)));
+  return out;
+}
+
+std::string sha256_hex(std::string_view bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : digest) {
+    out.push_back(hex[b >> 4]);
+    out.push_back(hex[b & 15]);
+  }
   return out;
 }
 

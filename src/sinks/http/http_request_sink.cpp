@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -41,6 +42,8 @@ HttpRequestSink::Request::~Request() {
 HttpRequestSink::HttpRequestSink(boost::asio::io_context& io, Limits limits)
     : limits_(limits), io_(io), shared_(std::make_shared<Shared>()) {
   static_assert(sizeof(Request{}.error) >= CURL_ERROR_SIZE);
+  std::random_device random;
+  nonce_ = std::to_string((static_cast<std::uint64_t>(random()) << 32) | random());
   curl_global_init(CURL_GLOBAL_DEFAULT);
   multi_ = curl_multi_init();
   if (!multi_) throw std::runtime_error(std::string(limits_.thread_name) + ": libcurl could not make a multi handle");

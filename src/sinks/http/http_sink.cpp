@@ -5,11 +5,8 @@
 #include <openssl/hmac.h>
 #include <spdlog/spdlog.h>
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <cctype>
-#include <random>
 #include <stdexcept>
 
 #include "walrelay/json.hpp"
@@ -117,8 +114,6 @@ HttpSink::HttpSink(boost::asio::io_context& io, HttpConfig config)
                                  .batch_entries = config.batch_enabled ? static_cast<std::size_t>(config.batch_max_size) : 1,
                                  .batch_bytes = config.batch_max_bytes}),
       config_(std::move(config)) {
-  std::random_device random;
-  nonce_ = std::to_string((static_cast<std::uint64_t>(random()) << 32) | random());
   start_worker();
 }
 
@@ -134,7 +129,7 @@ std::string HttpSink::url_of(std::string_view topic) const { return http_url(con
 // it, but inside an array it is no JSON, where alone a receiver may take it.)
 bool HttpSink::needs_own_request(const Entry& e) const {
   return config_.batch_enabled && (e.dead_letter || !e.value || e.value->starts_with("\xEF\xBB\xBF") ||
-                                   !nlohmann::json::accept(*e.value));
+                                   !Json::accept(*e.value));
 }
 
 // Which requests may not run at once: one key's.
@@ -193,11 +188,6 @@ void add_headers(HttpRequestSink::Request& r, const std::vector<std::string>& li
 
 }  // namespace
 
-// An id for a record that has none (webhook-id, a batch's key): this
-// process's random nonce and the record's submission number, never one an
-// earlier process gave (the records' tokens start again at every start).
-std::string HttpSink::unique_id(const Entry& e) const { return "walrelay-" + nonce_ + "-" + std::to_string(e.seq); }
-
 // Standard Webhooks: HMAC-SHA256 of "<id>.<timestamp>.<body>", the id the
 // request's Idempotency-Key, so that a receiver's replay check sees a repeat
 // as one.
@@ -250,11 +240,7 @@ void HttpSink::prepare_batch(Request& r) const {
   body.push_back(']');
   curl_easy_setopt(r.easy, CURLOPT_POSTFIELDS, body.data());
   curl_easy_setopt(r.easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(ids.data()), ids.size(), digest);
-  static const char hex[] = "0123456789abcdef";
-  std::string key = "batch-";
-  for (int i = 0; i < 16; ++i) key += {hex[digest[i] >> 4], hex[digest[i] & 15]};
+  std::string key = "batch-" + sha256_hex(ids).substr(0, 32);
   // A record with no id: a key of this request's own, never one an earlier
   // process gave (a receiver would take another event for a repeat).
   if (!every_id) key = unique_id(r.entries.front()) + "-" + std::to_string(r.entries.size());

@@ -1,7 +1,5 @@
 #include "walrelay/sinks/sqs/sqs_config.hpp"
 
-#include <openssl/sha.h>
-
 #include <array>
 #include <cctype>
 #include <cstdlib>
@@ -200,15 +198,7 @@ std::string sqs_id_of(std::string_view value) {
   bool fits = !value.empty() && value.size() <= 128;
   for (unsigned char c : value) fits = fits && c > 0x20 && c < 0x7f;
   if (fits) return std::string(value);
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(value.data()), value.size(), digest);
-  std::string out = "sha256:";
-  static const char hex[] = "0123456789abcdef";
-  for (unsigned char b : digest) {
-    out.push_back(hex[b >> 4]);
-    out.push_back(hex[b & 15]);
-  }
-  return out;
+  return "sha256:" + sha256_hex(value);
 }
 
 }  // namespace walrelay

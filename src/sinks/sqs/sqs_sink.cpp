@@ -147,8 +147,6 @@ SqsSink::SqsSink(boost::asio::io_context& io, SqsConfig config)
                                  .name = "sqs"}),
       config_(std::move(config)),
       sigv4_("aws:amz:" + config_.region + ":sqs") {
-  std::random_device random;
-  nonce_ = std::to_string((static_cast<std::uint64_t>(random()) << 32) | random());
   start_worker();
 }
 
@@ -232,7 +230,7 @@ void SqsSink::prepare(Request& r) const {
       // it again under another: at least once, never dropped as a repeat
       // of another record.
       m["MessageDeduplicationId"] =
-          sqs_id_of(e.event_id.empty() ? "walrelay-" + nonce_ + "-" + std::to_string(e.seq) : e.event_id);
+          sqs_id_of(e.event_id.empty() ? unique_id(e) : e.event_id);
     }
     entries.push_back(std::move(m));
   }

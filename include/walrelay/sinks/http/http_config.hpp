@@ -67,6 +67,8 @@ std::string url_with_topic(std::string_view tpl, std::string_view topic);
 std::string http_url_for_log(std::string_view url);
 // Base64 of `bytes`, padded.
 std::string encode_base64(std::string_view bytes);
+// SHA-256 of `bytes`, 64 lowercase hex digits.
+std::string sha256_hex(std::string_view bytes);
 // Base64 (padding optional); nullopt when not base64.
 std::optional<std::string> decode_base64(std::string_view text);
 

@@ -136,6 +136,12 @@ class HttpRequestSink : public Sink {
   // passes (transient).
   static Outcome outcome_of_transfer(int curl_result);
 
+  // An id for a record that has none (a deduplication id, webhook-id, a
+  // batch's key): this process's random nonce and the record's submission
+  // number, never one an earlier process gave (the records' tokens start
+  // again at every start).
+  std::string unique_id(const Entry& e) const { return "walrelay-" + nonce_ + "-" + std::to_string(e.seq); }
+
   const Limits limits_;
 
  private:
@@ -147,6 +153,7 @@ class HttpRequestSink : public Sink {
 
   boost::asio::io_context& io_;
   std::shared_ptr<Shared> shared_;
+  std::string nonce_;  // random, per process (unique_id)
   void* multi_ = nullptr;  // CURLM*, made before the worker starts (curl_multi_wakeup from the loop)
   std::uint64_t epoch_ = 1;
   std::uint64_t seq_ = 0;

@@ -41,12 +41,10 @@ class HttpSink final : public HttpRequestSink {
   void prepare_one(Request& r) const;
   void prepare_batch(Request& r) const;
   void sign(const std::string& webhook_id, std::string_view body, std::vector<std::string>& lines) const;
-  std::string unique_id(const Entry& e) const;
   void judge(const Request& r, int curl_result, long status, std::vector<Verdict>& verdicts) const override;
   std::string describe(const Request& r) const override;
 
   HttpConfig config_;
-  std::string nonce_;  // random, per process: ids for records without one
 };
 
 }  // namespace walrelay

@@ -48,7 +48,6 @@ class SqsSink final : public HttpRequestSink {
 
   SqsConfig config_;
   std::string sigv4_;  // "aws:amz:<region>:sqs"
-  std::string nonce_;  // this sink's: deduplication ids of records without an event id
 };
 
 }  // namespace walrelay
