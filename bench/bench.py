@@ -516,7 +516,7 @@ def run_walrelay_sink(env, n, slot, end_lsn, sink):
                  "sink.http.batch.enabled": "true"}
         broker_pid = open(os.path.join(os.environ["WALRELAY_RUN_DIR"], "http", "pid")).read().strip()
     elif sink == "sqs":
-        # FIFO queues, one per route (ElasticMQ, persisted in H2).
+        # FIFO queues, one per route (ElasticMQ, in memory: bench/run.sh).
         test_tool(env, "sqs", ["create", "--queue"] + [f"{slot}_{t}.fifo" for t in TYPES])
         extra = {"sink.type": "sqs", "sink.sqs.queue.url": f"{env.args.sqs}/000000000000/${{topic}}.fifo",
                  "sink.sqs.region": "us-east-1"}

@@ -65,6 +65,8 @@
 # $CACHE_ROOT/elasticmq-<version>) on loopback and a free port, its queues
 # and messages kept in $RUN_DIR/sqs/data (H2, written at each commit:
 # a kill -9 keeps what it answered; no fsync, a machine crash may not); `env` then adds WALRELAY_TEST_SQS (http://127.0.0.1:<port>).
+# With ELASTICMQ_STORAGE=memory it keeps them in memory only (bench/run.sh:
+# H2's commit per call, not walrelay, bounded the benchmark at ~280 events/s).
 # It takes any credentials. Log: $RUN_DIR/sqs/elasticmq.log.
 #
 # The run directory defaults to /tmp/walrelay-run-<hash of this checkout> so
@@ -625,9 +627,13 @@ include classpath("application.conf")
 node-address { protocol = http, host = 127.0.0.1, port = $port, context-path = "" }
 rest-sqs { enabled = true, bind-port = $port, bind-hostname = "127.0.0.1", sqs-limits = strict }
 rest-stats { enabled = false }
+CONF
+  if [[ ${ELASTICMQ_STORAGE:-h2} != memory ]]; then
+    cat >> "$d/elasticmq.conf" <<CONF
 messages-storage { enabled = true, uri = "jdbc:h2:$d/data/messages;WRITE_DELAY=0" }
 queues-storage { enabled = true, path = "$d/data/queues.conf" }
 CONF
+  fi
   (
     cd "$d" || exit 1
     nohup java -Xms32m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \

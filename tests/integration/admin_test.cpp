@@ -161,6 +161,31 @@ TEST_CASE("admin: lag grows while the broker is down and /readyz says why", "[ad
   }, 30s));
 }
 
+// /readyz's view of the broker comes from a metadata probe when the producer
+// starts and after every broker went down (librdkafka's statistics are off by
+// default): with nothing written, no delivery can say the broker is back.
+TEST_CASE("admin: /readyz follows the broker with nothing written - ready at start, not ready while it is down, "
+          "ready again once it is back", "[admin][broker][solo]") {
+  Fixture f;
+  create_outbox(f.db(), f.table);
+  Walrelay relay(base_config(f.slot) + "table.include.list=" + f.table + "\nroute.topic.replacement=" + f.slot +
+                 ".events\n");
+  relay.start();
+  relay.wait_streaming();
+  REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 10s));
+  {
+    BrokerOutage outage;
+    HttpResponse ready;
+    REQUIRE(eventually([&] { return (ready = relay.get("/readyz")).status == 503; }, 30s));
+    CHECK(ready.body.find("broker unreachable") != std::string::npos);
+    outage.restart();
+    REQUIRE(eventually([&] { return relay.get("/readyz").status == 200; }, 60s));
+  }
+  CHECK(relay.log().find("kafka: broker reachable again") != std::string::npos);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+}
+
 TEST_CASE("admin: slot lag follows the server's WAL while walrelay holds back - 50 MB written, lag past 50 MB",
           "[admin][broker][solo]") {
   Fixture f;

@@ -79,7 +79,7 @@ std::string kafka_permission_hint(std::string_view code, std::string_view topic,
 KafkaSink::KafkaSink(boost::asio::io_context& io, const std::map<std::string, std::string>& settings,
                      std::optional<KafkaTransactions> transactions)
     : io_(io), settings_(settings), wake_(io), transactions_(std::move(transactions)), boundary_timer_(io),
-      waiting_retry_(io), position_retry_(io) {
+      waiting_retry_(io), position_retry_(io), probe_retry_(io) {
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("could not create a pipe");
   wake_.assign(wake_pipe_[0]);
   try {
@@ -101,7 +101,6 @@ void KafkaSink::create_producer() {
     }
   };
   for (auto& [k, v] : settings_) set(k, v);
-  if (!settings_.count("statistics.interval.ms")) set("statistics.interval.ms", "1000");
   if (!settings_.count("client.id")) set("client.id", "walrelay");
   // librdkafka logs from its own threads unless told to queue them; spdlog's
   // sinks here are single-threaded, so logs are served on the loop by poll(),
@@ -127,12 +126,56 @@ void KafkaSink::create_producer() {
   // The pipe is written when the queue goes from empty to non-empty, and
   // rd_kafka_new has already queued its first log lines: empty it once.
   boost::asio::post(io_, [this] { poll(); });
+  probe_brokers();
+}
+
+void KafkaSink::probe_brokers() {
+  if (probing_ || !rk_ || brokers_up_ > 0) return;
+  probing_ = true;
+  boost::asio::post(worker_, [this, rk = rk_, generation = generation_, alive = alive_] {
+    // Bounded: the destructor waits for the worker, and a commit may queue behind.
+    constexpr int timeout_ms = 1000;
+    const rd_kafka_metadata_t* md = nullptr;
+    int brokers = 0;
+    if (rd_kafka_metadata(rk, 0, nullptr, &md, timeout_ms) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      brokers = md->broker_cnt;
+      rd_kafka_metadata_destroy(md);
+    }
+    boost::asio::post(io_, [this, generation, brokers, alive] {
+      if (!*alive) return;
+      probing_ = false;
+      if (generation != generation_) return probe_brokers();  // asked the producer renew() replaced
+      brokers_answered(brokers);
+    });
+  });
+}
+
+// A probe's answer (brokers: how many the cluster lists, 0 for no answer),
+// or a delivery acknowledged (1).
+void KafkaSink::brokers_answered(int brokers) {
+  if (brokers == 0) {
+    if (brokers_up_ > 0 || probing_) return;
+    probing_ = true;
+    probe_retry_.expires_after(std::chrono::seconds(1));
+    probe_retry_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      probing_ = false;
+      probe_brokers();
+    });
+    return;
+  }
+  if (brokers_up_ == 0) spdlog::info(seen_up_ ? "kafka: broker reachable again" : "kafka: broker reachable");
+  seen_up_ = true;
+  brokers_up_ = brokers;
+  last_error_.clear();
 }
 
 KafkaSink::~KafkaSink() {
   boost::system::error_code ec;
+  *alive_ = false;
   wake_.cancel(ec);
   boundary_timer_.cancel();
+  probe_retry_.cancel();
   worker_.join();
   if (rk_) {
     rd_kafka_queue_io_event_enable(queue_, -1, nullptr, 0);
@@ -406,6 +449,7 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
   Delivery d;
   settle_opaque(d, static_cast<Pending*>(m->_private), m->key_len + m->len);
   d.topic = rd_kafka_topic_name(m->rkt);
+  if (!m->err && brokers_up_ == 0) brokers_answered(1);
   if (m->err) {
     d.ok = false;
     d.transient = !is_record_error(m->err);
@@ -460,14 +504,17 @@ void KafkaSink::handle_error(int err, const char* reason) {
     return;
   }
   last_error_ = std::string(rd_kafka_err2name(code)) + ": " + reason;
-  if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) brokers_up_ = 0;
   spdlog::warn("kafka: {}", last_error_);
+  if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+    brokers_up_ = 0;
+    probe_brokers();  // until one answers again (deliveries may wait for it)
+  }
 }
 
-// librdkafka's statistics: broker reachability for /readyz.
+// librdkafka's statistics, when kafka.statistics.interval.ms asks for them
+// (off by default: probe_brokers()): broker reachability for /readyz.
 void KafkaSink::handle_stats(const char* json, std::size_t len) {
-  // Broker reachability from librdkafka's own statistics: a broker in state
-  // "UP" means the producer can deliver. No extra metadata requests.
+  // A broker in state "UP" means the producer can deliver.
   static thread_local simdjson::ondemand::parser parser;
   simdjson::padded_string doc(json, len);
   int up = 0;
@@ -488,11 +535,10 @@ void KafkaSink::handle_stats(const char* json, std::size_t len) {
     }
     if (nodeid >= 0 && state == "UP") ++up;
   }
-  if (up > 0 && brokers_up_ == 0) spdlog::info(seen_up_ ? "kafka: broker reachable again" : "kafka: broker reachable");
-  if (up > 0) seen_up_ = true;
-  brokers_up_ = up;
-  if (up > 0) last_error_.clear();
-  else if (last_error_.empty()) last_error_ = "no broker is up";
+  if (up > 0) return brokers_answered(up);
+  brokers_up_ = 0;
+  if (last_error_.empty()) last_error_ = "no broker is up";
+  probe_brokers();
 }
 
 // --check: a metadata round trip to the cluster.

@@ -64,9 +64,8 @@ class KafkaSink final : public Sink, public TransactionalSink {
                                   std::size_t bytes) override;
   void poll() override;
   void abort_queued() override;
-  // Not ready until librdkafka's statistics show a broker up (within
-  // statistics.interval.ms of start), so a broker that refuses walrelay from
-  // the start is never reported healthy.
+  // Not ready until a broker has answered (probe_brokers()), so a broker
+  // that refuses walrelay from the start is never reported healthy.
   bool healthy() const override { return brokers_up_ > 0; }
   std::string health_reason() const override { return last_error_; }
   std::optional<std::string> fatal_error() const override { return fatal_; }
@@ -107,6 +106,14 @@ class KafkaSink final : public Sink, public TransactionalSink {
 
  private:
   void fail_fatally(std::string reason);
+  // Whether a broker answers, asked when the producer starts and again after
+  // every broker went down, until one does: a metadata request (it blocks,
+  // so on the worker thread). Between those, a delivery acknowledged says a
+  // broker is up and librdkafka's _ALL_BROKERS_DOWN that none is. Reading
+  // librdkafka's statistics once a second for this cost an idle walrelay a
+  // third of its CPU (docs/benchmarks.md, "Idle CPU").
+  void probe_brokers();
+  void brokers_answered(int brokers);
   // Dead-letter records are rare: they carry a heap Pending as their opaque.
   // Ordinary records carry (token << 1) | 1, so a delivery report tells them
   // apart by the low bit and the hot path allocates nothing of its own.
@@ -276,7 +283,10 @@ class KafkaSink final : public Sink, public TransactionalSink {
   boost::asio::steady_timer waiting_retry_;       // the producer's queue was full while producing what waited
   bool waiting_retry_armed_ = false;
   boost::asio::steady_timer position_retry_;      // the producer's queue was full for the offsets record
-  boost::asio::thread_pool worker_{1};            // the blocking transactional calls
+  boost::asio::steady_timer probe_retry_;         // the next probe_brokers() while none answers
+  bool probing_ = false;                          // a probe is on the worker or waits for its retry
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed: for the worker's replies
+  boost::asio::thread_pool worker_{1};            // the blocking calls: transactional ones, the broker probe
 };
 
 }  // namespace walrelay
