@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Where an idle walrelay's CPU goes, thread by thread.
+"""Where an idle walrelay's CPU goes, thread by thread; with --rate, where a
+steady trickle of lone events' goes (one-row transactions at that rate
+during the measurement: CPU µs and wake-ups per event, per thread).
 
 Starts each given walrelay build on a fresh slot of the bench's PostgreSQL
 and Kafka (bench/run.sh's services, or any: --pgport, --kafka), lets it
@@ -73,7 +75,7 @@ def measure(args, name, binary, n):
                    "VALUES ('Idle', 'k', 'Created', '{}')")
         time.sleep(args.settle)
         before = threads(proc.pid)
-        time.sleep(args.seconds)
+        written = write_at(args.pgport, args.rate, args.seconds) if args.rate else time.sleep(args.seconds)
         after = threads(proc.pid)
     finally:
         proc.terminate()
@@ -88,10 +90,36 @@ def measure(args, name, binary, n):
         cpu, wakes = by_name.get(tname, (0.0, 0.0))
         by_name[tname] = (cpu + (ns - ns0) / 1e6 / args.seconds, wakes + (slices - slices0) / args.seconds)
     total = sum(c for c, _ in by_name.values())
-    return {"build": name, "binary": binary, "settings": args.set, "seconds": args.seconds,
-            "cpu_ms_per_s": round(total, 3),
-            "threads": {t: {"cpu_ms_per_s": round(c, 3), "wakeups_per_s": round(w, 1)}
-                        for t, (c, w) in sorted(by_name.items(), key=lambda kv: -kv[1][0])}}
+    r = {"build": name, "binary": binary, "settings": args.set, "seconds": args.seconds,
+         "cpu_ms_per_s": round(total, 3),
+         "threads": {t: {"cpu_ms_per_s": round(c, 3), "wakeups_per_s": round(w, 1)}
+                     for t, (c, w) in sorted(by_name.items(), key=lambda kv: -kv[1][0])}}
+    if args.rate:
+        per_s = written / args.seconds
+        r.update(rate=args.rate, events=written, cpu_us_per_event=round(total * 1000 / per_s, 1))
+        for t, v in r["threads"].items():
+            v["cpu_us_per_event"] = round(v["cpu_ms_per_s"] * 1000 / per_s, 2)
+            v["wakeups_per_event"] = round(v["wakeups_per_s"] / per_s, 2)
+    return r
+
+
+def write_at(pgport, rate, seconds):
+    """One-row transactions at `rate` a second for `seconds`, paced by the
+    clock (a late one is not made up twice); returns how many were written."""
+    db = psycopg.connect(f"host=127.0.0.1 port={pgport} user=postgres dbname=postgres", autocommit=True)
+    start, n = time.monotonic(), 0
+    while True:
+        due = start + n / rate
+        now = time.monotonic()
+        if due - start >= seconds:
+            break
+        if due > now:
+            time.sleep(due - now)
+        db.execute("INSERT INTO bench_idle_outbox (aggregatetype, aggregateid, type, payload) "
+                   "VALUES ('Idle', %s, 'Created', '{}')", (str(n % 100),))
+        n += 1
+    db.close()
+    return n
 
 
 def main():
@@ -102,6 +130,7 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--settle", type=float, default=15, help="quiet seconds before measuring")
+    ap.add_argument("--rate", type=float, default=0, help="one-row transactions a second while measuring")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     # Where and with what it ran, as bench/bench.py's files record it
@@ -112,9 +141,12 @@ def main():
         name, binary = b.split("=", 1)
         r = measure(args, name, binary, n)
         results.append(r)
-        print(f"{name} ({' '.join(args.set) or 'defaults'}): {r['cpu_ms_per_s']} ms/s")
+        print(f"{name} ({' '.join(args.set) or 'defaults'}): {r['cpu_ms_per_s']} ms/s"
+              + (f", {r['events']} events, {r['cpu_us_per_event']} µs/event" if args.rate else ""))
         for t, v in r["threads"].items():
-            print(f"  {t:<20} {v['cpu_ms_per_s']:8.3f} ms/s {v['wakeups_per_s']:8.1f} wake-ups/s")
+            print(f"  {t:<20} {v['cpu_ms_per_s']:8.3f} ms/s {v['wakeups_per_s']:8.1f} wake-ups/s"
+                  + (f" {v['cpu_us_per_event']:7.2f} µs/event {v['wakeups_per_event']:5.2f} wake-ups/event"
+                     if args.rate else ""))
     if args.json:
         builds = {b.split("=", 1)[0]: provenance.build_info(b.split("=", 1)[1]) for b in args.build}
         with open(args.json, "w") as f:

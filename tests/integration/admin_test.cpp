@@ -63,7 +63,7 @@ TEST_CASE("admin: /slot and /metrics agree with the server and with Kafka", "[ad
   CHECK(relay.get("/metrics").status == 401);
   CHECK(relay.get("/slot").status == 401);
   CHECK(relay.get("/slot", "wrong").status == 401);
-  // ready once librdkafka's statistics show a broker up (within a second)
+  // ready once a broker answers the producer's metadata probe
   CHECK(eventually([&] { return relay.get("/readyz", "s3cret-token").status == 200; }, 10s));
 
   for (int i = 0; i < 20; ++i)

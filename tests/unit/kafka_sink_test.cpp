@@ -29,12 +29,12 @@ namespace {
 struct MockCluster {
   rd_kafka_t* rk = nullptr;
   rd_kafka_mock_cluster_t* mc = nullptr;
-  MockCluster() {
+  explicit MockCluster(int brokers = 1) {
     char err[256];
     rd_kafka_conf_t* conf = rd_kafka_conf_new();
     rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
     REQUIRE(rk);
-    mc = rd_kafka_mock_cluster_new(rk, 1);
+    mc = rd_kafka_mock_cluster_new(rk, brokers);
     REQUIRE(mc);
     REQUIRE(rd_kafka_mock_topic_create(mc, "events", 3, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
   }
@@ -92,7 +92,7 @@ TEST_CASE("kafka sink: every record gets exactly one delivery report, on the pol
     tokens.insert(d.token);
   }
   CHECK(tokens.size() == 100);
-  // healthy once librdkafka's statistics (every 100 ms here) show the broker up
+  // healthy once the broker answers the metadata probe (or acknowledges a record)
   CHECK(run_until(io, [&] { return sink.healthy(); }, 5s));
 }
 
@@ -252,6 +252,24 @@ TEST_CASE("kafka sink: broker down makes it unhealthy, records wait and arrive w
   REQUIRE(run_until(io, [&] { return reports.size() == 2; }, 30s));
   CHECK(reports[1].ok);
   CHECK(run_until(io, [&] { return sink.healthy(); }, 10s));
+}
+
+// With librdkafka's statistics off (walrelay's default), health comes from
+// the metadata probe: at start, after every broker went down, and every 10 s
+// while up. Three brokers, nothing written: no delivery can say anything.
+TEST_CASE("kafka sink: without statistics, health follows a cluster of three brokers with nothing written",
+          "[sink]") {
+  MockCluster cluster(3);
+  auto settings = cluster.settings();
+  settings.erase("statistics.interval.ms");
+  boost::asio::io_context io;
+  KafkaSink sink(io, settings);
+  REQUIRE(run_until(io, [&] { return sink.healthy(); }, 5s));
+  for (int id = 1; id <= 3; ++id) rd_kafka_mock_broker_set_down(cluster.mc, id);
+  CHECK(run_until(io, [&] { return !sink.healthy(); }, 20s));
+  CHECK_FALSE(sink.health_reason().empty());
+  for (int id = 1; id <= 3; ++id) rd_kafka_mock_broker_set_up(cluster.mc, id);
+  CHECK(run_until(io, [&] { return sink.healthy(); }, 15s));
 }
 
 TEST_CASE("kafka sink: a bad librdkafka property is a configuration error naming the key", "[sink]") {

@@ -126,48 +126,60 @@ void KafkaSink::create_producer() {
   // The pipe is written when the queue goes from empty to non-empty, and
   // rd_kafka_new has already queued its first log lines: empty it once.
   boost::asio::post(io_, [this] { poll(); });
-  probe_brokers();
+  probe_now();
 }
 
 void KafkaSink::probe_brokers() {
-  if (probing_ || !rk_ || brokers_up_ > 0) return;
-  probing_ = true;
-  boost::asio::post(worker_, [this, rk = rk_, generation = generation_, alive = alive_] {
-    // Bounded: the destructor waits for the worker, and a commit may queue behind.
-    constexpr int timeout_ms = 1000;
+  if (probe_in_flight_ || probe_waiting_ || !rk_) return;
+  probe_in_flight_ = true;
+  boost::asio::post(worker_, [this, rk = rk_, generation = generation_, epoch = down_epoch_, alive = alive_] {
     const rd_kafka_metadata_t* md = nullptr;
     int brokers = 0;
-    if (rd_kafka_metadata(rk, 0, nullptr, &md, timeout_ms) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    if (rd_kafka_metadata(rk, 0, nullptr, &md, probe_timeout_ms) == RD_KAFKA_RESP_ERR_NO_ERROR) {
       brokers = md->broker_cnt;
       rd_kafka_metadata_destroy(md);
     }
-    boost::asio::post(io_, [this, generation, brokers, alive] {
+    boost::asio::post(io_, [this, generation, epoch, brokers, alive] {
       if (!*alive) return;
-      probing_ = false;
-      if (generation != generation_) return probe_brokers();  // asked the producer renew() replaced
-      brokers_answered(brokers);
+      probe_in_flight_ = false;
+      // Asked the producer renew() replaced, or answered before a report of
+      // every broker down that came meanwhile: ask again.
+      if (generation != generation_ || epoch != down_epoch_) return probe_brokers();
+      mark_brokers(brokers);
+      // While up, now and then: a cluster whose brokers all went quiet
+      // without librdkafka reporting them down still shows here.
+      probe_waiting_ = true;
+      probe_retry_.expires_after(brokers_up_ > 0 ? std::chrono::seconds(10) : std::chrono::seconds(1));
+      probe_retry_.async_wait([this, alive](boost::system::error_code) {
+        if (!*alive) return;
+        probe_waiting_ = false;
+        probe_brokers();
+      });
     });
   });
 }
 
-// A probe's answer (brokers: how many the cluster lists, 0 for no answer),
-// or a delivery acknowledged (1).
-void KafkaSink::brokers_answered(int brokers) {
-  if (brokers == 0) {
-    if (brokers_up_ > 0 || probing_) return;
-    probing_ = true;
-    probe_retry_.expires_after(std::chrono::seconds(1));
-    probe_retry_.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;
-      probing_ = false;
-      probe_brokers();
-    });
+// At once: ends a wait for the next probe, or starts one.
+void KafkaSink::probe_now() {
+  if (probe_waiting_) probe_retry_.cancel();  // its handler probes
+  else probe_brokers();
+}
+
+// brokers: how many a probe found (0: none answered), or 1 for a delivery
+// acknowledged; statistics, when set, pass how many they show up.
+void KafkaSink::mark_brokers(int brokers) {
+  if (brokers > 0) {
+    if (brokers_up_ == 0) spdlog::info(seen_up_ ? "kafka: broker reachable again" : "kafka: broker reachable");
+    seen_up_ = true;
+    brokers_up_ = brokers;
+    last_error_.clear();
     return;
   }
-  if (brokers_up_ == 0) spdlog::info(seen_up_ ? "kafka: broker reachable again" : "kafka: broker reachable");
-  seen_up_ = true;
-  brokers_up_ = brokers;
-  last_error_.clear();
+  if (brokers_up_ > 0) {
+    last_error_ = "no broker answered a metadata request within " + std::to_string(probe_timeout_ms) + " ms";
+    spdlog::warn("kafka: {}", last_error_);
+  }
+  brokers_up_ = 0;
 }
 
 KafkaSink::~KafkaSink() {
@@ -449,7 +461,7 @@ void KafkaSink::handle_delivery(const rd_kafka_message_t* m) {
   Delivery d;
   settle_opaque(d, static_cast<Pending*>(m->_private), m->key_len + m->len);
   d.topic = rd_kafka_topic_name(m->rkt);
-  if (!m->err && brokers_up_ == 0) brokers_answered(1);
+  if (!m->err && brokers_up_ == 0) mark_brokers(1);
   if (m->err) {
     d.ok = false;
     d.transient = !is_record_error(m->err);
@@ -507,7 +519,8 @@ void KafkaSink::handle_error(int err, const char* reason) {
   spdlog::warn("kafka: {}", last_error_);
   if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
     brokers_up_ = 0;
-    probe_brokers();  // until one answers again (deliveries may wait for it)
+    ++down_epoch_;  // a probe answered before this does not count
+    probe_now();    // then once a second until one answers
   }
 }
 
@@ -535,10 +548,9 @@ void KafkaSink::handle_stats(const char* json, std::size_t len) {
     }
     if (nodeid >= 0 && state == "UP") ++up;
   }
-  if (up > 0) return brokers_answered(up);
-  brokers_up_ = 0;
-  if (last_error_.empty()) last_error_ = "no broker is up";
-  probe_brokers();
+  // Only ever a broker up: down is _ALL_BROKERS_DOWN's and the probe's to
+  // say (a bootstrap broker the probe reached shows with no node id here).
+  if (up > 0) mark_brokers(up);
 }
 
 // --check: a metadata round trip to the cluster.

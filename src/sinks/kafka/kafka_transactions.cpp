@@ -635,9 +635,9 @@ asio::awaitable<void> KafkaSink::commit() {
       if (generation == generation_) warn_left_to_coordinator(end);
       co_return;
     }
-    const int timeout_ms = transaction_call_timeout_ms();
-    TxnResult r =
-        co_await on_worker([rk = rk_, timeout_ms] { return result_of(rd_kafka_commit_transaction(rk, timeout_ms)); });
+    TxnResult r = co_await on_worker([rk = rk_, limit = transaction_call_limit()] {
+      return result_of(rd_kafka_commit_transaction(rk, limit.timeout_ms()));
+    });
     if (generation != generation_) co_return;  // that producer is gone
     if (r.ok) break;
     if (r.retriable && r.code == RD_KAFKA_RESP_ERR__TIMED_OUT) {
@@ -697,9 +697,9 @@ asio::awaitable<void> KafkaSink::abort(std::string reason) {
                      "coordinator");
       co_return;
     }
-    const int timeout_ms = transaction_call_timeout_ms();  // one call: see commit()
-    TxnResult r =
-        co_await on_worker([rk = rk_, timeout_ms] { return result_of(rd_kafka_abort_transaction(rk, timeout_ms)); });
+    TxnResult r = co_await on_worker([rk = rk_, limit = transaction_call_limit()] {  // one call: see commit()
+      return result_of(rd_kafka_abort_transaction(rk, limit.timeout_ms()));
+    });
     if (generation != generation_) co_return;
     if (r.ok) break;
     if (r.retriable && (r.code == RD_KAFKA_RESP_ERR__TIMED_OUT || stop_by_)) {
@@ -868,14 +868,17 @@ std::chrono::milliseconds KafkaSink::transaction_timeout() const {
   return std::chrono::milliseconds(ms);
 }
 
-int KafkaSink::transaction_call_timeout_ms() const {
+KafkaSink::CallLimit KafkaSink::transaction_call_limit() const { return {transaction_timeout(), stop_by_}; }
+
+int KafkaSink::CallLimit::timeout_ms() const {
   // The transaction's own time-out: past it the coordinator has aborted the
   // transaction anyway. Once a stop is under way, no later than its deadline
   // (a call made before the stop is waited for: at most this time-out, and
-  // only while the coordinator does not answer).
-  auto timeout = transaction_timeout();
-  if (stop_by_) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*stop_by_ - std::chrono::steady_clock::now());
+  // only while the coordinator does not answer). Taken when the call starts:
+  // it may have waited on the worker behind a broker probe.
+  auto timeout = transaction_timeout;
+  if (stop_by) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*stop_by - std::chrono::steady_clock::now());
     timeout = std::clamp(left, std::chrono::milliseconds(1), timeout);
   }
   return static_cast<int>(timeout.count());

@@ -106,14 +106,18 @@ class KafkaSink final : public Sink, public TransactionalSink {
 
  private:
   void fail_fatally(std::string reason);
-  // Whether a broker answers, asked when the producer starts and again after
-  // every broker went down, until one does: a metadata request (it blocks,
-  // so on the worker thread). Between those, a delivery acknowledged says a
-  // broker is up and librdkafka's _ALL_BROKERS_DOWN that none is. Reading
+  // Whether a broker answers: a metadata request (it blocks, so on the
+  // worker thread) when the producer starts, then every 10 s while one does
+  // and every second while none does; librdkafka's _ALL_BROKERS_DOWN starts
+  // one at once, and an acknowledged delivery says a broker is up. Reading
   // librdkafka's statistics once a second for this cost an idle walrelay a
   // third of its CPU (docs/benchmarks.md, "Idle CPU").
   void probe_brokers();
-  void brokers_answered(int brokers);
+  void probe_now();
+  void mark_brokers(int brokers);
+  // A probe's wait for an answer: the destructor and a commit queued behind
+  // it on the worker wait at most this long.
+  static constexpr int probe_timeout_ms = 2000;
   // Dead-letter records are rare: they carry a heap Pending as their opaque.
   // Ordinary records carry (token << 1) | 1, so a delivery report tells them
   // apart by the low bit and the hot path allocates nothing of its own.
@@ -152,7 +156,12 @@ class KafkaSink final : public Sink, public TransactionalSink {
   boost::asio::awaitable<bool> settle_records(std::uint64_t generation);
   void warn_left_to_coordinator(pgoutput::Lsn end) const;
   // The time-out of one commit or abort call (librdkafka blocks that long).
-  int transaction_call_timeout_ms() const;
+  struct CallLimit {
+    std::chrono::milliseconds transaction_timeout;
+    std::optional<std::chrono::steady_clock::time_point> stop_by;
+    int timeout_ms() const;  // computed when the call starts, on the worker
+  };
+  CallLimit transaction_call_limit() const;
   rd_kafka_topic_s* topic_handle(std::string_view topic);
   // reorder_key mutation (tests/mutation/run.sh) only.
   SubmitStatus submit_reordered(const OutboxRecord& record, Pending* opaque);
@@ -283,8 +292,10 @@ class KafkaSink final : public Sink, public TransactionalSink {
   boost::asio::steady_timer waiting_retry_;       // the producer's queue was full while producing what waited
   bool waiting_retry_armed_ = false;
   boost::asio::steady_timer position_retry_;      // the producer's queue was full for the offsets record
-  boost::asio::steady_timer probe_retry_;         // the next probe_brokers() while none answers
-  bool probing_ = false;                          // a probe is on the worker or waits for its retry
+  boost::asio::steady_timer probe_retry_;         // the next probe_brokers()
+  bool probe_in_flight_ = false;                  // a probe is on the worker
+  bool probe_waiting_ = false;                    // probe_retry_ is armed
+  std::uint64_t down_epoch_ = 0;                  // _ALL_BROKERS_DOWN reports so far
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed: for the worker's replies
   boost::asio::thread_pool worker_{1};            // the blocking calls: transactional ones, the broker probe
 };
