@@ -130,7 +130,8 @@ void KafkaSink::create_producer() {
 }
 
 void KafkaSink::probe_brokers() {
-  if (probe_in_flight_ || probe_waiting_ || !rk_) return;
+  // Not once stopping: the destructor waits for the worker.
+  if (probe_in_flight_ || probe_waiting_ || !rk_ || stop_by_) return;
   probe_in_flight_ = true;
   boost::asio::post(worker_, [this, rk = rk_, generation = generation_, epoch = down_epoch_, alive = alive_] {
     const rd_kafka_metadata_t* md = nullptr;
@@ -145,11 +146,16 @@ void KafkaSink::probe_brokers() {
       // Asked the producer renew() replaced, or answered before a report of
       // every broker down that came meanwhile: ask again.
       if (generation != generation_ || epoch != down_epoch_) return probe_brokers();
-      mark_brokers(brokers);
+      // A broker that was up is counted down only on the second probe in a
+      // row it misses (or at once by _ALL_BROKERS_DOWN): one slow answer
+      // from a busy broker does not make /readyz flap.
+      probe_misses_ = brokers > 0 ? 0 : probe_misses_ + 1;
+      if (brokers > 0 || brokers_up_ == 0 || probe_misses_ >= 2) mark_brokers(brokers);
       // While up, now and then: a cluster whose brokers all went quiet
       // without librdkafka reporting them down still shows here.
       probe_waiting_ = true;
-      probe_retry_.expires_after(brokers_up_ > 0 ? std::chrono::seconds(10) : std::chrono::seconds(1));
+      probe_retry_.expires_after(brokers_up_ > 0 && probe_misses_ == 0 ? std::chrono::seconds(10)
+                                                                        : std::chrono::seconds(1));
       probe_retry_.async_wait([this, alive](boost::system::error_code) {
         if (!*alive) return;
         probe_waiting_ = false;

@@ -117,7 +117,7 @@ class KafkaSink final : public Sink, public TransactionalSink {
   void mark_brokers(int brokers);
   // A probe's wait for an answer: the destructor and a commit queued behind
   // it on the worker wait at most this long.
-  static constexpr int probe_timeout_ms = 2000;
+  static constexpr int probe_timeout_ms = 1000;
   // Dead-letter records are rare: they carry a heap Pending as their opaque.
   // Ordinary records carry (token << 1) | 1, so a delivery report tells them
   // apart by the low bit and the hot path allocates nothing of its own.
@@ -296,6 +296,7 @@ class KafkaSink final : public Sink, public TransactionalSink {
   bool probe_in_flight_ = false;                  // a probe is on the worker
   bool probe_waiting_ = false;                    // probe_retry_ is armed
   std::uint64_t down_epoch_ = 0;                  // _ALL_BROKERS_DOWN reports so far
+  int probe_misses_ = 0;                          // probes in a row no broker answered
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed: for the worker's replies
   boost::asio::thread_pool worker_{1};            // the blocking calls: transactional ones, the broker probe
 };
