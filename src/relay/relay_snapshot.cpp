@@ -8,7 +8,8 @@
 // however busy the writers are meanwhile. This is the only place walrelay
 // reads an outbox table, and only when asked.
 //
-// Rows are read through a cursor, snapshot.fetch.size at a time, and take the
+// Rows are read with COPY (SELECT ...) TO STDOUT, as PostgreSQL's own table
+// synchronisation reads them on its walsender connection, and take the
 // stream's path: each becomes a pgoutput Insert (MessageWriter) that is
 // decoded, mapped and handed to the sink under the same in-flight limits, so
 // memory is bounded as in streaming. Nothing is confirmed meanwhile: the slot
@@ -56,9 +57,8 @@ using pgoutput::Lsn;
 
 namespace {
 
-constexpr const char* cursor_name = "walrelay_snapshot";
-// A FETCH sorts the whole table first when no index gives the order: no
-// time-out that a large table could reach.
+// The server may sort the whole table before its first row when no index
+// gives the order: no time-out that a large table could reach.
 constexpr auto fetch_timeout = std::chrono::hours(24);
 
 bool starts_with_word(const std::string& text, std::string_view word) {
@@ -470,38 +470,62 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
   pgoutput::MessageWriter writer;
   t.rows.relation(writer);
   if (!co_await snapshot_row(writer.bytes(), point)) co_return;
+  // COPY streams the rows while they are mapped and sent (a cursor's FETCH
+  // would leave the server idle while walrelay maps one chunk, and walrelay
+  // idle while the server reads the next). Nothing is read from the socket
+  // while the in-flight limits are reached, so the server waits on it, and
+  // walrelay holds what the socket holds at most.
   try {
-    co_await conn.query("DECLARE " + std::string(cursor_name) + " NO SCROLL CURSOR FOR " + t.select);
+    co_await conn.start_copy_out("COPY (" + t.select + ") TO STDOUT", fetch_timeout);
   } catch (const PgError& e) {
     throw Fatal(t.key + ": the initial snapshot's query of " + table + " fails: " + e.what());
   }
-  const std::string fetch = "FETCH FORWARD " + std::to_string(config_.snapshot_fetch_size) + " FROM " + cursor_name;
-  const auto columns = static_cast<int>(t.rows.columns.size());
-  while (true) {
-    // One chunk at a time: libpq holds one FETCH's rows, read in place.
-    auto result = co_await conn.query_result(fetch, fetch_timeout);
-    const int rows = result ? PQntuples(result.get()) : 0;
-    if (rows == 0) break;
-    if (PQnfields(result.get()) != columns)
-      throw Fatal(t.key + ": the snapshot's query of " + table + " returned " +
-                  std::to_string(PQnfields(result.get())) + " columns, not " + std::to_string(columns));
-    // A chunk is one transaction in the ledger, at the consistent point:
-    // nothing passes the point until the last row is acknowledged.
-    txn_ = ledger_.open(commit_time_, point);
-    for (int r = 0; r < rows; ++r) {
-      t.rows.insert(writer, result.get(), r);
-      if (!co_await snapshot_row(writer.bytes(), point)) break;
-      snapshot_->rows_done++;
-      metrics_.snapshot_rows.Increment();
-    }
+  const auto columns = t.rows.columns.size();
+  std::string scratch;  // a value with escapes, unescaped
+  std::uint64_t chunk_rows = 0;
+  // A chunk of snapshot.fetch.size rows is one transaction in the ledger,
+  // at the consistent point: nothing passes the point until the last row
+  // is acknowledged.
+  const auto end_chunk = [&] {
     ledger_.commit(*txn_, point);
     txn_.reset();
+    chunk_rows = 0;
     if (transactional_ && mutation::active(mutation::Break::snapshot_commit_chunks)) commit_snapshot_transaction(point);
     check_snapshot_deadline();
     log_snapshot_progress(false);
-    if (stop_requested_ || halt_reason_ || replay_reason_) co_return;
+  };
+  for (;;) {
+    char* data = nullptr;
+    const int n = conn.try_get_copy_data(&data, "could not read the initial snapshot's rows");
+    if (n == -1) break;
+    if (n == 0) {
+      co_await conn.wait_readable();  // cancelled by a stop, a halt or a replay
+      if (stop_requested_ || halt_reason_ || replay_reason_) break;
+      conn.consume_input();
+      continue;
+    }
+    const std::unique_ptr<char, decltype(&PQfreemem)> row(data, &PQfreemem);
+    if (!txn_) txn_ = ledger_.open(commit_time_, point);
+    const std::size_t fields =
+        t.rows.insert_copy_text(writer, std::string_view(data, static_cast<std::size_t>(n)), scratch);
+    if (fields != columns)
+      throw Fatal(t.key + ": the snapshot's query of " + table + " returned " + std::to_string(fields) +
+                  " columns, not " + std::to_string(columns));
+    if (!co_await snapshot_row(writer.bytes(), point)) break;
+    snapshot_->rows_done++;
+    metrics_.snapshot_rows.Increment();
+    if (++chunk_rows == static_cast<std::uint64_t>(config_.snapshot_fetch_size)) {
+      end_chunk();
+      if (stop_requested_ || halt_reason_ || replay_reason_) break;
+    }
   }
-  co_await conn.query("CLOSE " + std::string(cursor_name));
+  if (txn_) end_chunk();
+  // Stopped in the middle, the COPY is left running: the session's
+  // connection is closed, and the next start takes the snapshot again.
+  if (stop_requested_ || halt_reason_ || replay_reason_) co_return;
+  // An error while the rows came (a lost connection, a cancelled
+  // statement) is the session's: the snapshot is taken again.
+  co_await conn.end_copy_out(std::chrono::seconds(30));
   log_snapshot_progress(true);
 }
 
@@ -509,7 +533,7 @@ asio::awaitable<bool> Relay::snapshot_row(std::span<const std::byte> message, Ls
   const pgoutput::XLogData xlog{point, point, 0, message};
   while (true) {
     if (stop_requested_ || halt_reason_ || replay_reason_) co_return false;
-    // The in-flight limits hold the cursor as they hold the walsender.
+    // The in-flight limits hold the COPY as they hold the walsender.
     if (!has_room()) {
       note_backpressure(true);
       sink_.poll();

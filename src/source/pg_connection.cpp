@@ -385,6 +385,19 @@ asio::awaitable<PgResultPtr> PgConnection::query_result(const std::string& sql, 
   co_return co_await last_result(std::chrono::steady_clock::now() + timeout);
 }
 
+asio::awaitable<void> PgConnection::start_copy_out(const std::string& command, std::chrono::milliseconds timeout) {
+  if (!conn_) throw PgError("could not run a query: not connected", "");
+  if (!PQsendQuery(conn_, command.c_str())) throw_conn_error("could not send a COPY");
+  auto result = co_await last_result(std::chrono::steady_clock::now() + timeout);
+  if (!result || PQresultStatus(result.get()) != PGRES_COPY_OUT)
+    throw PgError("could not start a COPY: unexpected answer to " + command, "");
+}
+
+asio::awaitable<void> PgConnection::end_copy_out(std::chrono::milliseconds timeout) {
+  // last_result throws the server's error, and drains what follows it.
+  co_await last_result(std::chrono::steady_clock::now() + timeout);
+}
+
 asio::awaitable<void> PgConnection::start_copy_both(const std::string& command, std::chrono::milliseconds timeout) {
   if (!PQsendQuery(conn_, command.c_str())) throw_conn_error("could not send " + command);
   auto result = co_await last_result(std::chrono::steady_clock::now() + timeout);
@@ -392,9 +405,9 @@ asio::awaitable<void> PgConnection::start_copy_both(const std::string& command, 
     throw PgError("could not start replication: unexpected answer to " + command, "");
 }
 
-int PgConnection::try_get_copy_data(char** buffer) {
+int PgConnection::try_get_copy_data(char** buffer, const char* what) {
   int n = PQgetCopyData(conn_, buffer, 1);
-  if (n == -2) throw_conn_error("could not read replication data");
+  if (n == -2) throw_conn_error(what);
   return n;
 }
 

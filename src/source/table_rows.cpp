@@ -21,6 +21,70 @@ void TableRows::insert(pgoutput::MessageWriter& writer, const PGresult* result, 
   }
 }
 
+std::size_t TableRows::insert_copy_text(pgoutput::MessageWriter& writer, std::string_view row,
+                                        std::string& scratch) const {
+  writer.insert(oid, static_cast<std::uint16_t>(columns.size()));
+  return for_each_copy_text_field(row, scratch, [&](std::optional<std::string_view> value) {
+    if (value) writer.text(*value);
+    else writer.null();
+  });
+}
+
+namespace {
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+}  // namespace
+
+// The escapes of COPY's text format (PostgreSQL's copyfromparse.c): \b \f
+// \n \r \t \v, one to three octal digits, \x and one or two hex digits,
+// and a backslash before any other character stands for that character.
+// COPY TO writes only the first six and \\; the others are read as the
+// server would read them.
+std::string_view unescape_copy_text(std::string_view raw, std::string& scratch) {
+  std::size_t at = raw.find('\\');
+  if (at == std::string_view::npos) return raw;
+  scratch.assign(raw.data(), at);
+  while (at < raw.size()) {
+    const char c = raw[at++];
+    if (c != '\\' || at == raw.size()) {
+      scratch.push_back(c);
+      continue;
+    }
+    const char e = raw[at++];
+    switch (e) {
+      case 'b': scratch.push_back('\b'); break;
+      case 'f': scratch.push_back('\f'); break;
+      case 'n': scratch.push_back('\n'); break;
+      case 'r': scratch.push_back('\r'); break;
+      case 't': scratch.push_back('\t'); break;
+      case 'v': scratch.push_back('\v'); break;
+      case 'x':
+        if (at < raw.size() && hex_value(raw[at]) >= 0) {
+          int v = hex_value(raw[at++]);
+          if (at < raw.size() && hex_value(raw[at]) >= 0) v = v * 16 + hex_value(raw[at++]);
+          scratch.push_back(static_cast<char>(v));
+        } else {
+          scratch.push_back('x');
+        }
+        break;
+      default:
+        if (e >= '0' && e <= '7') {
+          int v = e - '0';
+          for (int digits = 1; digits < 3 && at < raw.size() && raw[at] >= '0' && raw[at] <= '7'; ++digits)
+            v = v * 8 + (raw[at++] - '0');
+          scratch.push_back(static_cast<char>(v & 0xff));
+        } else {
+          scratch.push_back(e);
+        }
+    }
+  }
+  return scratch;
+}
+
 asio::awaitable<TableRows> describe_table(PgConnection& conn, const TableName& name) {
   TableRows t;
   t.name = name;

@@ -274,7 +274,7 @@ TEST_CASE("snapshot: the rows already in the outbox and those written meanwhile 
   CHECK(saw_progress);
   CHECK(inflight_peak <= inflight_limit);
   // As fault_bigtxn's bound (docs/reliability.md): the in-flight records,
-  // not the table, decide the memory; plus one FETCH of rows in libpq.
+  // not the table, decide the memory; plus what libpq has read of the COPY.
   CHECK(hwm < 64 * 1024);
   CHECK(relay.this_run_log().find("initial snapshot done") != std::string::npos);
 }
@@ -864,4 +864,52 @@ TEST_CASE("snapshot: rows committed while the slot is made are in the snapshot o
   INFO("records " << seen.records);
   CHECK(missing_ids(f.db(), f.table, seen).empty());
   CHECK(duplicates_of(seen) == 0);  // no row both in the snapshot and in the stream
+}
+
+TEST_CASE("snapshot: values that COPY's text format escapes (tabs, newlines, backslashes, the text \\N, NULL, "
+          "control characters, non-ASCII) arrive from the snapshot byte for byte as the stream sends them",
+          "[snapshot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint", "text");
+  // As SQL literals (E'' strings), each a row's payload and key; NULL a NULL payload.
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"E'tab\\there'", "E'k\\t1'"},
+      {"E'line1\\nline2\\r\\n'", "E'k\\n2'"},
+      {"E'back\\\\slash \\\\N \\\\x41 \\\\101 \\\\'", "E'k\\\\3'"},
+      {"E'\\\\N'", "E'\\\\N'"},
+      {"''", "'k5'"},
+      {"E'z\\u00fcrich \\u20ac \\u65e5\\u672c'", "E'\\u00fc6'"},
+      {"E'\\x01\\x07\\x08\\x0b\\x0c\\x1b control'", "'k7'"},
+      {"E'quote '' and \" and \\t\\\\t'", "'k8'"},
+      {"NULL", "'k9'"},
+      {"E'{\"json\": \"a\\\\tb\\\\n\"}'", "'k10'"},
+  };
+  const auto insert = [&](const std::string& kind) {
+    for (std::size_t i = 0; i < values.size(); ++i)
+      f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) VALUES ('Esc', " +
+                  values[i].second + ", '" + kind + "-" + std::to_string(i) + "', " + values[i].first + ")");
+  };
+  insert("snapshot");
+  Walrelay relay(f.config("snapshot.mode=initial\ntable.fields.additional.placement=type:header:eventType\n"));
+  relay.start();
+  relay.wait_streaming();
+  insert("stream");
+  auto recs = read_all(f, f.topic("Esc"));
+  std::map<std::string, const KafkaRecord*> by_type;
+  for (auto& r : recs) by_type[r.header("eventType").value_or("?")] = &r;
+  REQUIRE(recs.size() == 2 * values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    INFO("row " << i << ": payload " << values[i].first << ", key " << values[i].second);
+    const KafkaRecord* snap = by_type["snapshot-" + std::to_string(i)];
+    const KafkaRecord* stream = by_type["stream-" + std::to_string(i)];
+    REQUIRE(snap);
+    REQUIRE(stream);
+    CHECK(snap->key == stream->key);
+    CHECK(snap->value == stream->value);
+    // And what the table holds, read by another client.
+    const std::string id = f.db().scalar("SELECT id FROM " + f.table + " WHERE type = 'stream-" + std::to_string(i) + "'");
+    CHECK(stream->key == std::optional<std::string>(f.db().scalar("SELECT aggregateid FROM " + f.table + " WHERE id = " + id)));
+    if (values[i].first == "NULL") CHECK_FALSE(snap->value.has_value());
+    else CHECK(snap->value == std::optional<std::string>(f.db().scalar("SELECT payload FROM " + f.table + " WHERE id = " + id)));
+  }
 }

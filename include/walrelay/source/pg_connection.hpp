@@ -71,12 +71,19 @@ class PgConnection {
   // Inside a transaction block that has not failed (libpq's view after the
   // last answer).
   bool in_transaction() const { return conn_ && PQtransactionStatus(conn_) == PQTRANS_INTRANS; }
+  // Sends a COPY ... TO STDOUT and waits until the server begins it; its
+  // rows then come through try_get_copy_data, and end_copy_out reads the
+  // command's outcome once that returned -1.
+  boost::asio::awaitable<void> start_copy_out(const std::string& command, std::chrono::milliseconds timeout);
+  // PgError when the COPY failed (the server's message and SQLSTATE).
+  boost::asio::awaitable<void> end_copy_out(std::chrono::milliseconds timeout);
   // Sends START_REPLICATION (or any command entering COPY BOTH) and waits for it.
   boost::asio::awaitable<void> start_copy_both(const std::string& command, std::chrono::milliseconds timeout);
 
-  // COPY BOTH, non-blocking: > 0 a message (free with PQfreemem), 0 nothing
-  // buffered (wait_readable), -1 the server ended the copy, throws on error.
-  int try_get_copy_data(char** buffer);
+  // COPY BOTH or OUT, non-blocking: > 0 a message (free with PQfreemem), 0
+  // nothing buffered (wait_readable), -1 the server ended the copy, throws on
+  // error.
+  int try_get_copy_data(char** buffer, const char* what = "could not read replication data");
   // Waits until the socket is readable or cancel_wait() is called. No timer
   // of its own: the replication loop waits once per message burst, and a
   // deadline timer armed per wait costs a timerfd update each time.

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
 #include <vector>
@@ -35,7 +37,21 @@ struct TableRows {
   void relation(pgoutput::MessageWriter& writer) const;
   // 'I' for row `row` of `result`, a SELECT of select_list.
   void insert(pgoutput::MessageWriter& writer, const PGresult* result, int row) const;
+  // 'I' for one row of COPY's text format (one CopyData message of a
+  // COPY (SELECT select_list ...) TO STDOUT). Returns the number of fields
+  // the row held: the Insert is whole only when that is columns.size().
+  // `scratch` holds a field's unescaped text meanwhile.
+  std::size_t insert_copy_text(pgoutput::MessageWriter& writer, std::string_view row, std::string& scratch) const;
 };
+
+// COPY's text format, one row (PostgreSQL's CopyReadAttributesText, client
+// side): `row` split at tabs, each field handed to `field` as its text, or as
+// nullopt for \N; backslash escapes undone into `scratch` only when a field
+// has one. The row's line end (\n, or \r\n from a Windows server) is not
+// a field's. Returns the number of fields.
+template <typename Field>
+std::size_t for_each_copy_text_field(std::string_view row, std::string& scratch, Field&& field);
+std::string_view unescape_copy_text(std::string_view raw, std::string& scratch);
 
 // The table's OID and columns from the catalog. PgError 42P01 when it does not exist.
 boost::asio::awaitable<TableRows> describe_table(PgConnection& conn, const TableName& name);
@@ -50,5 +66,22 @@ boost::asio::awaitable<std::uint64_t> estimate_rows(PgConnection& conn, const st
 // queries only.
 boost::asio::awaitable<void> check_one_statement(boost::asio::io_context& io, const Config& config,
                                                  const std::string& select);
+
+template <typename Field>
+std::size_t for_each_copy_text_field(std::string_view row, std::string& scratch, Field&& field) {
+  if (!row.empty() && row.back() == '\n') row.remove_suffix(1);
+  // A carriage return in a value is escaped (\r): a bare one ends the line.
+  if (!row.empty() && row.back() == '\r') row.remove_suffix(1);
+  std::size_t fields = 0;
+  for (;;) {
+    const std::size_t tab = row.find('\t');
+    const std::string_view raw = row.substr(0, tab);
+    ++fields;
+    if (raw == "\\N") field(std::optional<std::string_view>());
+    else field(std::optional<std::string_view>(unescape_copy_text(raw, scratch)));
+    if (tab == std::string_view::npos) return fields;
+    row.remove_prefix(tab + 1);
+  }
+}
 
 }  // namespace walrelay
