@@ -193,6 +193,7 @@ asio::awaitable<std::string> Relay::begin_snapshot_retake(PgConnection& conn, co
                  config_.slot_name, point.to_string(), facts.marker->created_lsn->to_string());
   // The tables' locks first (a rewrite now would give rows new xmins
   // under this snapshot), then the snapshot, taken by the first query.
+  co_await allow_long_transaction(conn);
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   std::string tables_sql;
   for (const auto& t : config_.table_include_list)
@@ -499,6 +500,8 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
     const int n = conn.try_get_copy_data(&data, "could not read the initial snapshot's rows");
     if (n == -1) break;
     if (n == 0) {
+      // A stop that came while snapshot_row yielded cancelled no wait.
+      if (stop_requested_ || halt_reason_ || replay_reason_) break;
       co_await conn.wait_readable();  // cancelled by a stop, a halt or a replay
       if (stop_requested_ || halt_reason_ || replay_reason_) break;
       conn.consume_input();
@@ -523,9 +526,18 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
   // Stopped in the middle, the COPY is left running: the session's
   // connection is closed, and the next start takes the snapshot again.
   if (stop_requested_ || halt_reason_ || replay_reason_) co_return;
-  // An error while the rows came (a lost connection, a cancelled
-  // statement) is the session's: the snapshot is taken again.
-  co_await conn.end_copy_out(std::chrono::seconds(30));
+  try {
+    co_await conn.end_copy_out(std::chrono::seconds(30));
+  } catch (const PgError& e) {
+    // The query's own error (a cast or a division its condition makes
+    // fail on some row) would come again at every try: a halt naming the
+    // key. Any other (a lost connection, a cancel, a conflict with
+    // recovery) is the session's: the snapshot is taken again.
+    if (e.sqlstate().starts_with("22") || e.sqlstate().starts_with("42"))
+      throw Fatal(t.key + ": the initial snapshot's query of " + table + " failed after " +
+                  std::to_string(snapshot_->rows_done) + " rows: " + e.what());
+    throw;
+  }
   log_snapshot_progress(true);
 }
 

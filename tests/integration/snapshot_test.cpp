@@ -459,6 +459,19 @@ TEST_CASE("snapshot: a slot that exists is streamed from without a snapshot, and
   CHECK(bad.run({"--config", bad.config_path()}, 60s) == 3);
   CHECK(bad.log().find("snapshot.select.statement.overrides." + g.table) != std::string::npos);
   CHECK(bad.log().find("no_such_column") != std::string::npos);
+
+  // An override that fails on a row in the middle of the table: the same
+  // row would fail every try, so it halts naming the key, not a loop that
+  // sends the rows before it again and again.
+  Fixture h;
+  create_outbox(h.db(), h.table, "bigint");
+  prefill(h.db(), h.table, "Half", 3000);
+  Walrelay failing(h.config("snapshot.mode=initial\nsnapshot.select.statement.overrides." + h.table +
+                            "=1 / (id - 1500) IS NOT NULL\n"));
+  CHECK(failing.run({"--config", failing.config_path()}, 60s) == 3);
+  CHECK(failing.log().find("snapshot.select.statement.overrides." + h.table) != std::string::npos);
+  CHECK(failing.log().find("division by zero") != std::string::npos);
+  CHECK(failing.log().find("did not finish") == std::string::npos);  // never taken again
 }
 
 TEST_CASE("snapshot: an override cannot leave the snapshot's read-only transaction - a second statement is refused "
@@ -866,7 +879,7 @@ TEST_CASE("snapshot: rows committed while the slot is made are in the snapshot o
   CHECK(duplicates_of(seen) == 0);  // no row both in the snapshot and in the stream
 }
 
-TEST_CASE("snapshot: values that COPY's text format escapes (tabs, newlines, backslashes, the text \\N, NULL, "
+TEST_CASE("snapshot: values that COPY's text format escapes (tabs, newlines, backslashes, a backslash before N, NULL, "
           "control characters, non-ASCII) arrive from the snapshot byte for byte as the stream sends them",
           "[snapshot]") {
   Fixture f;
@@ -912,4 +925,33 @@ TEST_CASE("snapshot: values that COPY's text format escapes (tabs, newlines, bac
     if (values[i].first == "NULL") CHECK_FALSE(snap->value.has_value());
     else CHECK(snap->value == std::optional<std::string>(f.db().scalar("SELECT payload FROM " + f.table + " WHERE id = " + id)));
   }
+}
+
+TEST_CASE("snapshot: a role whose statement_timeout and idle_in_transaction_session_timeout are shorter than the "
+          "snapshot's COPY takes it once (walrelay turns them off for its session) - not again and again",
+          "[snapshot]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const long rows = 3000;
+  prefill(f.db(), f.table, "Slow", rows);
+  f.db().exec("CREATE PUBLICATION " + f.slot + " FOR TABLE " + f.table + " WITH (publish = 'insert')");
+  TemporaryRole temporary(f, f.slot + "_slow");
+  const std::string& role = temporary.name;
+  f.db().exec("ALTER PUBLICATION " + f.slot + " OWNER TO " + role);
+  f.db().exec("GRANT SELECT ON " + f.table + " TO " + role);
+  f.db().exec("ALTER ROLE " + role + " SET statement_timeout = '1s'");
+  f.db().exec("ALTER ROLE " + role + " SET idle_in_transaction_session_timeout = '1s'");
+  // A millisecond per row: the table's one COPY lasts about 3 s.
+  Walrelay relay(with_key(f.config("publication.autocreate.mode=disabled\nsnapshot.mode=initial\n"
+                                   "snapshot.select.statement.overrides=" + f.table +
+                                   "\nsnapshot.select.statement.overrides." + f.table +
+                                   "=pg_catalog.pg_sleep(0.001) IS NOT NULL\n"),
+                          "database.user", role));
+  relay.start();
+  relay.wait_streaming(120s);
+  CHECK(relay.log().find("statement timeout") == std::string::npos);
+  CHECK(relay.log().find("did not finish") == std::string::npos);
+  auto recs = read_all(f, f.topic("Slow"), 60s);
+  CHECK(ids_of(recs).count.size() == static_cast<std::size_t>(rows));
+  CHECK(ids_of(recs).duplicates() == 0);
 }

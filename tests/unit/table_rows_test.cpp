@@ -30,7 +30,7 @@ Field text(std::string s) { return {false, std::move(s)}; }
 const Field null_field{true, {}};
 }  // namespace
 
-TEST_CASE("table rows: a COPY text row splits at tabs, with NULL as \\N and the line end left out", "[snapshot]") {
+TEST_CASE("table rows: a COPY text row splits at tabs, NULL as backslash-N, the line end left out", "[snapshot]") {
   CHECK(fields_of("1\tOrder\t{\"a\": 1}\n") == std::vector<Field>{text("1"), text("Order"), text("{\"a\": 1}")});
   CHECK(fields_of("1\t\\N\t\n") == std::vector<Field>{text("1"), null_field, text("")});
   CHECK(fields_of("\\N\n") == std::vector<Field>{null_field});
