@@ -48,6 +48,7 @@
 #include "walrelay/source/catalog.hpp"
 #include "walrelay/mutation.hpp"
 #include "walrelay/relay/relay.hpp"
+#include "walrelay/source/sqlstate.hpp"
 #include "walrelay/source/table_rows.hpp"
 
 namespace walrelay {
@@ -57,8 +58,9 @@ using pgoutput::Lsn;
 
 namespace {
 
-// The server may sort the whole table before its first row when no index
-// gives the order: no time-out that a large table could reach.
+// The server begins the COPY before it runs the query (a sort, when no
+// index gives the order, comes after): this bounds only the planning and
+// any lock the query waits for.
 constexpr auto fetch_timeout = std::chrono::hours(24);
 
 bool starts_with_word(const std::string& text, std::string_view word) {
@@ -66,6 +68,34 @@ bool starts_with_word(const std::string& text, std::string_view word) {
   for (std::size_t i = 0; i < word.size(); ++i)
     if (std::tolower(static_cast<unsigned char>(text[i])) != word[i]) return false;
   return text.size() == word.size() || !std::isalnum(static_cast<unsigned char>(text[word.size()]));
+}
+
+// For the rest of the snapshot's transaction only (SET LOCAL), whatever the
+// role or the database sets (a walsender takes their settings too): each
+// table is one COPY, which lasts as long as the broker takes its rows
+// (nothing is read while the in-flight limits are reached), and the
+// transaction then waits idle for the last acknowledgements. Cut by a
+// time-out, the snapshot would be taken again, as long, and cut again: its
+// rows sent again and again. Outside it (the catalog reads, the locks
+// before it) the role's time-outs stay.
+asio::awaitable<void> allow_long_snapshot(PgConnection& conn) {
+  co_await conn.query("SET LOCAL statement_timeout = 0");
+  co_await conn.query("SET LOCAL idle_in_transaction_session_timeout = 0");
+}
+
+// A failed snapshot query's error: the query's own (see query_own_error)
+// halts naming what decides the query, with the SQLSTATE only, since the
+// server's message of an error raised while rows are read may quote a
+// value; any other is the session's, and the snapshot is taken again.
+[[noreturn]] void throw_snapshot_query_error(const PgError& e, const std::string& key, const std::string& table,
+                                             std::uint64_t rows_read) {
+  if (!query_own_error(e.sqlstate())) throw e;
+  const bool overridden = key.starts_with("snapshot.select.statement.overrides.");
+  throw Fatal((overridden ? key : std::string("snapshot.mode")) + ": the initial snapshot's query of " + table +
+              " failed after " + std::to_string(rows_read) + " of its rows: SQLSTATE " + e.sqlstate() +
+              sqlstate_name(e.sqlstate()) +
+              " (the server's message is not shown, as it may quote the rows' values: run the query in psql to "
+              "read it: " + (overridden ? "the override's" : "the table's") + " SELECT is in the log above)");
 }
 
 }  // namespace
@@ -200,6 +230,7 @@ asio::awaitable<std::string> Relay::begin_snapshot_retake(PgConnection& conn, co
     tables_sql += (tables_sql.empty() ? "" : ", ") + conn.quote_identifier(t.schema) + "." +
                   conn.quote_identifier(t.name);
   if (!tables_sql.empty()) co_await conn.query("LOCK TABLE " + tables_sql + " IN ACCESS SHARE MODE");
+  co_await allow_long_snapshot(conn);
   const std::string unusable = co_await first_view_unusable(conn, facts);
   if (unusable.empty()) {
     spdlog::warn("slot={} the initial snapshot begun on {} did not finish: taking it again from the start with the "
@@ -264,6 +295,7 @@ asio::awaitable<Lsn> Relay::begin_snapshot_with_slot(PgConnection& conn, const S
   co_await allow_long_transaction(conn);
   co_await conn.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
   const Lsn point = co_await create_slot(conn, config_, true);
+  co_await allow_long_snapshot(conn);
   retention_.slot_created();
   if (mutation::active(mutation::Break::snapshot_stream_overlap))
     co_await conn.query("COMMIT; SELECT pg_sleep(1); BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
@@ -479,8 +511,12 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
   try {
     co_await conn.start_copy_out("COPY (" + t.select + ") TO STDOUT", fetch_timeout);
   } catch (const PgError& e) {
+    // Planned and begun: an error now is the query's (a column or a
+    // function that does not exist, a permission), or the connection's.
+    if (!query_own_error(e.sqlstate())) throw;
     throw Fatal(t.key + ": the initial snapshot's query of " + table + " fails: " + e.what());
   }
+  std::uint64_t table_rows = 0;
   const auto columns = t.rows.columns.size();
   std::string scratch;  // a value with escapes, unescaped
   std::uint64_t chunk_rows = 0;
@@ -516,6 +552,7 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
                   " columns, not " + std::to_string(columns));
     if (!co_await snapshot_row(writer.bytes(), point)) break;
     snapshot_->rows_done++;
+    ++table_rows;
     metrics_.snapshot_rows.Increment();
     if (++chunk_rows == static_cast<std::uint64_t>(config_.snapshot_fetch_size)) {
       end_chunk();
@@ -529,14 +566,8 @@ asio::awaitable<void> Relay::snapshot_table(PgConnection& conn, const SnapshotTa
   try {
     co_await conn.end_copy_out(std::chrono::seconds(30));
   } catch (const PgError& e) {
-    // The query's own error (a cast or a division its condition makes
-    // fail on some row) would come again at every try: a halt naming the
-    // key. Any other (a lost connection, a cancel, a conflict with
-    // recovery) is the session's: the snapshot is taken again.
-    if (e.sqlstate().starts_with("22") || e.sqlstate().starts_with("42"))
-      throw Fatal(t.key + ": the initial snapshot's query of " + table + " failed after " +
-                  std::to_string(snapshot_->rows_done) + " rows: " + e.what());
-    throw;
+    // A cast or a division that fails on some row would fail at every try.
+    throw_snapshot_query_error(e, t.key, table, table_rows);
   }
   log_snapshot_progress(true);
 }

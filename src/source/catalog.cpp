@@ -1088,8 +1088,6 @@ bool snapshot_sees(const std::string& snapshot, std::uint64_t xid) {
 }  // namespace
 
 asio::awaitable<void> allow_long_transaction(PgConnection& conn) {
-  co_await conn.query("SET statement_timeout = 0");
-  co_await conn.query("SET idle_in_transaction_session_timeout = 0");
   if (conn.server_version() >= 170000) co_await conn.query("SET transaction_timeout = 0");
 }
 

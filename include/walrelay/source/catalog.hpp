@@ -224,15 +224,10 @@ struct SlotOrigin {
 // leaves nothing of the old slot's to judge the new one's rows by.
 SlotMarker without_slot_view(SlotMarker marker);
 
-// statement_timeout, idle_in_transaction_session_timeout and
-// transaction_timeout (17+) off for this session, whatever the role's or the
-// database's settings say (a walsender takes them too): a slot's creation
-// waits, in a transaction, for every transaction running when it began to
-// end; an initial snapshot reads each table in one COPY, which lasts as long
-// as the broker takes to acknowledge its rows (walrelay stops reading while
-// its in-flight limits are reached), and its transaction then waits for the
-// last acknowledgements. Cut by a time-out, the next try would only take as
-// long again: a loop that sends the same rows again and again.
+// transaction_timeout (17+) off for this session: a slot's creation waits, in
+// a transaction, for every transaction running when it began to end, and an
+// initial snapshot reads in one transaction; cut by a time-out, the next try
+// would only wait again.
 boost::asio::awaitable<void> allow_long_transaction(PgConnection& conn);
 
 // pg_current_snapshot() now, on a connection outside a transaction: taken
