@@ -112,10 +112,13 @@ rdkafka_202_run() {
 }
 
 # The other majors: what depends on the server (the relay, the admin
-# endpoint's view of the slot, crashes, database faults), and the
+# endpoint's view of the slot, crashes, database faults, the snapshot's
+# COPY), and the
 # high-availability tests where the major has what they need. Each run
 # starts that major (the services fixture passes PG_MAJOR on) and stops it.
-version_tests='^(relay: |messages: |admin: |fault\.fault: (kill -9|PostgreSQL restarted|a walsender))'
+# The initial snapshot's COPY on a walsender connection and its SET LOCAL
+# time-outs: two short tests.
+version_tests='^(relay: |messages: |admin: |fault\.fault: (kill -9|PostgreSQL restarted|a walsender)|snapshot: (values that COPY|a role whose statement_timeout))'
 # What does not depend on the server's version runs on 15 only: libpq's host
 # resolution and reconnect delays, the broker's outages.
 version_skip='^(relay: database\.hostname|relay: the database unreachable|relay: the slot never passes an unacknowledged|admin: lag grows while the broker)'
