@@ -1681,6 +1681,52 @@ TEST_CASE("sinks: Redis - entries already in the stream (walrelay stopped before
   REQUIRE(relay->wait_exit(30s) == 0);
 }
 
+// CI run 45's campaign found one event twice in a Redis stream: the
+// walsender's connection lost in the same process, and the transaction sent
+// again from its start, its first change at the same LSN as the last change
+// walrelay had seen - so the place within the transaction, counted from that
+// change, was not reset, and the entry got a second id.
+TEST_CASE("sinks: Redis - a transaction the walsender sends again after a lost connection (the same process) gets "
+          "the same entry ids - its events are found in the stream, not written twice",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  // Confirmed only every minute: after the walsender's end the server sends
+  // again what walrelay had acknowledged; a stop confirms it.
+  const std::string cfg = Redis::config(f, "status.update.interval.ms=60000\n");
+  // One event alone; then three in one WAL record (COPY inserts rows in
+  // batches): each time the last change walrelay saw is the first one sent again.
+  const std::vector<std::string> transactions = {
+      insert_event(f.table, "Again", "k", "jsonb_build_object('seq', 0)"),
+      "COPY " + f.table + " (aggregatetype, aggregateid, type, payload) FROM PROGRAM $$printf '"
+          "Again\\tk\\tE\\t{\"seq\": 1}\\nAgain\\tk\\tE\\t{\"seq\": 2}\\nAgain\\tk\\tE\\t{\"seq\": 3}\\n'$$"};
+  for (const auto& sql : transactions) {
+    INFO(sql);
+    Walrelay relay(cfg);
+    relay.start();
+    relay.wait_streaming();
+    const auto before = f.db().confirmed_flush(f.slot);
+    const auto rows_before = std::stod(f.db().scalar("SELECT count(*) FROM " + f.table));
+    f.db().exec(sql);
+    const double added = std::stod(f.db().scalar("SELECT count(*) FROM " + f.table)) - rows_before;
+    REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) == added; }, 30s));
+    // The premise: the server still holds the slot before the transaction.
+    REQUIRE(f.db().confirmed_flush(f.slot) == before);
+    auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
+    REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
+                          f.slot + "'") == "t");
+    wait_streaming_after(relay, streams, 60s);
+    // Sent again: counted relayed again once found in the stream.
+    REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) == 2 * added; }, 30s));
+    relay.signal(SIGTERM);
+    REQUIRE(relay.wait_exit(30s) == 0);
+  }
+  auto recs = to->read(4);
+  CHECK(recs.size() == 4);
+  check_delivered<Redis>(f, recs, 4);
+}
+
 TEST_CASE("sinks: Redis - an event another writer's entry blocks halts, and stays held after that entry is deleted "
           "(never stored, so never counted delivered) - once the stream is free it arrives",
           "[redis][fault]") {
