@@ -39,6 +39,7 @@ std::string_view name(Break b) {
     case Break::http_retry_releases_key: return "http_retry_releases_key";
     case Break::sqs_call_ok_is_delivered: return "sqs_call_ok_is_delivered";
     case Break::http_batch_not_split: return "http_batch_not_split";
+    case Break::redis_place_not_reset: return "redis_place_not_reset";
   }
   return "?";
 }

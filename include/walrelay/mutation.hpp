@@ -39,6 +39,7 @@ enum class Break {
   http_retry_releases_key,  // HTTP: a request waiting to be tried again frees its key, so the key's later events pass it
   sqs_call_ok_is_delivered, // SQS: a call answered 200 counts every entry delivered, its Failed ones too
   http_batch_not_split,     // HTTP: a batch refused with a 4xx fails every record in it, not the one refused
+  redis_place_not_reset,    // Redis: an entry's place in its transaction counted on from the change seen before a reconnect
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

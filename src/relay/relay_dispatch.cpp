@@ -69,8 +69,10 @@ Relay::Step Relay::handle_message(const pgoutput::XLogData& xlog) {
           position_lsn_ = m.final_lsn.value;
           // Places count from the transaction's own first change: one sent
           // again after a reconnect may start at the change seen last.
-          position_change_lsn_ = 0;
-          position_rank_ = 0;
+          if (!mutation::active(mutation::Break::redis_place_not_reset)) {
+            position_change_lsn_ = 0;
+            position_rank_ = 0;
+          }
         } else if constexpr (std::is_same_v<T, pgoutput::Commit>) {
           const bool had_records = txn_ && ledger_.had_records(*txn_);
           if (had_records) metrics_.commit_to_receive.Observe(seconds_since(commit_time_));

@@ -75,6 +75,7 @@ catchers[dropped_slot_recreated]='fault: a slot dropped while walrelay is stoppe
 catchers[inflight_unbounded]='relay with a fake sink: max.inflight.records holds the source back* @@ p.sink->records().size() == limit'
 catchers[snapshot_stream_overlap]='snapshot: rows committed while the slot is made are in the snapshot or in the stream* @@ duplicates_of(seen) == 0'
 catchers[secrets_shown]='cli: --print-config shows no secret* @@ printed.output.find(password) == std::string::npos'
+catchers[redis_place_not_reset]='sinks: Redis - a transaction the walsender sends again after a lost connection* @@ seen.duplicates() == 0 @@ redis'
 catchers[zombie_not_fenced]='fault: exactly once - two walrelays on one slot\, the active one frozen* @@ seen.duplicates() == 0'
 
 breaks=("$@")
@@ -85,7 +86,7 @@ breaks=("$@")
                              avro_decimal_rounds json_schema_draft4 ledger_unbounded redrive_read_uncommitted
                              operator_sql_simple_protocol dropped_slot_recreated inflight_unbounded
                              snapshot_stream_overlap secrets_shown zombie_not_fenced redis_ack_at_submit
-                             http_retry_releases_key sqs_call_ok_is_delivered http_batch_not_split)
+                             http_retry_releases_key sqs_call_ok_is_delivered http_batch_not_split redis_place_not_reset)
 
 jobs_max=${WALRELAY_MUTATION_JOBS:-2}
 time_limit=${WALRELAY_MUTATION_TIMEOUT:-600}
@@ -184,18 +185,23 @@ if not cases:
     say("ERROR", "no such test")
 where = lambda el: f"{os.path.basename(el.get('filename', '?'))}:{el.get('line', '?')}"
 failures = []  # (kind, text, where)
+raw = []  # each failure's text as Catch wrote it
 for case in cases:
     for el in case.iter():
         if el.tag == "Expression" and el.get("success") == "false":
             exc = el.find("Exception")
             if exc is not None:
                 failures.append(("exception", norm(exc.text), where(el)))
+                raw.append(exc.text or "")
             else:
                 failures.append(("assertion", norm(el.findtext("Original")), where(el)))
+                raw.append(el.findtext("Expanded") or "")
         elif el.tag in ("Exception", "FatalErrorCondition"):
             failures.append((el.tag.lower(), norm(el.text), where(el)))
+            raw.append(el.text or "")
         elif el.tag == "Failure":
             failures.append(("assertion", norm(el.text), where(el)))
+            raw.append(el.text or "")
 ok = all(c.find("OverallResult") is not None and c.find("OverallResult").get("success") == "true" for c in cases)
 if rc == 0 and ok and not failures:
     say("passed" if mode == "baseline" else "SURVIVED", "the test passed")
@@ -207,7 +213,10 @@ if mode == "baseline":
 for kind, text, at in failures:
     if kind == "assertion" and norm(expect) in text:
         say("caught", f"`{text[:100]}` ({at})")
-say("ERROR", f"failed elsewhere: {first[0]} `{first[1][:100]}` ({first[2]})")
+# (The whole of that failure from the third line on: a FAIL's message
+# carries walrelay's log tail, which says why it stopped.)
+print("ERROR"); print(f"failed elsewhere: {first[0]} `{first[1][:100]}` ({first[2]})"); print(raw[0][:6000])
+sys.exit(0)
 PY
 }
 
@@ -295,6 +304,10 @@ for n in "${!p_break[@]}"; do
   if [[ $result != caught* && -f $work/$pair.log ]]; then
     echo "--- ${p_break[n]} / ${p_spec[n]}: the end of its output"
     tail -n 20 "$work/$pair.log" | sed 's/^/    /'
+    if [[ $(sed -n '3,$p' "$work/$pair.verdict") ]]; then
+      echo "--- ${p_break[n]} / ${p_spec[n]}: its first failure, whole"
+      sed -n '3,$p' "$work/$pair.verdict" | sed 's/^/    /'
+    fi
   fi
   report+=("| \`${p_break[n]}\` | ${p_spec[n]} | \`${p_expect[n]}\` | $result |")
 done
