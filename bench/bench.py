@@ -121,6 +121,26 @@ def proc_sched_s(pid):
         return None
 
 
+def proc_wakeups(pid):
+    """Voluntary context switches of a process's live threads (each a sleep,
+    then a wake-up: in epoll_wait, poll, a futex); None when gone. The CPU a
+    relay spends per event rises with them when it is faster than the
+    walsender and each wake-up finds a few events only."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # a thread that ended between the listing and the read
+        return total
+    except OSError:
+        return None
+
+
 def proc_hwm_kb(pid):
     """Peak resident set (VmHWM) in KiB; None when gone."""
     try:
@@ -282,7 +302,7 @@ class Run:
         t_launch = time.monotonic()
         proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.cwd, env=penv)
         t_first = t_last = t_confirm = None
-        cpu = hwm = None
+        cpu = hwm = wakeups = None
         pg_pid = None
         pg_cpu0 = pg_cpu = None
         count = 0
@@ -307,8 +327,11 @@ class Run:
                     continue
             c = proc_cpu_s(proc.pid)
             h = proc_hwm_kb(proc.pid)
+            w = proc_wakeups(proc.pid)
             if c is not None and proc.poll() is None:
                 cpu, hwm = c, h
+                if w is not None:
+                    wakeups = w
             # the walsender (slot) or the relay's backend (application_name)
             if pg_pid is None:
                 if self.slot:
@@ -368,6 +391,7 @@ class Run:
             "launch_to_last_s": round(t_last - t_launch, 3) if t_last else None,
             "launch_to_slot_confirmed_s": round(t_confirm - t_launch, 3) if t_confirm else None,
             "cpu_s": round(cpu, 2) if cpu is not None else None,
+            "wakeups": wakeups,
             "peak_rss_mib": round(hwm / 1024, 1) if hwm else None,
             "pg_backend_cpu_s": round(pg_cpu - pg_cpu0, 2) if (pg_cpu is not None and pg_cpu0 is not None) else None,
         }
@@ -384,6 +408,8 @@ class Run:
         r["total_events_per_s"] = round(self.n / r["launch_to_last_s"]) if r["launch_to_last_s"] else None
         if r["cpu_s"] is not None:
             r["cpu_us_per_event"] = round(r["cpu_s"] * 1e6 / self.n, 2)
+        if wakeups is not None:
+            r["events_per_wakeup"] = round(self.n / max(1, wakeups), 1)
         if r["pg_backend_cpu_s"] is not None:
             r["pg_backend_cpu_us_per_event"] = round(r["pg_backend_cpu_s"] * 1e6 / self.n, 2)
         return r
