@@ -40,6 +40,7 @@ std::string_view name(Break b) {
     case Break::sqs_call_ok_is_delivered: return "sqs_call_ok_is_delivered";
     case Break::http_batch_not_split: return "http_batch_not_split";
     case Break::redis_place_not_reset: return "redis_place_not_reset";
+    case Break::redis_mark_past_dead_letter: return "redis_mark_past_dead_letter";
   }
   return "?";
 }

@@ -40,6 +40,7 @@ enum class Break {
   sqs_call_ok_is_delivered, // SQS: a call answered 200 counts every entry delivered, its Failed ones too
   http_batch_not_split,     // HTTP: a batch refused with a 4xx fails every record in it, not the one refused
   redis_place_not_reset,    // Redis: an entry's place in its transaction counted on from the change seen before a reconnect
+  redis_mark_past_dead_letter,  // Redis: a stream's mark moves past an event whose dead-letter copy is not stored
 };
 
 #ifdef WALRELAY_MUTATION_TESTING

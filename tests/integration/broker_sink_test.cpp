@@ -1727,6 +1727,67 @@ TEST_CASE("sinks: Redis - a transaction the walsender sends again after a lost c
   check_delivered<Redis>(f, recs, 4);
 }
 
+// helper-43's review: a later event of the transaction moved the stream's
+// mark past an event whose dead-letter copy then failed; the mapping fixed
+// before the restart, that event was "gone" (below the mark, not there) -
+// counted delivered, stored nowhere.
+TEST_CASE("sinks: Redis - an event whose dead-letter copy failed stays below every stream's mark - with its route "
+          "fixed before the restart it is dead-lettered (it cannot go before the events stored after it), never "
+          "counted delivered unstored",
+          "[redis][fault]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  auto to = Redis::topics(f);
+  auto dead = Redis::dead_letters(f);
+  const std::string cli = Redis::cli();
+  const std::string user = f.slot + "_dlq";
+  // The topics' streams and walrelay's marks, not the dead-letter stream.
+  REQUIRE(run_command(cli + "ACL SETUSER " + user + " on '>dlq-s3cret' '~" + f.topic_prefix + "*' '~walrelay:mark:*' '+@all'")
+              .status == 0);
+  struct DropUser {
+    std::string cli, user;
+    ~DropUser() { run_command(cli + "ACL DELUSER " + user); }
+  } drop{cli, user};
+  const std::map<std::string, std::string> env{{"WALRELAY_SINK_REDIS_PASSWORD", "dlq-s3cret"}};
+  const std::string cfg = Redis::config(f, "sink.redis.user=" + user + "\nerrors.tolerance=all\n"
+                                           "errors.deadletterqueue.topic.name=" + Redis::dead_letter_topic(f) +
+                                           "\nstatus.update.interval.ms=60000\n");
+  Walrelay relay(cfg, env);
+  relay.start();
+  relay.wait_streaming();
+  // x: a route no topic may have (a mapping error: its copy to the
+  // dead-letter stream, refused); y after it, stored.
+  f.db().exec("BEGIN; " + insert_event(f.table, "Bad Route!", "x", "jsonb_build_object('seq', 1)") +
+              insert_event(f.table, "Order", "y", "jsonb_build_object('seq', 2)") + " COMMIT");
+  const auto x_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE aggregateid = 'x'");
+  CHECK(relay.wait_exit(60s) == 3);
+  CHECK(relay.log().find("NOPERM") != std::string::npos);
+  auto stored = to->read(1, 20);
+  REQUIRE(stored.size() == 1);  // the premise: y is in its stream
+  REQUIRE(stored[0].key == std::optional<std::string>("y"));
+  auto y_entry = run_command(cli + "XREVRANGE '" + f.topic("Order") + "' + - COUNT 1");
+  REQUIRE(y_entry.status == 0);
+  const std::string y_entry_id = y_entry.output.substr(0, y_entry.output.find('\n'));
+  auto mark = run_command(cli + "HGET 'walrelay:mark:{" + f.topic("Order") + "}' id");
+  INFO("y's entry " << y_entry_id << ", the stream's mark: " << mark.output);
+  REQUIRE(y_entry_id.find('-') != std::string::npos);
+  CHECK(mark.output.find(y_entry_id) == std::string::npos);
+  // Granted, and x's route fixed: every event to the Order stream.
+  REQUIRE(run_command(cli + "ACL SETUSER " + user + " '~*'").status == 0);
+  Walrelay again(with_key(cfg, "route.topic.replacement", f.topic("Order")), env);
+  again.start();
+  again.wait_streaming();
+  INFO(again.log().substr(again.log().size() > 4000 ? again.log().size() - 4000 : 0));
+  std::vector<KafkaRecord> dead_recs;
+  CHECK(eventually([&] { return (dead_recs = dead->read()).size() == 1; }, 30s, 500ms));
+  REQUIRE(dead_recs.size() == 1);
+  CHECK(dead_recs[0].header("id") == x_id);
+  CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("id_conflict"));
+  auto recs = read_settled(f, *to);
+  CHECK(recs.size() == 1);
+  CHECK(again.running());
+}
+
 TEST_CASE("sinks: Redis - an event another writer's entry blocks halts, and stays held after that entry is deleted "
           "(never stored, so never counted delivered) - once the stream is free it arrives",
           "[redis][fault]") {

@@ -76,6 +76,7 @@ catchers[inflight_unbounded]='relay with a fake sink: max.inflight.records holds
 catchers[snapshot_stream_overlap]='snapshot: rows committed while the slot is made are in the snapshot or in the stream* @@ duplicates_of(seen) == 0'
 catchers[secrets_shown]='cli: --print-config shows no secret* @@ printed.output.find(password) == std::string::npos'
 catchers[redis_place_not_reset]='sinks: Redis - a transaction the walsender sends again after a lost connection* @@ seen.duplicates() == 0 @@ redis'
+catchers[redis_mark_past_dead_letter]='sinks: Redis - an event whose dead-letter copy failed stays below every stream* @@ (dead_recs = dead->read()).size() == 1 @@ redis'
 catchers[zombie_not_fenced]='fault: exactly once - two walrelays on one slot\, the active one frozen* @@ seen.duplicates() == 0'
 
 breaks=("$@")
@@ -86,7 +87,8 @@ breaks=("$@")
                              avro_decimal_rounds json_schema_draft4 ledger_unbounded redrive_read_uncommitted
                              operator_sql_simple_protocol dropped_slot_recreated inflight_unbounded
                              snapshot_stream_overlap secrets_shown zombie_not_fenced redis_ack_at_submit
-                             http_retry_releases_key sqs_call_ok_is_delivered http_batch_not_split redis_place_not_reset)
+                             http_retry_releases_key sqs_call_ok_is_delivered http_batch_not_split redis_place_not_reset
+                             redis_mark_past_dead_letter)
 
 jobs_max=${WALRELAY_MUTATION_JOBS:-2}
 time_limit=${WALRELAY_MUTATION_TIMEOUT:-600}

@@ -305,6 +305,7 @@ SubmitStatus RedisStreamsSink::submit_dead_letter(std::string_view reason, std::
   Entry e;
   e.take_dead_letter(reason, topic, key, value, headers, token, bytes);
   e.stream = redis_stream_name(config_, topic);
+  e.dead_letter = true;
   return enqueue(std::move(e));
 }
 
@@ -459,6 +460,8 @@ std::string RedisStreamsSink::take_batch_locked(std::vector<Entry>& batch) {
 void RedisStreamsSink::send_or_fail(Worker& w, std::vector<Entry>& batch, const std::string& source,
                                    std::uint64_t taken_back) {
   std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
+  if (marks_held_in_ && *marks_held_in_ <= taken_back) marks_held_in_.reset();
+  const std::size_t first_out = w.out.size();
   auto fail = [&](Entry& e, const std::string& code, const std::string& message) {
     w.poisoned = std::max(w.poisoned, e.epoch);
     w.out.push_back(Done{std::move(e), Outcome::transient, code, message});
@@ -471,9 +474,18 @@ void RedisStreamsSink::send_or_fail(Worker& w, std::vector<Entry>& batch, const 
     else to_send.push_back(std::move(e));
   }
   batch.clear();
-  if (to_send.empty()) return;
+  // A dead-letter copy's event is missing from its stream until the copy is
+  // stored: no mark moves in the round trip that carries one (the entries
+  // after it may be stored before it is).
+  const bool copy_in_batch = std::any_of(to_send.begin(), to_send.end(), [](const Entry& e) { return e.dead_letter; });
   const bool was_connected = w.ctx != nullptr;
-  send_batch(w, source, to_send);
+  if (!to_send.empty()) send_batch(w, source, to_send, !copy_in_batch);
+  for (std::size_t i = first_out; i < w.out.size(); ++i) {
+    const Done& d = w.out[i];
+    if (d.entry.dead_letter && d.outcome != Outcome::stored && d.outcome != Outcome::duplicate)
+      marks_held_in_ = std::max(marks_held_in_.value_or(0), d.entry.epoch);
+  }
+  if (to_send.empty()) return;
   for (auto& d : w.out) {
     if (d.outcome == Outcome::transient) w.poisoned = std::max(w.poisoned, d.entry.epoch);
     if (d.outcome == Outcome::record_error || d.outcome == Outcome::denied) {
@@ -490,11 +502,12 @@ void RedisStreamsSink::send_or_fail(Worker& w, std::vector<Entry>& batch, const 
 // One round trip: the append script once per stream, its entries in
 // submission order, pipelined; then WAIT when configured. Outcomes go to
 // w.out in submission order, as the relay gave them.
-void RedisStreamsSink::send_batch(Worker& w, const std::string& source, std::vector<Entry>& batch) {
+void RedisStreamsSink::send_batch(Worker& w, const std::string& source, std::vector<Entry>& batch,
+                                  bool marks_may_move) {
   std::map<std::string, std::vector<std::size_t>> by_stream;
   for (std::size_t i = 0; i < batch.size(); ++i) by_stream[batch[i].stream].push_back(i);
   if (w.sha.empty() && !load_script(w, batch)) return;
-  for (auto& [stream, indexes] : by_stream) append_command(w.ctx, append_args(w.sha, stream, indexes, batch, source));
+  for (auto& [stream, indexes] : by_stream) append_command(w.ctx, append_args(w.sha, stream, indexes, batch, source, marks_may_move));
   std::optional<std::string> broken;  // why the connection broke
   std::vector<std::pair<std::size_t, Done>> results;
   for (auto& [stream, indexes] : by_stream) {
@@ -539,11 +552,15 @@ bool RedisStreamsSink::load_script(Worker& w, std::vector<Entry>& batch) {
 // for the arguments).
 std::vector<std::string> RedisStreamsSink::append_args(const std::string& sha, const std::string& stream,
                                                        const std::vector<std::size_t>& indexes,
-                                                       const std::vector<Entry>& batch, const std::string& source) {
-  // The mark may move unless an entry of this stream was refused in an
-  // epoch not yet taken back.
+                                                       const std::vector<Entry>& batch, const std::string& source,
+                                                       bool marks_may_move) {
+  // The mark may move unless an entry of this stream was refused, or a
+  // dead-letter copy failed, in an epoch not yet taken back.
   const auto refused = refused_in_.find(stream);
-  const bool may_move = refused == refused_in_.end() || refused->second < batch[indexes.front()].epoch;
+  const std::uint64_t epoch = batch[indexes.front()].epoch;
+  const bool held = !marks_may_move || (marks_held_in_ && *marks_held_in_ >= epoch);
+  const bool may_move = (refused == refused_in_.end() || refused->second < epoch) &&
+                        (!held || mutation::active(mutation::Break::redis_mark_past_dead_letter));
   std::vector<std::string> args{"EVALSHA",    sha, "2", stream, "walrelay:mark:{" + stream + "}", std::to_string(config_.maxlen),
                                 source, may_move ? "1" : "0"};
   for (auto i : indexes) {

@@ -81,6 +81,7 @@ class RedisStreamsSink final : public Sink {
     // (to a promoted standby, another cluster) keeps the old one.
     std::shared_ptr<const std::string> source;
     bool reported = false;         // (redis_ack_at_submit) reported already
+    bool dead_letter = false;      // a dead-letter copy: every stream's mark waits for it
   };
   enum class Outcome { stored, duplicate, transient, record_error, denied };
   struct Done {
@@ -116,11 +117,11 @@ class RedisStreamsSink final : public Sink {
   void connection_lost_locked(const std::string& why);
   std::string take_batch_locked(std::vector<Entry>& batch);
   void send_or_fail(Worker& w, std::vector<Entry>& batch, const std::string& source, std::uint64_t taken_back);
-  void send_batch(Worker& w, const std::string& source, std::vector<Entry>& batch);
+  void send_batch(Worker& w, const std::string& source, std::vector<Entry>& batch, bool marks_may_move);
   bool load_script(Worker& w, std::vector<Entry>& batch);
   std::vector<std::string> append_args(const std::string& sha, const std::string& stream,
                                        const std::vector<std::size_t>& indexes, const std::vector<Entry>& batch,
-                                       const std::string& source);
+                                       const std::string& source, bool marks_may_move);
   Done verdict(Entry& e, const redisReply* reply, std::size_t k, const std::string& stream, std::string& sha);
   void wait_for_replicas(Worker& w, std::vector<std::pair<std::size_t, Done>>& results);
   void report(Done& d);
@@ -137,6 +138,12 @@ class RedisStreamsSink final : public Sink {
   // epoch then: their mark stays below it until the relay has taken back
   // what followed (a halt's drain still sends what was queued behind it).
   std::map<std::string, std::uint64_t> refused_in_;
+  // (Worker only.) The epoch of a dead-letter copy that failed: no stream's
+  // mark moves in it until the relay has taken it back. The copy's event
+  // is missing from the stream it would have gone to, and which stream that
+  // is may change with the mapping (a route fixed before a restart): a mark
+  // past it there would make it "gone" - counted delivered, stored nowhere.
+  std::optional<std::uint64_t> marks_held_in_;
   std::thread worker_;
 };
 
