@@ -605,7 +605,9 @@ RedisStreamsSink::Done RedisStreamsSink::verdict(Entry& e, const redisReply* rep
   if (status == "conflict") {
     std::string message = "stream \"" + stream + "\" is past this event's id " + e.id +
                           " and neither holds it nor was marked past it by this source (another writer's "
-                          "entries, or another database's): it cannot go there in commit order";
+                          "entries, another database's, or an event that table.include.list or "
+                          "message.prefix.include.list added to a transaction stored before): it cannot go there "
+                          "in commit order";
     return Done{std::move(e), Outcome::record_error, "id_conflict", std::move(message)};
   }
   const std::string text = status.rfind("err:", 0) == 0 ? status.substr(4) : status;
