@@ -270,6 +270,7 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"status.update.interval.ms", int_field(&Config::status_update_interval_ms, 10, 3600000)},
       {"replication.timeout.ms", int_field(&Config::replication_timeout_ms, 1000, 3600000)},
+      {"replication.bulk.read", bool_field(&Config::bulk_read)},
       {"reconnect.backoff.ms", int_field(&Config::reconnect_backoff_ms, 1, 3600000)},
       {"reconnect.backoff.max.ms", int_field(&Config::reconnect_backoff_max_ms, 1, 3600000)},
       {"slot.status.interval.ms", int_field(&Config::slot_status_interval_ms, 0, 3600000)},
@@ -1269,6 +1270,7 @@ void describe_source(const Config& c, SettingLines& line) {
   line("slot.status.interval.ms", std::to_string(c.slot_status_interval_ms));
   line("status.update.interval.ms", std::to_string(c.status_update_interval_ms));
   line("replication.timeout.ms", std::to_string(c.replication_timeout_ms));
+  line("replication.bulk.read", c.bulk_read ? "true" : "false");
   line("reconnect.backoff.ms", std::to_string(c.reconnect_backoff_ms));
   line("reconnect.backoff.max.ms", std::to_string(c.reconnect_backoff_max_ms));
   line("pgoutput.binary", c.binary ? "true" : "false");

@@ -134,6 +134,7 @@ struct Config {
   PublicationAutocreate publication_autocreate = PublicationAutocreate::filtered;
   int status_update_interval_ms = 1000;
   int replication_timeout_ms = 30000;     // silence after which the connection is declared dead
+  bool bulk_read = true;                  // replication.bulk.read: fewer wake-ups while events come in bulk
   int reconnect_backoff_ms = 500;
   int reconnect_backoff_max_ms = 30000;
   int slot_status_interval_ms = 10000;    // 0 turns the pg_replication_slots poll off

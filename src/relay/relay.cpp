@@ -766,6 +766,9 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
   HeldMessage held;
   ReadState state = ReadState::buffered;
   int since_read = 0;  // messages handled since the socket was last read
+  bulk_read_ = false;  // a new connection's socket: any byte wakes the loop
+  window_messages_ = 0;
+  window_start_ = last_received_;
   while (!stop_requested_ && !halt_reason_ && !replay_reason_) {
     co_await keep_alive(conn);
     check_producer();
@@ -787,6 +790,7 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
       case ReadState::buffered_refilled: {
         int handled = read_buffered(conn, held);
         since_read += handled;
+        note_messages(conn, handled);
         if (handled > 0) status_soon();
         if (stop_requested_ || halt_reason_ || replay_reason_) break;
         if (handled > 0 || held) {
@@ -908,9 +912,27 @@ int Relay::read_buffered(PgConnection& conn, HeldMessage& held) {
 // Waits until the socket is readable, or the status tick, a stop or a halt
 // wakes the wait; then reads what arrived into libpq's buffer.
 asio::awaitable<void> Relay::await_socket(PgConnection& conn) {
-  arm_tick(clock_.next_status);
+  auto at = clock_.next_status;
+  if (bulk_read_) at = std::min(at, std::chrono::steady_clock::now() + bulk_delay);
+  arm_tick(at);
   co_await conn.wait_readable();
   conn.consume_input();
+}
+
+// Counts the messages of the current window; at its end, turns bulk reading
+// on or off by the window's rate. Called after every read of libpq's buffer,
+// an empty one too, so a stream gone quiet turns it off within a window.
+void Relay::note_messages(PgConnection& conn, int handled) {
+  window_messages_ += handled;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - window_start_ < bulk_window) return;
+  const bool bulk = window_messages_ >= bulk_messages && config_.bulk_read;
+  window_start_ = now;
+  window_messages_ = 0;
+  if (bulk == bulk_read_) return;
+  bulk_read_ = bulk;
+  conn.set_receive_low_water(bulk ? bulk_low_water : 1);
+  spdlog::debug("{} bulk reading {}", context(), bulk ? "on" : "off");
 }
 
 // The tick wakes the socket wait when the next status update is due. Set

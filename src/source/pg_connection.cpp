@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include <sys/socket.h>
+
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -420,6 +422,12 @@ asio::awaitable<void> PgConnection::wait_readable() {
   auto sock = socket_;  // kept alive while this coroutine waits on it
   boost::system::error_code ec;
   co_await sock->async_wait(asio::posix::stream_descriptor::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+}
+
+void PgConnection::set_receive_low_water(int bytes) {
+  // Best effort: it changes only how often the loop wakes, never what it reads.
+  const int fd = conn_ ? PQsocket(conn_) : -1;
+  if (fd >= 0) (void)::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes);
 }
 
 void PgConnection::cancel_wait() {

@@ -348,3 +348,34 @@ TEST_CASE("relay: kill -9 mid-run, then a restart: every committed event is in K
   CHECK(seen.size() == static_cast<std::size_t>(total));
   INFO("duplicates after kill -9: " << recs.size() - seen.size());
 }
+
+// replication.bulk.read (the default): while events come in bulk the socket
+// wakes walrelay only once 16 KiB are queued; the tick reads what is there
+// within a millisecond. Without that tick the tail of a burst would wait for
+// the next status update (a minute here) or the server's keepalive.
+TEST_CASE("relay: bulk reading - the last events of a burst arrive without waiting for more, and a lone event after "
+          "it at once",
+          "[relay]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config("status.update.interval.ms=60000\n"));
+  relay.start();
+  relay.wait_streaming();
+  const long rows = 20000;
+  auto relayed = [&] { return relay.metric("walrelay_events_relayed_total").value_or(0); };
+  for (int burst = 0; burst < 3; ++burst) {
+    Writer writer(f.table, "Bulk", rows, 1, 0ms);
+    writer.join();
+    REQUIRE(writer.committed() == rows);
+    const double want = static_cast<double>((burst + 1) * rows + burst);
+    CHECK(eventually([&] { return relayed() >= want; }, 10s, 10ms));
+    f.db().exec(insert_event(f.table, "Bulk", "lone", "jsonb_build_object('seq', " + std::to_string(burst) + ")"));
+    CHECK(eventually([&] { return relayed() >= want + 1; }, 10s, 10ms));
+  }
+  // The premise: the bursts were read in bulk.
+  CHECK(relay.log().find("bulk reading on") != std::string::npos);
+  relay.signal(SIGTERM);  // its final status update confirms the slot
+  REQUIRE(relay.wait_exit(30s) == 0);
+  auto recs = read_all(f, f.topic("Bulk"), 30s);
+  CHECK(ids_of(recs).count.size() == static_cast<std::size_t>(3 * rows + 3));
+}

@@ -158,6 +158,7 @@ class Relay final : public StatusSource {
   boost::asio::awaitable<void> keep_alive(PgConnection& conn);
   int read_buffered(PgConnection& conn, HeldMessage& held);
   boost::asio::awaitable<void> await_socket(PgConnection& conn);
+  void note_messages(PgConnection& conn, int handled);
   void arm_tick(std::chrono::steady_clock::time_point at);
   void status_soon();
   boost::asio::awaitable<void> hold_back(std::chrono::milliseconds at_most);
@@ -286,6 +287,17 @@ class Relay final : public StatusSource {
   // Messages from one socket read above which the next read is tried before
   // waiting (a one-row transaction is 3 or 4: Begin, Relation, Insert, Commit).
   static constexpr int busy_read = 16;
+  // Bulk reading: while more than bulk_messages arrive in a bulk_window, the
+  // socket wakes the loop only once bulk_low_water bytes are queued, and the
+  // tick within bulk_delay at the latest. A walsender sends each change as
+  // soon as it is decoded, so a loop that keeps up is woken for a few events
+  // at a time, and both ends pay for every wake-up (docs/benchmarks.md,
+  // "Wake-ups: where the swing comes from"). Below that rate (6,400 messages/s: some
+  // 2,000 one-row transactions) nothing waits.
+  static constexpr int bulk_messages = 64;
+  static constexpr std::chrono::milliseconds bulk_window{10};
+  static constexpr std::chrono::microseconds bulk_delay{1000};
+  static constexpr int bulk_low_water = 16 * 1024;
 
   boost::asio::io_context& io_;
   const Config& config_;
@@ -401,6 +413,10 @@ class Relay final : public StatusSource {
   boost::asio::steady_timer dead_letter_retry_;
   bool dead_letter_retry_armed_ = false;
   SessionClock clock_;  // the streaming session's: reset by stream(), pulled in by status_soon()
+  // Bulk reading (see bulk_messages): the session's state.
+  bool bulk_read_ = false;
+  int window_messages_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
 
   // Lets a counter map be searched by string_view without building a string.
   struct TopicHash {

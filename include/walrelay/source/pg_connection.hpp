@@ -89,6 +89,9 @@ class PgConnection {
   // deadline timer armed per wait costs a timerfd update each time.
   boost::asio::awaitable<void> wait_readable();
   void cancel_wait();
+  // The socket counts as readable for wait_readable only once this many
+  // bytes are queued (1: any); a read still takes whatever is there.
+  void set_receive_low_water(int bytes);
   // Reads what the socket has into libpq's buffer; throws on a broken connection.
   void consume_input();
   // Queues a CopyData message and flushes without blocking the loop.
