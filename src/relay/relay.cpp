@@ -843,6 +843,12 @@ asio::awaitable<void> Relay::stream(PgConnection& conn) {
     }
   }
   pause_.reading_stopped = false;
+  // The end of the copy (drain's end_copy) waits on the socket with no tick:
+  // the walsender's last bytes are fewer than the low-water mark (helper-44).
+  if (bulk_read_) {
+    bulk_read_ = false;
+    conn.set_receive_low_water(1);
+  }
   co_await drain(&conn);
 }
 
@@ -925,11 +931,19 @@ asio::awaitable<void> Relay::await_socket(PgConnection& conn) {
 void Relay::note_messages(PgConnection& conn, int handled) {
   window_messages_ += handled;
   const auto now = std::chrono::steady_clock::now();
-  if (now - window_start_ < bulk_window) return;
-  const bool bulk = window_messages_ >= bulk_messages && config_.bulk_read;
+  const auto elapsed = now - window_start_;
+  if (elapsed < bulk_window) return;
+  // A rate: a window a quiet spell stretched counts its length (one large
+  // transaction after an idle minute is no bulk).
+  bool bulk = config_.bulk_read && static_cast<double>(window_messages_) * static_cast<double>(bulk_window.count()) >=
+                                       static_cast<double>(bulk_messages) *
+                                           std::chrono::duration<double, std::milli>(elapsed).count();
   window_start_ = now;
   window_messages_ = 0;
   if (bulk == bulk_read_) return;
+  // A Unix-domain socket has no low-water mark for poll: every byte wakes
+  // the loop whatever is set, and the ticks would only add wake-ups.
+  if (bulk && !conn.is_tcp()) return;
   bulk_read_ = bulk;
   conn.set_receive_low_water(bulk ? bulk_low_water : 1);
   spdlog::debug("{} bulk reading {}", context(), bulk ? "on" : "off");

@@ -430,6 +430,14 @@ void PgConnection::set_receive_low_water(int bytes) {
   if (fd >= 0) (void)::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes);
 }
 
+bool PgConnection::is_tcp() const {
+  const int fd = conn_ ? PQsocket(conn_) : -1;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return false;
+  return addr.ss_family == AF_INET || addr.ss_family == AF_INET6;
+}
+
 void PgConnection::cancel_wait() {
   boost::system::error_code ec;
   if (socket_) socket_->cancel(ec);

@@ -379,3 +379,26 @@ TEST_CASE("relay: bulk reading - the last events of a burst arrive without waiti
   auto recs = read_all(f, f.topic("Bulk"), 30s);
   CHECK(ids_of(recs).count.size() == static_cast<std::size_t>(3 * rows + 3));
 }
+
+// helper-44: the end of the copy at a stop waits on the socket with no tick;
+// left at 16 KiB, the low-water mark held the walsender's last bytes (fewer)
+// until end_copy's 2 s deadline, and the final status update went unconfirmed.
+TEST_CASE("relay: bulk reading - a stop in the middle of a burst ends the copy at once and confirms what was "
+          "acknowledged",
+          "[relay]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Walrelay relay(f.config());
+  relay.start();
+  relay.wait_streaming();
+  Writer writer(f.table, "BulkStop", std::numeric_limits<long>::max(), 1, 0ms);
+  // The premise: reading in bulk when the stop comes.
+  REQUIRE(eventually([&] { return relay.log().find("bulk reading on") != std::string::npos; }, 30s, 10ms));
+  REQUIRE(eventually([&] { return relay.metric("walrelay_events_relayed_total").value_or(0) > 5000; }, 30s, 10ms));
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit(30s) == 0);
+  writer.stop();
+  INFO(relay.log().substr(relay.log().size() > 3000 ? relay.log().size() - 3000 : 0));
+  CHECK(relay.log().find("timed out: ending replication") == std::string::npos);
+  CHECK(relay.log().find("final status update") != std::string::npos);
+}

@@ -287,9 +287,9 @@ class Relay final : public StatusSource {
   // Messages from one socket read above which the next read is tried before
   // waiting (a one-row transaction is 3 or 4: Begin, Relation, Insert, Commit).
   static constexpr int busy_read = 16;
-  // Bulk reading: while more than bulk_messages arrive in a bulk_window, the
-  // socket wakes the loop only once bulk_low_water bytes are queued, and the
-  // tick within bulk_delay at the latest. A walsender sends each change as
+  // Bulk reading: while bulk_messages or more arrive per bulk_window (a
+  // rate, over TCP), the socket wakes the loop only once bulk_low_water bytes
+  // are queued, and the tick within bulk_delay at the latest. A walsender sends each change as
   // soon as it is decoded, so a loop that keeps up is woken for a few events
   // at a time, and both ends pay for every wake-up (docs/benchmarks.md,
   // "Wake-ups: where the swing comes from"). Below that rate (6,400 messages/s: some

@@ -92,6 +92,8 @@ class PgConnection {
   // The socket counts as readable for wait_readable only once this many
   // bytes are queued (1: any); a read still takes whatever is there.
   void set_receive_low_water(int bytes);
+  // Whether the connection is TCP (a low-water mark works), not a Unix-domain socket.
+  bool is_tcp() const;
   // Reads what the socket has into libpq's buffer; throws on a broken connection.
   void consume_input();
   // Queues a CopyData message and flushes without blocking the loop.
