@@ -461,9 +461,13 @@ void RedisStreamsSink::send_or_fail(Worker& w, std::vector<Entry>& batch, const 
                                    std::uint64_t taken_back) {
   std::erase_if(refused_in_, [&](const auto& r) { return r.second <= taken_back; });
   if (marks_held_in_ && *marks_held_in_ <= taken_back) marks_held_in_.reset();
-  const std::size_t first_out = w.out.size();
+  // A dead-letter copy not stored holds every stream's mark (marks_held_in_).
+  auto hold_marks = [&](const Entry& e) {
+    if (e.dead_letter) marks_held_in_ = std::max(marks_held_in_.value_or(0), e.epoch);
+  };
   auto fail = [&](Entry& e, const std::string& code, const std::string& message) {
     w.poisoned = std::max(w.poisoned, e.epoch);
+    hold_marks(e);
     w.out.push_back(Done{std::move(e), Outcome::transient, code, message});
   };
   std::vector<Entry> to_send;
@@ -474,19 +478,15 @@ void RedisStreamsSink::send_or_fail(Worker& w, std::vector<Entry>& batch, const 
     else to_send.push_back(std::move(e));
   }
   batch.clear();
+  if (to_send.empty()) return;
   // A dead-letter copy's event is missing from its stream until the copy is
   // stored: no mark moves in the round trip that carries one (the entries
   // after it may be stored before it is).
   const bool copy_in_batch = std::any_of(to_send.begin(), to_send.end(), [](const Entry& e) { return e.dead_letter; });
   const bool was_connected = w.ctx != nullptr;
-  if (!to_send.empty()) send_batch(w, source, to_send, !copy_in_batch);
-  for (std::size_t i = first_out; i < w.out.size(); ++i) {
-    const Done& d = w.out[i];
-    if (d.entry.dead_letter && d.outcome != Outcome::stored && d.outcome != Outcome::duplicate)
-      marks_held_in_ = std::max(marks_held_in_.value_or(0), d.entry.epoch);
-  }
-  if (to_send.empty()) return;
+  send_batch(w, source, to_send, !copy_in_batch);
   for (auto& d : w.out) {
+    if (d.outcome != Outcome::stored && d.outcome != Outcome::duplicate) hold_marks(d.entry);
     if (d.outcome == Outcome::transient) w.poisoned = std::max(w.poisoned, d.entry.epoch);
     if (d.outcome == Outcome::record_error || d.outcome == Outcome::denied) {
       auto& epoch = refused_in_[d.entry.stream];
