@@ -18,7 +18,7 @@ pg_majors="${WALRELAY_PG_MAJORS:-}"
 # dpkg-query never reports as installed.)
 packages=(
   build-essential cmake ninja-build pkg-config git python3 python3-venv
-  libpq-dev librdkafka-dev libboost-dev libboost-program-options-dev libboost-regex-dev
+  libpq-dev libssl-dev librdkafka-dev libboost-dev libboost-program-options-dev libboost-regex-dev
   libsimdjson-dev nlohmann-json3-dev catch2 prometheus-cpp-dev libspdlog-dev libfmt-dev libbenchmark-dev
   libavro-dev libprotobuf-dev libprotoc-dev libcurl4-openssl-dev rapidjson-dev libvalijson-dev
   libnats-dev librabbitmq-dev nats-server rabbitmq-server libhiredis-dev redis-server

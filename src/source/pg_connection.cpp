@@ -4,12 +4,14 @@
 #include <map>
 
 #include <sys/socket.h>
+#include <openssl/ssl.h>
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <spdlog/spdlog.h>
 
 namespace walrelay {
 namespace asio = boost::asio;
@@ -63,6 +65,7 @@ void PgConnection::close() {
     PQfinish(conn_);
     conn_ = nullptr;
   }
+  tls_held_noted_ = false;
 }
 
 void PgConnection::watch_socket(bool anew) {
@@ -90,6 +93,7 @@ asio::awaitable<void> PgConnection::wait(asio::posix::stream_descriptor::wait_ty
   // Past the deadline already: a socket that is always ready would otherwise
   // complete before the timer every time, and the deadline never hold.
   if (std::chrono::steady_clock::now() >= deadline) throw PgError(std::string("timed out: ") + what, "");
+  if (type == asio::posix::stream_descriptor::wait_read && tls_holds_input()) co_return;
   struct State {
     bool done = false;
     bool timed_out = false;
@@ -419,9 +423,30 @@ void PgConnection::consume_input() {
 
 asio::awaitable<void> PgConnection::wait_readable() {
   if (!socket_) throw PgError("could not wait for replication data: no connection", "");
+  if (tls_holds_input()) co_return;
   auto sock = socket_;  // kept alive while this coroutine waits on it
   boost::system::error_code ec;
   co_await sock->async_wait(asio::posix::stream_descriptor::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+}
+
+// libpq reads one TLS record at a time, and no more of it than fits in its
+// buffer (at least 8 KiB free). PostgreSQL writes at most 8 KiB at a time, but
+// a TLS-terminating proxy or pooler may send records of 16 KiB: the rest of
+// one then waits decrypted inside OpenSSL, where a poll of the socket does not
+// see it. libpq's own blocking waits ask OpenSSL first (pqSocketCheck); so
+// does every wait here, else the end of a COPY or of an answer that sits there
+// is waited for until the next byte the server happens to send, or forever.
+bool PgConnection::tls_holds_input() {
+  if (!conn_) return false;
+  auto* ssl = static_cast<SSL*>(PQsslStruct(conn_, "OpenSSL"));
+  const int held = ssl ? SSL_pending(ssl) : 0;
+  if (held > 0 && !tls_held_noted_) {
+    tls_held_noted_ = true;
+    spdlog::debug("{} bytes of a TLS record wait inside OpenSSL, unseen by the socket: read without waiting (noted "
+                  "once per connection)",
+                  held);
+  }
+  return held > 0;
 }
 
 void PgConnection::set_receive_low_water(int bytes) {

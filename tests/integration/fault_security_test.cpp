@@ -57,6 +57,39 @@ struct TempDir {
   }
 };
 
+// In `d`: a CA (ca.crt), a server certificate for 127.0.0.1 signed by it
+// (server.crt, server.key), and an unrelated CA (other.crt).
+void make_certificates(const std::string& d) {
+  sh("cd " + d + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 "
+     "-subj '/CN=walrelay fault test CA' 2>&1 && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key "
+     "-out other.crt -days 2 -subj '/CN=another CA' 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key "
+     "-out server.csr -subj '/CN=127.0.0.1' 2>&1 && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext && "
+     "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 "
+     "-extfile ext 2>&1");
+}
+
+// tests/integration/tls/proxy.py in front of the test's PostgreSQL: TLS to
+// the client with the certificate of make_certificates(d), plain TCP to the
+// server, in TLS records of 16 KiB.
+struct TlsProxy {
+  std::string dir, port;
+  explicit TlsProxy(const std::string& d) : dir(d) {
+    sh("cd " + d + " && { nohup " + test_python() + " " + WALRELAY_SOURCE_DIR +
+       "/tests/integration/tls/proxy.py --cert server.crt --key server.key --upstream-port " +
+       Services::get().pg_port + " --port-file proxy.port > proxy.log 2>&1 & echo $! > proxy.pid; }");
+    if (!eventually([&] { return fs::exists(dir + "/proxy.port"); }, 30s, 50ms)) {
+      const auto log = run_command("cat " + dir + "/proxy.log").output;
+      stop();
+      FAIL("the TLS proxy did not start: " << log);
+    }
+    port = sh("cat " + dir + "/proxy.port");
+  }
+  void stop() { run_command("kill $(cat " + dir + "/proxy.pid) 2>/dev/null"); }
+  ~TlsProxy() { stop(); }
+  TlsProxy(const TlsProxy&) = delete;
+  TlsProxy& operator=(const TlsProxy&) = delete;
+};
+
 // A SASL/PLAIN broker of the test's own (scripts/fault/kafka-sasl.sh) for
 // the life of the object; `env` is put before the script (its settings).
 struct SaslBroker {
@@ -136,13 +169,7 @@ TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a
   TempDir tmp;
   const auto& svc = Services::get();
   auto d = tmp.path.string();
-  // A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA.
-  sh("cd " + d + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 "
-     "-subj '/CN=walrelay fault test CA' 2>&1 && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key "
-     "-out other.crt -days 2 -subj '/CN=another CA' 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key "
-     "-out server.csr -subj '/CN=127.0.0.1' 2>&1 && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext && "
-     "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 "
-     "-extfile ext 2>&1");
+  make_certificates(d);
   auto data = fs::path(svc.pg_data);
   // Owned by whoever runs the server (postgres when the services run as root).
   std::string owner = "$(stat -c %U " + data.string() + ")";
@@ -172,6 +199,64 @@ TEST_CASE("fault: security: TLS to PostgreSQL with sslmode=verify-full against a
                       "slot_name = '" + f.slot + "')") == "t");
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
+}
+
+// libpq reads no more of a TLS record than fits in its buffer; the rest waits
+// inside OpenSSL, where a poll of the socket does not see it. PostgreSQL's
+// records are small enough never to leave any, a TLS-terminating proxy's may
+// not be: walrelay waited on the socket for bytes already read, at the end of
+// the snapshot's COPY for ever, at the end of a burst until the walsender's
+// next keepalive.
+TEST_CASE("fault: security: TLS through a proxy that sends 16 KiB records - the snapshot ends and the last events "
+          "of each burst arrive at once",
+          "[fault][security]") {
+  Fixture f;
+  TempDir tmp;
+  const auto d = tmp.path.string();
+  make_certificates(d);
+  TlsProxy proxy(d);
+  create_outbox(f.db(), f.table, "bigint");
+  const long rows = 20000;
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'Tls', 'k' || (g % 16), "
+              "'x', jsonb_build_object('seq', g, 'pad', repeat('p', 50 + g % 200)) FROM generate_series(0, " +
+              std::to_string(rows - 1) + ") g");
+  // Through the proxy, which only speaks TLS after libpq asked for it:
+  // verify-full proves the connections are TLS. Bulk reading off, and no
+  // status update for a minute: nothing but the data wakes the loop.
+  auto cfg = with_key(f.config("database.sslmode=verify-full\ndatabase.sslrootcert=" + d +
+                               "/ca.crt\nsnapshot.mode=initial\nreplication.bulk.read=false\n"
+                               "status.update.interval.ms=60000\n"),
+                      "database.port", proxy.port);
+  cfg = with_key(with_key(cfg, "database.hostname", "127.0.0.1"), "log.level", "debug");
+  Walrelay relay(cfg);
+  relay.start();
+  auto relayed = [&] { return relay.metric("walrelay_events_relayed_total").value_or(0); };
+  // Without the fix the snapshot never ends (the COPY's end stays in OpenSSL).
+  REQUIRE(eventually(
+      [&] { return relay.this_run_log().find("streaming:") != std::string::npos || !relay.running(); }, 60s,
+      50ms));
+  REQUIRE(relay.running());
+  CHECK(relay.this_run_log().find("initial snapshot done") != std::string::npos);
+  long want = rows;
+  for (int burst = 0; burst < 3; ++burst) {
+    // One transaction of events a few KiB each, then a lone event: every one
+    // arrives long before the walsender's keepalive (wal_sender_timeout / 2).
+    const long events = 300;
+    f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'Tls', 'k' || "
+                "(g % 16), 'x', jsonb_build_object('seq', g, 'pad', repeat('q', 1000 + (g * 37) % 3000)) FROM "
+                "generate_series(" + std::to_string(want) + ", " + std::to_string(want + events - 1) + ") g");
+    want += events;
+    CHECK(eventually([&] { return relayed() >= static_cast<double>(want); }, 10s, 10ms));
+    f.db().exec(insert_event(f.table, "Tls", "lone", "jsonb_build_object('seq', " + std::to_string(want) + ")"));
+    ++want;
+    CHECK(eventually([&] { return relayed() >= static_cast<double>(want); }, 10s, 10ms));
+  }
+  // The premise: OpenSSL did hold bytes that libpq had not read.
+  CHECK(relay.log().find("wait inside OpenSSL") != std::string::npos);
+  relay.signal(SIGTERM);
+  REQUIRE(relay.wait_exit(30s) == 0);
+  auto recs = read_topic(f.topic("Tls"), static_cast<std::size_t>(want), 60s);
+  CHECK(ids_of(recs).count.size() == static_cast<std::size_t>(want));
 }
 
 TEST_CASE("fault: security: SASL/PLAIN to Kafka - the SASL password is never shown - a wrong one is not ready",

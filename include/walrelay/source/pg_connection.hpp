@@ -94,6 +94,9 @@ class PgConnection {
   void set_receive_low_water(int bytes);
   // Whether the connection is TCP (a low-water mark works), not a Unix-domain socket.
   bool is_tcp() const;
+  // Input decrypted by OpenSSL that libpq has not read: the socket may never
+  // become readable for it, so the waits return at once.
+  bool tls_holds_input();
   // Reads what the socket has into libpq's buffer; throws on a broken connection.
   void consume_input();
   // Queues a CopyData message and flushes without blocking the loop.
@@ -132,6 +135,7 @@ class PgConnection {
   PGconn* conn_ = nullptr;
   // Watches libpq's socket; released, never closed, because libpq owns the fd.
   std::shared_ptr<boost::asio::posix::stream_descriptor> socket_;
+  bool tls_held_noted_ = false;  // tls_holds_input() logged it on this connection
 };
 
 // "could not X: <first line of libpq's message>"
