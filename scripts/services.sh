@@ -27,7 +27,7 @@
 #   scripts/services.sh registry-stop|registry-start   the registry only, back on its port (its
 #                                              schemas are lost: it keeps them in memory)
 #   scripts/services.sh pg-restart [fast|immediate]
-#   scripts/services.sh standby start|promote|stop [fast|immediate]   a streaming physical standby
+#   scripts/services.sh standby start|promote|unsync|stop [fast|immediate]   a streaming physical standby
 #   scripts/services.sh primary stop [fast|immediate]   the primary only (failover tests); `start pg`
 #                                              brings it back on the same port
 #
@@ -829,8 +829,11 @@ case "${1:-}" in
     case "${2:-}" in
       start) standby_start ;;
       promote) standby_promote ;;
+      # The primary no longer waits for the standby before logical decoding
+      # sends WAL on (17+): an asynchronous failover may lose what was relayed.
+      unsync) primary_standby_conf "" ;;
       stop) standby_stop "${3:-fast}" ;;
-      *) echo "usage: $0 standby start|promote|stop [fast|immediate]" >&2; exit 2 ;;
+      *) echo "usage: $0 standby start|promote|unsync|stop [fast|immediate]" >&2; exit 2 ;;
     esac
     write_env ;;
   primary)

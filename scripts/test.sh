@@ -127,6 +127,7 @@ ha_tests() {  # the hidden Catch tests a major runs
   echo "failover: without a failover slot*"
   ((m >= 16)) && echo "failover: walrelay on a hot standby*"
   ((m >= 17)) && echo "failover: a failover slot survives*"
+  ((m >= 17)) && echo "failover: an asynchronous failover that loses relayed WAL*"
   return 0
 }
 # One major: its version tests (not on 15, which ran them all above) and

@@ -465,6 +465,7 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
                               config_.slot_name};
   sink_.source_identified(source);
   auto facts = co_await check_source(conn, source.system);
+  rebase_on_new_server(source, facts);
 
   // The server's WAL reaches at least here: IDENTIFY_SYSTEM's position, or
   // past it the consistent point of a slot made since (where an exactly-once
@@ -486,6 +487,36 @@ asio::awaitable<void> Relay::prepare(PgConnection& conn) {
   spdlog::info("slot={} streaming: {}", config_.slot_name, cmd);
   holds_slot_ = true;
   set_state(RelayState::streaming);
+}
+
+// At least once, a session on another server than the last one's in this
+// process: a promoted standby (a new timeline), or another system behind the
+// same address. The ledger's position is the old server's. After an
+// asynchronous failover the new timeline forks below it, and the first
+// status update would confirm the new server's slot past transactions it is
+// about to send: a crash, a replay or a cleaning of the outbox then loses
+// them. So every record in flight settles first (a replay, as after a
+// delivery failure; the next session comes back here), then the ledger
+// starts from the new slot's confirmed position. Exactly once checks its
+// committed position against the new timeline's history instead
+// (take_over_position).
+void Relay::rebase_on_new_server(const SourceIdentity& source, const ServerFacts& facts) {
+  const bool changed =
+      last_source_ && (last_source_->system != source.system || last_source_->timeline != source.timeline);
+  if (changed && !transactional_) {
+    const std::string what = "walrelay is connected to another server than before (systemid " +
+                             last_source_->system + " timeline " + last_source_->timeline + ", now systemid " +
+                             source.system + " timeline " + source.timeline + ")";
+    if (ledger_.inflight_records() > 0) {
+      replay(what + ": positions of the old one mean nothing here");
+      throw PgError(what + "; every record in flight settles before it streams", "");
+    }
+    const Lsn start = facts.slot.confirmed_flush_lsn.value_or(Lsn{});
+    spdlog::warn("slot={} {}: confirming from this server's slot position {}, not from {}, the old server's",
+                 config_.slot_name, what, start.to_string(), ledger_.flushed().to_string());
+    ledger_.reset(start);
+  }
+  last_source_ = source;
 }
 
 // The catalog's checks (the server, the tables, the slot) that stop the
@@ -646,6 +677,14 @@ asio::awaitable<void> Relay::take_over_position(PgConnection& conn, const Source
                 source.system + " (a restore, a new cluster, or another database under the same name?): "
                 "walrelay will not skip events by another cluster's position. Use a new "
                 "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
+  if (committed && wal_reached && committed->end_lsn > *wal_reached) {
+    // IDENTIFY_SYSTEM's position was read before the slot was ours: the
+    // walrelay that held it until then (a standby of this one, taking over)
+    // may have committed a later position meanwhile. All it was ever sent
+    // lies below the server's WAL as it is now.
+    const std::optional<Lsn> now = co_await wal_end_now();
+    if (now && *now > *wal_reached) wal_reached = now;
+  }
   if (committed) {
     if (auto problem = committed_position_problem(config_, *committed, wal_reached, source.timeline, history))
       throw Fatal(*problem);
@@ -658,6 +697,25 @@ asio::awaitable<void> Relay::take_over_position(PgConnection& conn, const Source
     spdlog::info("slot={} exactly once: source transactions ending at or before {} are in Kafka already: skipped",
                  config_.slot_name, committed->end_lsn.to_string());
   }
+}
+
+// The end of the server's WAL now (flushed, or received on a standby), from
+// a connection of its own: the replication connection is in COPY BOTH.
+// nullopt when it cannot be read; the caller keeps what it had.
+asio::awaitable<std::optional<Lsn>> Relay::wal_end_now() {
+  std::optional<Lsn> end;
+  try {
+    PgConnection side(io_);
+    co_await side.connect(config_.conninfo(false), std::chrono::milliseconds(config_.database_connect_timeout_ms));
+    auto r = co_await side.query(
+        "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN GREATEST(pg_catalog.pg_last_wal_receive_lsn(), "
+        "pg_catalog.pg_last_wal_replay_lsn()) ELSE pg_catalog.pg_current_wal_flush_lsn() END)::text");
+    end = Lsn::parse(r.rows.empty() ? std::string() : r.rows[0][0].value_or(""));
+    side.close();
+  } catch (const PgError& e) {
+    spdlog::warn("slot={} could not read the end of the server's WAL again: {}", config_.slot_name, e.what());
+  }
+  co_return end;
 }
 
 // Exactly once: takes over the transactional producer and reads the committed

@@ -202,3 +202,94 @@ TEST_CASE("failover: without a failover slot the promoted standby has no slot - 
   Db promoted("", standby.port);
   CHECK(promoted.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "0");
 }
+
+// An asynchronous failover that loses WAL walrelay had relayed: the standby
+// stopped receiving, the primary did not wait for it, walrelay sent the
+// primary's last events and confirmed them there. The promoted server's
+// timeline forks below that position, so the new events it sends lie below
+// it too: the position of the old server must not confirm them on the new
+// one before the broker has them (a crash, a replay or a cleaning of the
+// outbox would then lose them).
+TEST_CASE("failover: an asynchronous failover that loses relayed WAL - the promoted server's slot is confirmed only "
+          "past what it sent and Kafka acknowledged",
+          "[.failover]") {
+  if (Services::pg_major() < 17) FAIL("failover slots need PostgreSQL 17 or later");
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  Standby standby;
+  const auto& s = Services::get();
+  const std::string config =
+      with_key(with_key(f.config("slot.failover=true\nreconnect.backoff.max.ms=1000\nstatus.update.interval.ms=200\n"),
+                        "database.hostname", s.pg_host + "," + s.pg_host),
+               "database.port", s.pg_port + "," + standby.port);
+  Walrelay relay(config);
+  relay.start();
+  relay.wait_streaming();
+  Db on_standby("", standby.port);
+  REQUIRE(eventually(
+      [&] {
+        f.db().exec(insert_event(f.table, "Fork", "warm-up", "jsonb_build_object('seq', -1)"));
+        f.db().exec("SELECT pg_log_standby_snapshot()");
+        return on_standby.scalar("SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '" +
+                                 f.slot + "'") == "t";
+      },
+      90s, 500ms));
+
+  // The standby stops receiving WAL (its slot's copy stops with it), and the
+  // primary no longer holds logical decoding back for it.
+  Services::control("standby unsync");
+  on_standby.exec("ALTER SYSTEM SET primary_conninfo = ''");
+  on_standby.exec("SELECT pg_reload_conf()");
+  REQUIRE(eventually(
+      [&] {
+        return f.db().scalar("SELECT count(*) FROM pg_stat_replication WHERE application_name = "
+                             "'walrelay_standby'") == "0";
+      },
+      30s, 100ms));
+  // The primary writes on; walrelay relays it and confirms it there.
+  f.db().exec("INSERT INTO " + f.table + " (aggregatetype, aggregateid, type, payload) SELECT 'Lost', 'k' || (g % "
+              "4), 'x', jsonb_build_object('seq', g, 'pad', repeat('p', 1000)) FROM generate_series(1, 3000) g");
+  const auto relayed_end = f.db().current_wal_lsn();
+  REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= relayed_end; }, 60s, 100ms));
+
+  auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
+  Services::control("primary stop immediate");
+  Services::control("standby promote");
+  Db promoted("", standby.port);
+  wait_streaming_after(relay, streams, 120s);
+  const auto fork_start = promoted.current_wal_lsn();
+  // The premise: the new timeline's WAL lies below what walrelay confirmed.
+  REQUIRE(fork_start < relayed_end);
+
+  {
+    // Kafka frozen: the promoted server's events stay unacknowledged while
+    // walrelay reads them and sends status updates.
+    BrokerFreeze frozen;
+    // Idle before them, walrelay may confirm up to here (the walsender's
+    // keepalives), never further.
+    const auto before_events = promoted.current_wal_lsn();
+    for (int i = 0; i < 20; ++i)
+      promoted.exec(insert_event(f.table, "Fork", "k" + std::to_string(i % 4),
+                                 "jsonb_build_object('seq', " + std::to_string(i) + ")"));
+    const auto written = promoted.current_wal_lsn();
+    REQUIRE(written < relayed_end);
+    REQUIRE(eventually([&] { return relay.metric("walrelay_received_lsn").value_or(0) >= written; }, 30s, 50ms));
+    const double updates = relay.metric("walrelay_status_updates_total").value_or(0);
+    REQUIRE(eventually([&] { return relay.metric("walrelay_status_updates_total").value_or(0) >= updates + 3; }, 30s,
+                       50ms));
+    INFO("fork at " << fork_start << ", relayed to " << relayed_end << ", events from " << before_events
+                    << ", promoted slot confirmed " << promoted.confirmed_flush(f.slot));
+    CHECK(promoted.confirmed_flush(f.slot) <= before_events);
+  }
+  // Thawed: every event of the promoted server arrives, and then the slot
+  // follows.
+  const auto end = promoted.current_wal_lsn();
+  REQUIRE(eventually([&] { return promoted.confirmed_flush(f.slot) >= end; }, 120s, 100ms));
+  auto recs = read_topic(f.topic("Fork"), 1);
+  auto seen = ids_of(recs);
+  CHECK(missing_ids(promoted, f.table, seen).empty());
+  CHECK(relay.log().find("another server than before") != std::string::npos);
+  relay.signal(SIGTERM);
+  CHECK(relay.wait_exit() == 0);
+  promoted.exec("SELECT pg_drop_replication_slot('" + f.slot + "')");
+}

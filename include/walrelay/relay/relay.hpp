@@ -141,9 +141,11 @@ class Relay final : public StatusSource {
   void replay_after_session(bool streamed);
   boost::asio::awaitable<void> prepare(PgConnection& conn);
   boost::asio::awaitable<ServerFacts> check_source(PgConnection& conn, const std::string& system);
+  void rebase_on_new_server(const SourceIdentity& source, const ServerFacts& facts);
   boost::asio::awaitable<bool> prepare_slot(PgConnection& conn, const ServerFacts& facts, const SourceIdentity& source,
                                             std::optional<pgoutput::Lsn>& wal_reached);
   boost::asio::awaitable<std::string> start_replication(PgConnection& conn);
+  boost::asio::awaitable<std::optional<pgoutput::Lsn>> wal_end_now();
   boost::asio::awaitable<void> take_over_position(PgConnection& conn, const SourceIdentity& source,
                                                   const ServerFacts& facts, std::optional<pgoutput::Lsn> wal_reached,
                                                   const std::string& history);
@@ -345,6 +347,7 @@ class Relay final : public StatusSource {
   std::uint64_t failed_records_ = 0;      // delivery failed for good, not dead-lettered: never acked
   int exit_code_ = exit_ok;
   int sessions_streamed_ = 0;             // > 0: the slot existed and we read from it
+  std::optional<SourceIdentity> last_source_;  // the server of the last session (rebase_on_new_server)
   // The initial snapshot's progress (/slot), kept once done.
   struct SnapshotProgress {
     bool done = false;
