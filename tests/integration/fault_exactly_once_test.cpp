@@ -207,6 +207,82 @@ TEST_CASE("fault: exactly once - two walrelays on one slot, the active one froze
   check_exactly_once(f, f.topic("EosZombie"));
 }
 
+// The standby's IDENTIFY_SYSTEM comes before the slot is free: the walrelay
+// that still holds it commits positions past that WAL end meanwhile. The
+// campaign's seed 78552574 and the test above met it by chance: the standby
+// halted, "lies past the end of this server's WAL", over a position of the
+// same server's history.
+TEST_CASE("fault: exactly once - a standby that read the server's WAL end before the active walrelay committed past "
+          "it takes over: no halt, nothing twice",
+          "[fault][eos]") {
+  Fixture f;
+  create_outbox(f.db(), f.table, "bigint");
+  const std::string config = eos_config(f);
+  Walrelay first(config);
+  first.start();
+  first.wait_streaming();
+  Walrelay second(config);
+  second.start();
+  REQUIRE(eventually([&] { return second.get("/slot").body.find("\"standby\"") != std::string::npos; }, 20s));
+  // The standby frozen between its IDENTIFY_SYSTEM and its look at the slot
+  // (it tries every 2 s; a try that froze too late is thawed and another
+  // waited for).
+  const std::string connected = "info connected: ";
+  std::optional<Frozen> frozen_second;
+  std::uint64_t xlogpos = 0;
+  std::size_t tries = 0;
+  for (int attempt = 0; attempt < 40 && !frozen_second; ++attempt) {
+    const auto before = count_of(second.log(), connected);
+    REQUIRE(eventually([&] { return count_of(second.log(), connected) > before; }, 10s, 1ms));
+    frozen_second.emplace(second);
+    const auto log = second.log();
+    const auto at = log.rfind(connected);
+    if (log.find("standby:", at) != std::string::npos || log.find("streaming:", at) != std::string::npos) {
+      frozen_second.reset();  // too late: thawed
+      continue;
+    }
+    const auto pos = log.find("xlogpos=", at);
+    REQUIRE(pos != std::string::npos);
+    xlogpos = parse_lsn(log.substr(pos + 8, log.find(' ', pos) - pos - 8));
+    tries = count_of(log, connected);
+  }
+  REQUIRE(frozen_second);
+  // The active one commits a position past that end.
+  for (int i = 0; i < 20; ++i)
+    f.db().exec(insert_event(f.table, "EosStale", "k" + std::to_string(i % 4), "jsonb_build_object('seq', " +
+                                                                                    std::to_string(i) + ")"));
+  const auto written = f.db().current_wal_lsn();
+  REQUIRE(written > xlogpos);
+  REQUIRE(eventually(
+      [&] { return first.metric("walrelay_exactly_once_committed_lsn").value_or(0) > static_cast<double>(xlogpos); },
+      30s, 50ms));
+  // Then it loses the slot and stays off it; the standby goes on from where
+  // it was frozen and takes the slot in the same try.
+  Frozen frozen_first(first);
+  REQUIRE(f.db().scalar("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" +
+                        f.slot + "'") == "t");
+  REQUIRE(eventually([&] {
+    return f.db().scalar("SELECT active FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'") == "f";
+  }, 30s));
+  const auto streams = count_of(second.log(), "streaming: START_REPLICATION");
+  frozen_second.reset();
+  wait_streaming_after(second, streams, 60s);
+  // The premise: it took the slot in the try that was frozen.
+  const auto log = second.log();
+  CHECK(count_of(log.substr(0, log.rfind("streaming: START_REPLICATION")), connected) == tries);
+  CHECK(second.log().find("lies past the end") == std::string::npos);
+  for (int i = 20; i < 40; ++i)
+    f.db().exec(insert_event(f.table, "EosStale", "k" + std::to_string(i % 4), "jsonb_build_object('seq', " +
+                                                                                    std::to_string(i) + ")"));
+  // Thawed, the first finds the slot taken: a standby now, or fenced if it
+  // still had a Kafka transaction open.
+  frozen_first.thaw();
+  check_exactly_once(f, f.topic("EosStale"));
+  CHECK(second.running());
+  first.signal(SIGTERM);
+  first.wait_exit(60s);
+}
+
 TEST_CASE("fault: exactly once - a walrelay kept off the slot while another took the transactional.id over takes "
           "both back with a new producer: it keeps streaming, nothing twice",
           "[fault][eos]") {

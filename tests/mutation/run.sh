@@ -303,12 +303,15 @@ for n in "${!p_break[@]}"; do
     bad=$((bad + 1))
     missed+=("  ${p_break[n]} / ${p_spec[n]}: ${result:0:300}")
   fi
-  if [[ $result != caught* && -f $work/$pair.log ]]; then
-    echo "--- ${p_break[n]} / ${p_spec[n]}: the end of its output"
-    tail -n 20 "$work/$pair.log" | sed 's/^/    /'
-    if [[ $(sed -n '3,$p' "$work/$pair.verdict") ]]; then
+  # The run that went wrong: the baseline when it failed, else the break's.
+  failed_run=$pair
+  [[ $result != "ERROR: the baseline"* ]] || failed_run=$base
+  if [[ $result != caught* && -f $work/$failed_run.log ]]; then
+    echo "--- ${p_break[n]} / ${p_spec[n]}: the end of the ${failed_run%%.*} run's output"
+    tail -n 20 "$work/$failed_run.log" | sed 's/^/    /'
+    if [[ $(sed -n '3,$p' "$work/$failed_run.verdict") ]]; then
       echo "--- ${p_break[n]} / ${p_spec[n]}: its first failure, whole"
-      sed -n '3,$p' "$work/$pair.verdict" | sed 's/^/    /'
+      sed -n '3,$p' "$work/$failed_run.verdict" | sed 's/^/    /'
     fi
   fi
   report+=("| \`${p_break[n]}\` | ${p_spec[n]} | \`${p_expect[n]}\` | $result |")
