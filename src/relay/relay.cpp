@@ -515,6 +515,10 @@ void Relay::rebase_on_new_server(const SourceIdentity& source, const ServerFacts
     spdlog::warn("slot={} {}: confirming from this server's slot position {}, not from {}, the old server's",
                  config_.slot_name, what, start.to_string(), ledger_.flushed().to_string());
     ledger_.reset(start);
+    // What was received from the old server is no position on this one
+    // (status updates' write field, walrelay_received_lsn, the lag).
+    received_lsn_ = start;
+    stream_wal_end_ = start;
   }
   last_source_ = source;
 }
@@ -670,6 +674,14 @@ asio::awaitable<std::string> Relay::start_replication(PgConnection& conn) {
 asio::awaitable<void> Relay::take_over_position(PgConnection& conn, const SourceIdentity& source,
                                                 const ServerFacts& facts, std::optional<Lsn> wal_reached,
                                                 const std::string& history) {
+  // The WAL end as it is now that the slot is ours: IDENTIFY_SYSTEM's was
+  // read before, and the walrelay that held the slot until then (a standby
+  // of this one taking over) may have committed a later position meanwhile;
+  // all it was ever sent lies below this. Read before the position (which
+  // can take seconds), so that a database restored on the same timeline
+  // cannot write its way past a position it does not hold in the meantime.
+  const std::optional<Lsn> now = co_await wal_end_now();
+  if (now && (!wal_reached || *now > *wal_reached)) wal_reached = now;
   std::optional<CommittedPosition> committed = co_await recover_position(conn, source);
   if (committed && !committed->system.empty() && committed->system != source.system)
     throw Fatal("offsets.storage.topic: the position committed for " + config_.transactional_id() +
@@ -677,14 +689,6 @@ asio::awaitable<void> Relay::take_over_position(PgConnection& conn, const Source
                 source.system + " (a restore, a new cluster, or another database under the same name?): "
                 "walrelay will not skip events by another cluster's position. Use a new "
                 "kafka.transactional.id, or delete the position, once you know which events are in Kafka");
-  if (committed && wal_reached && committed->end_lsn > *wal_reached) {
-    // IDENTIFY_SYSTEM's position was read before the slot was ours: the
-    // walrelay that held it until then (a standby of this one, taking over)
-    // may have committed a later position meanwhile. All it was ever sent
-    // lies below the server's WAL as it is now.
-    const std::optional<Lsn> now = co_await wal_end_now();
-    if (now && *now > *wal_reached) wal_reached = now;
-  }
   if (committed) {
     if (auto problem = committed_position_problem(config_, *committed, wal_reached, source.timeline, history))
       throw Fatal(*problem);

@@ -237,8 +237,14 @@ TEST_CASE("fault: exactly once - a standby that read the server's WAL end before
     frozen_second.emplace(second);
     const auto log = second.log();
     const auto at = log.rfind(connected);
-    if (log.find("standby:", at) != std::string::npos || log.find("streaming:", at) != std::string::npos) {
-      frozen_second.reset();  // too late: thawed
+    // Too late once its walsender was asked to START_REPLICATION (helper-46:
+    // the answer may not be in the log yet): thawed, and the next try waited for.
+    const bool asked = f.db().scalar("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender' AND "
+                                     "pid IS DISTINCT FROM (SELECT active_pid FROM pg_replication_slots WHERE "
+                                     "slot_name = '" + f.slot + "') AND query LIKE 'START_REPLICATION SLOT %' AND "
+                                     "query LIKE '%" + f.slot + "%'") != "0";
+    if (asked || log.find("standby:", at) != std::string::npos || log.find("streaming:", at) != std::string::npos) {
+      frozen_second.reset();
       continue;
     }
     const auto pos = log.find("xlogpos=", at);

@@ -253,8 +253,20 @@ TEST_CASE("failover: an asynchronous failover that loses relayed WAL - the promo
   REQUIRE(eventually([&] { return f.db().confirmed_flush(f.slot) >= relayed_end; }, 60s, 100ms));
 
   auto streams = count_of(relay.log(), "streaming: START_REPLICATION");
-  Services::control("primary stop immediate");
-  Services::control("standby promote");
+  {
+    // Records of the old primary still in flight at the failover: they
+    // settle before walrelay streams from the promoted server.
+    BrokerFreeze frozen;
+    for (int i = 0; i < 10; ++i)
+      f.db().exec(insert_event(f.table, "Lost", "in-flight", "jsonb_build_object('seq', " + std::to_string(5000 + i) +
+                                                                 ")"));
+    REQUIRE(eventually([&] { return relay.metric("walrelay_inflight_records").value_or(0) >= 10; }, 30s, 50ms));
+    Services::control("primary stop immediate");
+    Services::control("standby promote");
+    REQUIRE(eventually([&] { return relay.log().find("every record in flight settles") != std::string::npos; },
+                       120s, 100ms));
+    CHECK(count_of(relay.log(), "streaming: START_REPLICATION") == streams);
+  }
   Db promoted("", standby.port);
   wait_streaming_after(relay, streams, 120s);
   const auto fork_start = promoted.current_wal_lsn();
@@ -273,7 +285,9 @@ TEST_CASE("failover: an asynchronous failover that loses relayed WAL - the promo
                                  "jsonb_build_object('seq', " + std::to_string(i) + ")"));
     const auto written = promoted.current_wal_lsn();
     REQUIRE(written < relayed_end);
-    REQUIRE(eventually([&] { return relay.metric("walrelay_received_lsn").value_or(0) >= written; }, 30s, 50ms));
+    // Read and handed to the frozen broker (helper-46: walrelay_received_lsn
+    // would show the old server's position, proving nothing).
+    REQUIRE(eventually([&] { return relay.metric("walrelay_inflight_records").value_or(0) >= 20; }, 30s, 50ms));
     const double updates = relay.metric("walrelay_status_updates_total").value_or(0);
     REQUIRE(eventually([&] { return relay.metric("walrelay_status_updates_total").value_or(0) >= updates + 3; }, 30s,
                        50ms));
