@@ -336,8 +336,11 @@ class Redrive {
       sink_.poll();
       // Every second, also while waiting for acknowledgements: what settled
       // is committed, so that a kill sends again only what had not.
+      // Waited for (up to 2 s): once the progress line is out, the commit
+      // it follows is at the broker, and a kill right after it finds the
+      // offsets it names rather than one still on its way.
       if (std::chrono::steady_clock::now() - last_commit_ >= 1s) {
-        commit(false);
+        commit(false, 2s);
         spdlog::info("redrive: {} of {} read, {} sent on, {} back to {}", read_, waiting_, redriven_, returned_, dlq_);
       }
       if (pending_.size() >= static_cast<std::size_t>(config_.max_inflight_records)) {
@@ -496,8 +499,11 @@ class Redrive {
   }
 
   // Commits each partition's offset up to its first unsettled record, never
-  // past it: a kill sends again only what was not acknowledged.
-  void commit(bool sync) {
+  // past it: a kill sends again only what was not acknowledged. `sync`
+  // waits for the answer however long it takes (the last commit); else up to
+  // `wait` (a broker that does not answer never stalls the loop for long:
+  // the commit goes on in the background, and a later one supersedes it).
+  void commit(bool sync, std::chrono::milliseconds wait = {}) {
     if (o_.dry_run) return;
     auto list = new_list(static_cast<int>(next_.size()));
     for (auto& [p, off] : consumed_) {
@@ -505,9 +511,26 @@ class Redrive {
       if (mutation::active(mutation::Break::redrive_commit_early)) upto = off;
       rd_kafka_topic_partition_list_add(list.get(), dlq_.c_str(), p)->offset = upto;
     }
-    if (auto e = rd_kafka_commit(consumer_.get(), list.get(), sync ? 0 : 1))
-      spdlog::warn("redrive: could not commit the offsets of {}: {}", group_, rd_kafka_err2str(e));
     last_commit_ = std::chrono::steady_clock::now();
+    if (sync) {
+      if (auto e = rd_kafka_commit(consumer_.get(), list.get(), 0))
+        spdlog::warn("redrive: could not commit the offsets of {}: {}", group_, rd_kafka_err2str(e));
+      return;
+    }
+    rd_kafka_queue_t* answers = rd_kafka_queue_new(consumer_.get());
+    if (auto e = rd_kafka_commit_queue(consumer_.get(), list.get(), answers, nullptr, nullptr)) {
+      if (e != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        spdlog::warn("redrive: could not commit the offsets of {}: {}", group_, rd_kafka_err2str(e));
+    } else if (rd_kafka_event_t* ev = rd_kafka_queue_poll(answers, static_cast<int>(wait.count()))) {
+      const auto err = rd_kafka_event_error(ev);
+      if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        spdlog::warn("redrive: could not commit the offsets of {}: {}", group_, rd_kafka_event_error_string(ev));
+      rd_kafka_event_destroy(ev);
+    } else {
+      spdlog::warn("redrive: the broker has not answered a commit of {}'s offsets within {} ms; it goes on in the "
+                   "background", group_, wait.count());
+    }
+    rd_kafka_queue_destroy(answers);
   }
 
   // Whether every partition is read up to where it ended at the start.

@@ -116,6 +116,12 @@ TEST_CASE("sink config: redis takes Debezium Server's keys (address, password fr
         std::string::npos);
   CHECK(error_of("sink.type=redis\nexactly.once.support=required\n").find("exactly.once.support:") !=
         std::string::npos);
+  // One stream for every topic is fine, unless dead-letter copies would join it.
+  CHECK(redis_stream_name(redis_config(parse_config("sink.type=redis\nsink.redis.stream.template=outbox\n", "t", {})),
+                          "a") == "outbox");
+  CHECK(error_of("sink.type=redis\nsink.redis.stream.template=outbox\nerrors.tolerance=all\n"
+                 "errors.deadletterqueue.topic.name=dlq\n")
+            .find("sink.redis.stream.template: \"outbox\" has no ${topic}") != std::string::npos);
 }
 
 TEST_CASE("sink config: http takes Debezium Server's keys (url, timeout.ms, retries, headers.prefix, standard-webhooks) "

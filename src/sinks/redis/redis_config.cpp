@@ -102,6 +102,16 @@ RedisConfig redis_config(const Config& config) {
     throw ConfigError("sink.redis.retry.max.delay.ms", "shorter than sink.redis.retry.initial.delay.ms");
   if (!r.user.empty() && r.password.empty())
     throw ConfigError("sink.redis.user", "a user needs sink.redis.password");
+  // An event's entry id is its commit LSN and place, a dead-letter copy's the
+  // time (XADD's <ms>-*), which is far above: in one stream, every event after
+  // a copy would fall below the stream's last id and count as a conflict.
+  if (config.errors_tolerance == ErrorTolerance::all && !config.dlq_topic.empty() &&
+      r.stream_template.find("${topic}") == std::string::npos)
+    throw ConfigError("sink.redis.stream.template",
+                      "\"" + r.stream_template +
+                          "\" has no ${topic} while errors.tolerance=all dead-letters to "
+                          "errors.deadletterqueue.topic.name: the copies would go into the events' stream, whose "
+                          "entry ids are commit positions that a copy's (the time) would pass; put ${topic} in it");
   return r;
 }
 
