@@ -33,6 +33,28 @@ struct Standby {
   }
 };
 
+// walrelay given the primary and the standby as database.hostname's hosts.
+std::string both_hosts_config(Fixture& f, const Standby& standby, const std::string& extra) {
+  const auto& s = Services::get();
+  return with_key(with_key(f.config("reconnect.backoff.max.ms=1000\n" + extra),
+                           "database.hostname", s.pg_host + "," + s.pg_host),
+                  "database.port", s.pg_port + "," + standby.port);
+}
+
+// The standby's copy of the slot is kept through a promotion once it is
+// synchronized and no longer temporary: the primary's slot must have moved
+// past a running-transactions record. Events of `type` are written meanwhile.
+void wait_slot_synced(Fixture& f, Db& on_standby, const std::string& type) {
+  REQUIRE(eventually(
+      [&] {
+        f.db().exec(insert_event(f.table, type, "warm-up", "jsonb_build_object('seq', -1)"));
+        f.db().exec("SELECT pg_log_standby_snapshot()");
+        return on_standby.scalar("SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '" +
+                                 f.slot + "'") == "t";
+      },
+      90s, 500ms));
+}
+
 // Waits until the standby has replayed everything the primary wrote so far.
 void replayed(Db& primary, Db& standby) {
   auto end = primary.current_wal_lsn();
@@ -117,25 +139,12 @@ TEST_CASE("failover: a failover slot survives the primary's hard stop - walrelay
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Standby standby;
-  const auto& s = Services::get();
-  const std::string config = with_key(with_key(f.config("slot.failover=true\nreconnect.backoff.max.ms=1000\n"),
-                                               "database.hostname", s.pg_host + "," + s.pg_host),
-                                      "database.port", s.pg_port + "," + standby.port);
+  const std::string config = both_hosts_config(f, standby, "slot.failover=true\n");
   Walrelay relay(config);
   relay.start();
   relay.wait_streaming();
   Db on_standby("", standby.port);
-  // The standby's copy of the slot is kept through a promotion once it is
-  // synchronized and no longer temporary: the primary's slot must have moved
-  // past a running-transactions record.
-  REQUIRE(eventually(
-      [&] {
-        f.db().exec(insert_event(f.table, "Failover", "warm-up", "jsonb_build_object('seq', -1)"));
-        f.db().exec("SELECT pg_log_standby_snapshot()");
-        return on_standby.scalar("SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '" +
-                                 f.slot + "'") == "t";
-      },
-      90s, 500ms));
+  wait_slot_synced(f, on_standby, "Failover");
   {
     Walrelay check(config);
     CHECK(check.run({"--check", "--config", check.config_path()}) == 0);
@@ -181,11 +190,7 @@ TEST_CASE("failover: without a failover slot the promoted standby has no slot - 
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Standby standby;
-  const auto& s = Services::get();
-  const std::string config = with_key(with_key(f.config("reconnect.backoff.max.ms=1000\n"), "database.hostname",
-                                               s.pg_host + "," + s.pg_host),
-                                      "database.port", s.pg_port + "," + standby.port);
-  Walrelay relay(config);
+  Walrelay relay(both_hosts_config(f, standby, ""));
   relay.start();
   relay.wait_streaming();
   f.db().exec(insert_event(f.table, "NoFailover", "k", "jsonb_build_object('seq', 0)"));
@@ -217,23 +222,11 @@ TEST_CASE("failover: an asynchronous failover that loses relayed WAL - the promo
   Fixture f;
   create_outbox(f.db(), f.table, "bigint");
   Standby standby;
-  const auto& s = Services::get();
-  const std::string config =
-      with_key(with_key(f.config("slot.failover=true\nreconnect.backoff.max.ms=1000\nstatus.update.interval.ms=200\n"),
-                        "database.hostname", s.pg_host + "," + s.pg_host),
-               "database.port", s.pg_port + "," + standby.port);
-  Walrelay relay(config);
+  Walrelay relay(both_hosts_config(f, standby, "slot.failover=true\nstatus.update.interval.ms=200\n"));
   relay.start();
   relay.wait_streaming();
   Db on_standby("", standby.port);
-  REQUIRE(eventually(
-      [&] {
-        f.db().exec(insert_event(f.table, "Fork", "warm-up", "jsonb_build_object('seq', -1)"));
-        f.db().exec("SELECT pg_log_standby_snapshot()");
-        return on_standby.scalar("SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '" +
-                                 f.slot + "'") == "t";
-      },
-      90s, 500ms));
+  wait_slot_synced(f, on_standby, "Fork");
 
   // The standby stops receiving WAL (its slot's copy stops with it), and the
   // primary no longer holds logical decoding back for it.
