@@ -45,9 +45,12 @@ TEST_CASE("fault: SIGTERM with records in flight and the broker down - one shutd
   INFO("exit " << code << " after " << took << " s\n" << relay.log().substr(relay.log().size() > 3000 ? relay.log().size() - 3000 : 0));
   REQUIRE(f.db().confirmed_flush(f.slot) < first_commit_end);
   CHECK(code == 0);
-  // The deadline is waited once, not once per place that drains.
+  // The deadline is waited once, not once per place that drains (twice
+  // would be 6 s). Beyond it: the final status update (at most 250 ms), and
+  // the Kafka sink's broker probe, which blocks its worker up to 1 s while
+  // no broker answers and is joined at exit (CI run 49 took over 5 s).
   CHECK(took >= 2.9);
-  CHECK(took < 3.0 + 2.0);
+  CHECK(took < 3.0 + 2.8);
   CHECK(relay.log().find("5 records still unacknowledged at shutdown") != std::string::npos);
 
   outage->restart();
