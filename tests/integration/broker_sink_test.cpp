@@ -1756,9 +1756,18 @@ TEST_CASE("sinks: Redis - an event whose dead-letter copy failed stays below eve
   relay.start();
   relay.wait_streaming();
   // x: a route no topic may have (a mapping error: its copy to the
-  // dead-letter stream, refused); y after it, stored.
-  f.db().exec("BEGIN; " + insert_event(f.table, "Bad Route!", "x", "jsonb_build_object('seq', 1)") +
-              insert_event(f.table, "Order", "y", "jsonb_build_object('seq', 2)") + " COMMIT");
+  // dead-letter stream, refused); y after it, stored. The sink's thread is
+  // held until both wait in its queue, so that they go in one round trip:
+  // otherwise the refusal of x's copy, sent alone, may halt walrelay before
+  // y is handed to the sink (CI run 53), and the premise fails.
+  {
+    ThreadHold hold(relay.pid(), "wr-redis");
+    f.db().exec("BEGIN; " + insert_event(f.table, "Bad Route!", "x", "jsonb_build_object('seq', 1)") +
+                insert_event(f.table, "Order", "y", "jsonb_build_object('seq', 2)") + " COMMIT");
+    REQUIRE(eventually([&] { return relay.metric("walrelay_inflight_records").value_or(0) >= 2; }, 30s, 10ms));
+    // (held indeed: nothing sent yet)
+    REQUIRE(run_command(cli + "EXISTS '" + f.topic("Order") + "'").output.find('0') == 0);
+  }
   const auto x_id = f.db().scalar("SELECT id FROM " + f.table + " WHERE aggregateid = 'x'");
   CHECK(relay.wait_exit(60s) == 3);
   CHECK(relay.log().find("NOPERM") != std::string::npos);

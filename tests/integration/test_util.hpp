@@ -25,7 +25,9 @@
 #include <utility>
 #include <vector>
 
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.hpp"
 
@@ -63,6 +65,76 @@ inline long proc_status_kb(pid_t pid, const std::string& field) {
     if (line.rfind(field + ":", 0) == 0) return std::atol(line.c_str() + field.size() + 1);
   return 0;
 }
+
+// One thread of a process (the first named `name`, e.g. walrelay's
+// "wr-redis") held in one piece by ptrace (tests/campaign/hold_thread.py
+// --until-released) until release() or the end of the object: what the
+// loop hands it meanwhile waits in its queue, and it takes it all at once.
+// It is held only while it sleeps in a futex - a condition variable, or a
+// lock it does not hold - never inside a critical section, where it would
+// hold the loop back too; otherwise it is let go and held again.
+class ThreadHold {
+ public:
+  ThreadHold(pid_t pid, const std::string& name) {
+    char tmpl[] = "/tmp/walrelay-hold-XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    dir_ = tmpl;
+    const std::string tid = thread_named(pid, name);
+    if (tid.empty()) FAIL("no thread named " << name << " in process " << pid);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      run_command("rm -f " + dir_ + "/release " + dir_ + "/hold.out; ( while [ ! -e " + dir_ +
+                  "/release ]; do sleep 0.02; done; echo go ) | python3 " + WALRELAY_SOURCE_DIR +
+                  "/tests/campaign/hold_thread.py " + tid + " 120 --until-released > " + dir_ +
+                  "/hold.out 2>&1 &");
+      held_ = true;
+      std::string out;
+      REQUIRE(eventually([&] { return !(out = read(dir_ + "/hold.out")).empty(); }, 15s, 10ms));
+      REQUIRE(out.rfind("held", 0) == 0);  // else: not permitted here, or the thread is gone
+      // /proc/<tid>/syscall: the number of the call it sleeps in (a futex
+      // wait, or its restart after the ptrace stop interrupted it).
+      std::istringstream call(read("/proc/" + std::to_string(pid) + "/task/" + tid + "/syscall"));
+      long nr = -1;
+      call >> nr;
+      if (nr == SYS_futex || nr == SYS_restart_syscall) return;
+      release();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + attempt));
+    }
+    FAIL("thread " << name << " of process " << pid << " was never found asleep in a futex");
+  }
+  ~ThreadHold() {
+    release();
+    run_command("rm -rf " + dir_);
+  }
+  ThreadHold(const ThreadHold&) = delete;
+  ThreadHold& operator=(const ThreadHold&) = delete;
+
+  // Lets it go, and waits until the holder has detached (it says so).
+  void release() {
+    if (!held_) return;
+    held_ = false;
+    run_command("touch " + dir_ + "/release");
+    eventually([&] { return read(dir_ + "/hold.out").find("hold_thread:") != std::string::npos; }, 15s, 10ms);
+  }
+
+ private:
+  static std::string read(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  static std::string thread_named(pid_t pid, const std::string& name) {
+    const std::string task = "/proc/" + std::to_string(pid) + "/task";
+    auto r = run_command("grep -lx '" + name + "' " + task + "/*/comm 2>/dev/null | head -1");
+    auto path = r.output;
+    while (!path.empty() && path.back() == '\n') path.pop_back();
+    if (path.empty()) return {};
+    path.erase(path.size() - std::string("/comm").size());
+    return path.substr(path.rfind('/') + 1);
+  }
+  std::string dir_;
+  bool held_ = false;
+};
 
 // Number of times `needle` occurs in `hay`.
 inline std::size_t count_of(const std::string& hay, const std::string& needle) {
