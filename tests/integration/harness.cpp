@@ -33,7 +33,6 @@
 extern char** environ;
 
 namespace it {
-namespace {
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -41,6 +40,8 @@ std::string read_file(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 // The walrelays alive now, whose logs a failed assertion shows: a CI run
 // keeps no temporary files, so the log is the only account of what walrelay did.

@@ -41,6 +41,9 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& cmd);
 
+// The whole file, or "" when it cannot be read.
+std::string read_file(const std::string& path);
+
 // A plain libpq connection for test set-up and server-side truth.
 class Db {
  public:

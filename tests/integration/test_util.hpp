@@ -79,27 +79,15 @@ class ThreadHold {
     char tmpl[] = "/tmp/walrelay-hold-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
-    const std::string tid = thread_named(pid, name);
-    if (tid.empty()) FAIL("no thread named " << name << " in process " << pid);
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      run_command("rm -f " + dir_ + "/release " + dir_ + "/hold.out; ( while [ ! -e " + dir_ +
-                  "/release ]; do sleep 0.02; done; echo go ) | python3 " + WALRELAY_SOURCE_DIR +
-                  "/tests/campaign/hold_thread.py " + tid + " 120 --until-released > " + dir_ +
-                  "/hold.out 2>&1 &");
-      held_ = true;
-      std::string out;
-      REQUIRE(eventually([&] { return !(out = read(dir_ + "/hold.out")).empty(); }, 15s, 10ms));
-      REQUIRE(out.rfind("held", 0) == 0);  // else: not permitted here, or the thread is gone
-      // /proc/<tid>/syscall: the number of the call it sleeps in (a futex
-      // wait, or its restart after the ptrace stop interrupted it).
-      std::istringstream call(read("/proc/" + std::to_string(pid) + "/task/" + tid + "/syscall"));
-      long nr = -1;
-      call >> nr;
-      if (nr == SYS_futex || nr == SYS_restart_syscall) return;
+    try {
+      hold(pid, name);
+    } catch (...) {
+      // No destructor runs for a constructor that throws: a holder started
+      // here must not keep the thread for its 120 s.
       release();
-      std::this_thread::sleep_for(std::chrono::milliseconds(5 + attempt));
+      run_command("rm -rf " + dir_);
+      throw;
     }
-    FAIL("thread " << name << " of process " << pid << " was never found asleep in a futex");
   }
   ~ThreadHold() {
     release();
@@ -113,15 +101,32 @@ class ThreadHold {
     if (!held_) return;
     held_ = false;
     run_command("touch " + dir_ + "/release");
-    eventually([&] { return read(dir_ + "/hold.out").find("hold_thread:") != std::string::npos; }, 15s, 10ms);
+    eventually([&] { return read_file(dir_ + "/hold.out").find("hold_thread:") != std::string::npos; }, 15s, 10ms);
   }
 
  private:
-  static std::string read(const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
+  void hold(pid_t pid, const std::string& name) {
+    const std::string tid = thread_named(pid, name);
+    if (tid.empty()) FAIL("no thread named " << name << " in process " << pid);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      run_command("rm -f " + dir_ + "/release " + dir_ + "/hold.out; ( while [ ! -e " + dir_ +
+                  "/release ]; do sleep 0.02; done; echo go ) | python3 " + WALRELAY_SOURCE_DIR +
+                  "/tests/campaign/hold_thread.py " + tid + " 120 --until-released > " + dir_ +
+                  "/hold.out 2>&1 &");
+      held_ = true;
+      std::string out;
+      REQUIRE(eventually([&] { return !(out = read_file(dir_ + "/hold.out")).empty(); }, 15s, 10ms));
+      REQUIRE(out.rfind("held", 0) == 0);  // else: not permitted here, or the thread is gone
+      // /proc/<tid>/syscall: the number of the call it sleeps in (a futex
+      // wait, or its restart after the ptrace stop interrupted it).
+      std::istringstream call(read_file("/proc/" + std::to_string(pid) + "/task/" + tid + "/syscall"));
+      long nr = -1;
+      call >> nr;
+      if (nr == SYS_futex || nr == SYS_restart_syscall) return;
+      release();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + attempt));
+    }
+    FAIL("thread " << name << " of process " << pid << " was never found asleep in a futex");
   }
   static std::string thread_named(pid_t pid, const std::string& name) {
     const std::string task = "/proc/" + std::to_string(pid) + "/task";
