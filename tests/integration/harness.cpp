@@ -1,5 +1,6 @@
 #include "harness.hpp"
 
+#include <execinfo.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -55,7 +56,12 @@ std::set<const Walrelay*> live_relays;
 std::vector<std::string> case_dirs;
 
 struct FailureLogs : Catch::TestEventListenerBase {
-  using TestEventListenerBase::TestEventListenerBase;
+  explicit FailureLogs(Catch::ReporterConfig const& config) : TestEventListenerBase(config) {
+    // backtrace() loads libgcc's unwinder at its first call, which
+    // allocates: done here, not first in a signal handler.
+    void* frame;
+    (void)::backtrace(&frame, 1);
+  }
   bool shown = false;
   void testCaseStarting(Catch::TestCaseInfo const& info) override {
     shown = false;
@@ -75,6 +81,17 @@ struct FailureLogs : Catch::TestEventListenerBase {
     TestEventListenerBase::testCaseEnded(stats);
   }
   bool assertionEnded(Catch::AssertionStats const& stats) override {
+    if (stats.assertionResult.getResultType() == Catch::ResultWas::FatalErrorCondition) {
+      // A signal in the test process (SIGSEGV ...), reported from Catch's
+      // handler before it raises the signal again: the stack is the one
+      // account of where it came from, and the heap may be broken, so
+      // nothing here allocates and the walrelays' logs are not read.
+      static const char head[] = "---- the test process's stack at the fatal signal ----\n";
+      (void)!::write(2, head, sizeof head - 1);
+      void* frames[64];
+      ::backtrace_symbols_fd(frames, ::backtrace(frames, 64), 2);
+      return true;
+    }
     if (stats.assertionResult.succeeded() || shown) return true;
     shown = true;
     std::lock_guard lock(live_mu);
