@@ -31,6 +31,11 @@ TYPES = ["Order", "Customer", "Invoice", "Shipment"]
 PARTITIONS = 3
 SAMPLE_S = 0.02          # monitor period
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The full run's services (and Kafka's data) outlive it: slot names repeat
+# from run to run, and walrelay's default transactional id comes from them,
+# so an exactly-once walrelay would find an earlier run's committed position
+# (and warn that its new slot stands past it). Each run has ids of its own.
+RUN_ID = time.strftime("%Y%m%d%H%M%S", time.gmtime())
 
 SCHEMA_SQL = """
 DROP TABLE IF EXISTS outbox;
@@ -432,6 +437,8 @@ def walrelay_props(env, name, prefix, extra=None):
     }
     props.update(extra or {})
     props.update(kv.split("=", 1) for kv in env.args.walrelay_set)
+    if props.get("exactly.once.support") == "required":
+        props.setdefault("kafka.transactional.id", f"walrelay-bench-{RUN_ID}-{name}")
     props = {k: v for k, v in props.items() if v is not None}  # None: a default key left out
     path = os.path.join(env.args.work, f"{name}.properties")
     with open(path, "w") as f:
