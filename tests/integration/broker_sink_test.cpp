@@ -861,7 +861,7 @@ TEMPLATE_TEST_CASE("sinks: a message the broker refuses for good (over the strea
     CHECK(dead_recs[0].header("__connect.errors.topic") == f.topic("Stray"));
     CHECK(dead_recs[0].header("__connect.errors.exception.message").value_or("").find("NO_ROUTE") != std::string::npos);
   }
-  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
+  CHECK(metric_at(relay, "walrelay_dead_lettered_total", 1) == 1);
 }
 
 TEMPLATE_TEST_CASE("sinks: a second walrelay on the slot waits as standby and takes over after kill -9, losing nothing",
@@ -1633,7 +1633,7 @@ TEST_CASE("sinks: Redis - an entry's id is its transaction's commit LSN and its 
   CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("wrong_type"));
   CHECK(dead_recs[0].header("__connect.errors.topic") == f.topic("Taken"));
   CHECK(dead_recs[0].value->find("\"seq\": 5") != std::string::npos);
-  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
+  CHECK(metric_at(relay, "walrelay_dead_lettered_total", 1) == 1);
 }
 
 TEST_CASE("sinks: Redis - entries already in the stream (walrelay stopped before it confirmed them) are found by id "
@@ -2262,7 +2262,7 @@ TEST_CASE("http: a 4xx is the record's own - dead-lettered to the dead-letter to
   CHECK(dead_recs[0].header("walrelay.error.reason") == std::optional<std::string>("http_422"));
   CHECK(dead_recs[0].header("__connect.errors.exception.message").value_or("").find("answered 422: amount: not a "
                                                                                       "number") != std::string::npos);
-  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 1);
+  CHECK(metric_at(relay, "walrelay_dead_lettered_total", 1) == 1);
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
 
@@ -2491,7 +2491,7 @@ TEST_CASE("sqs: a message SQS refuses fails on its own - one over the size limit
   CHECK(large.key == std::optional<std::string>("d"));
   CHECK(large.header("walrelay.error.reason") == std::optional<std::string>("msg_size_too_large"));
   CHECK(std::stol(large.header("walrelay.value.dropped.bytes").value_or("0")) > 300000);
-  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 2);
+  CHECK(metric_at(relay, "walrelay_dead_lettered_total", 2) == 2);
   relay.signal(SIGTERM);
   CHECK(relay.wait_exit() == 0);
 
@@ -2612,7 +2612,7 @@ TEST_CASE("sqs: dead-letter copies always fit a FIFO queue - two logical message
   CHECK(bodies.count("not json one") == 1);
   CHECK(bodies.count("not json two") == 1);
   CHECK(bodies.count("base64:bm90IHV0Zjgg/w==") == 1);
-  CHECK(relay.metric("walrelay_dead_lettered_total").value_or(0) == 3);
+  CHECK(metric_at(relay, "walrelay_dead_lettered_total", 3) == 3);
   CHECK(relay.running());
 
   // A value SQS cannot take as a body: the record's own failure, its copy

@@ -34,16 +34,6 @@ void wait_floor(Walrelay& relay) {
   }, 30s, 20ms));
 }
 
-// A retention metric, read once it is `expected` (or at the deadline).
-// walrelay counts a batch when its statement returns, after the commit, and
-// sets the gauges at the end of a run: a test that saw the rows gone can
-// read them a moment too early.
-double metric_at(Walrelay& relay, const std::string& name, double expected) {
-  double value = -1;
-  eventually([&] { return (value = relay.metric(name).value_or(-1)) == expected; }, 15s, 20ms);
-  return value;
-}
-
 // The slot's marker line, from the publication's comment.
 std::string marker_line(Fixture& f) {
   return f.db().scalar("SELECT coalesce(substring(obj_description(oid, 'pg_publication') from "

@@ -141,6 +141,18 @@ class ThreadHold {
   bool held_ = false;
 };
 
+// A metric of walrelay's, read once it is `expected` (or at the deadline:
+// then whatever it is, for the test's CHECK to show). walrelay counts what
+// the database or the broker has already done a moment after it is done
+// (a retention batch once its statement returns, a dead-lettered record once
+// its delivery report is served), so a test that has just seen the outcome
+// itself could read the metric one step short.
+inline double metric_at(Walrelay& relay, const std::string& name, double expected) {
+  double value = -1;
+  eventually([&] { return (value = relay.metric(name).value_or(-1)) == expected; }, 15s, 20ms);
+  return value;
+}
+
 // Number of times `needle` occurs in `hay`.
 inline std::size_t count_of(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
