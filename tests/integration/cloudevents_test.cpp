@@ -3,6 +3,8 @@
 // specification's attributes by tests/integration/cloudevents/check.py.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <csignal>
 
 #include "test_util.hpp"
@@ -14,25 +16,25 @@ namespace {
 // kcat's records of `topic`, checked in `mode` against the 1.0 schema: the
 // checker's exit status and what it printed. kcat stops after the `expected`
 // records (its -e alone can wait on a partition's end for good) and is tried
-// again when it read fewer; what it said on stderr goes into the output.
+// again when it read fewer; how its last run went comes first in the output.
 CommandResult check_topic(const std::string& topic, const std::string& mode, std::size_t expected) {
   const std::string dir = std::string(WALRELAY_SOURCE_DIR) + "/tests/integration/cloudevents";
-  char tmpl[] = "/tmp/walrelay-ce-XXXXXX";
-  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-  const std::string tmp = tmpl;
-  std::string kcat_said;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    auto k = run_command("timeout 30 kcat -b " + Services::get().kafka + " -C -t '" + topic + "' -o beginning -c " +
-                         std::to_string(expected) + " -e -q -J > " + tmp + "/records 2> " + tmp + "/kcat.err");
-    auto lines = run_command("grep -c '^{' " + tmp + "/records");
-    kcat_said = "kcat (attempt " + std::to_string(attempt + 1) + ", status " + std::to_string(k.status) + ", " +
-                lines.output + " records): " + read_file(tmp + "/kcat.err");
-    if (std::stoul("0" + lines.output.substr(0, lines.output.find('\n'))) >= expected) break;
+  KcatRun k;
+  std::size_t read = 0;
+  for (int attempt = 0; attempt < 3 && read < expected; ++attempt) {
+    k = kcat("-C -t '" + topic + "' -o beginning -c " + std::to_string(expected) + " -e -q -J", 30);
+    read = count_of("\n" + k.out, "\n{");
   }
-  auto checked = run_command("python3 " + dir + "/check.py " + mode + " " + dir + "/spec-1.0.schema.json < " + tmp +
-                             "/records 2>&1");
-  checked.output = kcat_said + "\n" + checked.output;
-  run_command("rm -rf " + tmp);
+  char records[] = "/tmp/walrelay-ce-XXXXXX";
+  const int fd = mkstemp(records);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  (void)!::write(fd, k.out.data(), k.out.size());
+  ::close(fd);
+  auto checked = run_command("python3 " + dir + "/check.py " + mode + " " + dir + "/spec-1.0.schema.json < " +
+                             records + " 2>&1");
+  ::unlink(records);
+  checked.output = "kcat read " + std::to_string(read) + " records" + (k.ok() ? "" : "; " + k.failure()) + "\n" +
+                   checked.output;
   return checked;
 }
 

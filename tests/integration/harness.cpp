@@ -42,6 +42,22 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+KcatRun kcat(const std::string& args, int timeout_s) {
+  char err_path[] = "/tmp/walrelay-kcat-XXXXXX";
+  int fd = mkstemp(err_path);
+  if (fd < 0) throw std::runtime_error("kcat: no temporary file for its stderr");
+  ::close(fd);
+  auto r = run_command("timeout " + std::to_string(timeout_s) + " kcat -b " + Services::get().kafka + " " + args +
+                       " 2>" + err_path);
+  KcatRun k;
+  k.code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
+  k.out = std::move(r.output);
+  k.err = read_file(err_path);
+  k.args = args;
+  ::unlink(err_path);
+  return k;
+}
+
 namespace {
 
 // The walrelays alive now, whose logs a failed assertion shows: a CI run
@@ -240,38 +256,6 @@ std::optional<std::string> KafkaRecord::header(const std::string& name) const {
 
 namespace {
 
-// One run of kcat against the test broker: its exit code, what it printed and
-// what it said on stderr, so that a reader that failed is told apart from a
-// topic with nothing in it.
-struct KcatRun {
-  int code = -1;  // 124: `timeout` stopped it
-  std::string out, err, args;
-  bool ok() const { return code == 0; }
-  bool timed_out() const { return code == 124; }
-  // The broker answered that the topic does not exist (yet): a legitimate
-  // "nothing there", unlike a broker that did not answer.
-  bool unknown_topic() const { return code == 1 && err.find("Unknown topic or partition") != std::string::npos; }
-  std::string failure() const {
-    return "kcat " + args + (timed_out() ? " timed out" : " exited " + std::to_string(code)) + "; its stderr:\n" +
-           err.substr(0, 2000);
-  }
-};
-
-KcatRun kcat(const std::string& args, int timeout_s) {
-  char err_path[] = "/tmp/walrelay-kcat-XXXXXX";
-  int fd = mkstemp(err_path);
-  if (fd < 0) throw std::runtime_error("kcat: no temporary file for its stderr");
-  ::close(fd);
-  auto r = run_command("timeout " + std::to_string(timeout_s) + " kcat -b " + Services::get().kafka + " " + args +
-                       " 2>" + err_path);
-  KcatRun k;
-  k.code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
-  k.out = std::move(r.output);
-  k.err = read_file(err_path);
-  k.args = args;
-  ::unlink(err_path);
-  return k;
-}
 
 // A read from the beginning of a topic is sound when kcat reached the end, when
 // the broker said the topic does not exist yet, or when kcat was stopped while

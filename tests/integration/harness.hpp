@@ -44,6 +44,24 @@ CommandResult run_command(const std::string& cmd);
 // The whole file, or "" when it cannot be read.
 std::string read_file(const std::string& path);
 
+// One run of kcat against the test broker: its exit code, what it printed and
+// what it said on stderr, so that a reader that failed is told apart from a
+// topic with nothing in it.
+struct KcatRun {
+  int code = -1;  // 124: `timeout` stopped it
+  std::string out, err, args;
+  bool ok() const { return code == 0; }
+  bool timed_out() const { return code == 124; }
+  // The broker answered that the topic does not exist (yet): a legitimate
+  // "nothing there", unlike a broker that did not answer.
+  bool unknown_topic() const { return code == 1 && err.find("Unknown topic or partition") != std::string::npos; }
+  std::string failure() const {
+    return "kcat " + args + (timed_out() ? " timed out" : " exited " + std::to_string(code)) + "; its stderr:\n" +
+           err.substr(0, 2000);
+  }
+};
+KcatRun kcat(const std::string& args, int timeout_s);
+
 // A plain libpq connection for test set-up and server-side truth.
 class Db {
  public:
